@@ -1,0 +1,8 @@
+"""The host side: open a device, speak the mailbox, program decoders, move data."""
+from emulator.spec.errors import (CxlemuError, DeviceGone, DeviceNotFound, DmaError, MailboxError,
+                                  MailboxTimeout, PoisonError)
+
+from driver.memdev import MemDev
+
+__all__ = ["CxlemuError", "DeviceGone", "DeviceNotFound", "DmaError", "MailboxError", "MailboxTimeout",
+           "MemDev", "PoisonError"]

@@ -1,0 +1,112 @@
+"""`MemDev`: a host's handle on one device — mailbox, typed commands, media access.
+
+    with MemDev.open("mem0") as md:
+        info = md.identify_memdev()
+        md.write(0x1000, b"hello")
+        data = md.read(0x1000, 5)
+
+Typed command wrappers come from the mixins in `driver/_cmd_*.py`; each returns a dataclass and
+raises `MailboxError` on a device return code. `send()` is the raw path and never raises on one.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from driver._cmd_generic import GenericCommands
+from driver.mailbox import MBOX_TIMEOUT_S, MailboxClient
+from emulator.device import DeviceFiles, firmware_pid
+from emulator.regfile import RegisterFile, find_capabilities
+from emulator.spec import registers as R
+from emulator.spec.errors import DeviceGone, PoisonError
+
+READY_TIMEOUT_S = 5.0  # Linux waits 60 s for mailbox ready at probe; a local emulator is faster
+
+
+class MemDev(MailboxClient, GenericCommands):
+    """An open memory device (like /dev/cxl/memN)."""
+
+    def __init__(self, files: DeviceFiles, *, timeout_s: float = MBOX_TIMEOUT_S) -> None:
+        self.files = files
+        self.config = files.config
+        self.bar = files.bar
+        self.media = np.frombuffer(files.media, dtype=np.uint8)
+        self._poison = np.frombuffer(files.poison, dtype=np.uint8)
+        regs = RegisterFile(files.bar)
+        super().__init__(regs, files.path / "mbox.lock", files.name, timeout_s=timeout_s,
+                         alive=lambda: firmware_pid(files.name) is not None)
+        self.capabilities = find_capabilities(regs)
+
+    @classmethod
+    def open(cls, name: str, *, timeout_s: float = MBOX_TIMEOUT_S,
+             ready_timeout_s: float = READY_TIMEOUT_S) -> "MemDev":
+        """Open a served device by name; waits for Mailbox Ready as Linux's cxl_await_media_ready."""
+        files = DeviceFiles.open(name)
+        try:
+            md = cls(files, timeout_s=timeout_s)
+            md._await_ready(ready_timeout_s)
+        except BaseException:
+            files.close()
+            raise
+        return md
+
+    def _await_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.regs.get_field(R.MEMDEV_STATUS, "MBOX_READY") or firmware_pid(self.name) is None:
+            if time.monotonic() > deadline:
+                if firmware_pid(self.name) is None:
+                    raise DeviceGone(self.name, "no firmware serves it (start it with `cxlemu serve`)")
+                raise DeviceGone(self.name, f"mailbox not ready after {timeout_s} s")
+            time.sleep(0.01)
+
+    @property
+    def media_status(self) -> int:
+        return self.regs.get_field(R.MEMDEV_STATUS, "MEDIA_STATUS")
+
+    # media ------------------------------------------------------------------------------------
+    def _check_range(self, dpa: int, size: int) -> None:
+        if dpa < 0 or size < 0 or dpa + size > self.config.capacity:
+            raise ValueError(f"range [{dpa:#x}, {dpa + size:#x}) is outside the device's "
+                             f"{self.config.capacity:#x} bytes of DPA space")
+
+    def first_poisoned(self, dpa: int, size: int) -> int | None:
+        """DPA of the first poisoned 64-B line in [dpa, dpa+size), or None."""
+        if size == 0:
+            return None
+        first, last = dpa // 64, (dpa + size - 1) // 64
+        lines = np.unpackbits(self._poison[first // 8: last // 8 + 1], bitorder="little")
+        hit = np.flatnonzero(lines[first % 8: first % 8 + (last - first + 1)])
+        return None if hit.size == 0 else (first + int(hit[0])) * 64
+
+    def read_untimed(self, dpa: int, size: int) -> bytes:
+        """Read media without the link's cost (setup, inspection); poison still fails the read."""
+        self._check_range(dpa, size)
+        bad = self.first_poisoned(dpa, size)
+        if bad is not None:
+            raise PoisonError(bad)
+        return self.media[dpa:dpa + size].tobytes()
+
+    def write_untimed(self, dpa: int, data: Any) -> None:
+        buf = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        self._check_range(dpa, buf.size)
+        self.media[dpa:dpa + buf.size] = buf
+
+    read = read_untimed
+    write = write_untimed
+
+    def close(self) -> None:
+        self.close_mailbox()
+        self.media = np.zeros(0, np.uint8)
+        self._poison = np.zeros(0, np.uint8)
+        self.files.close()
+
+    def __enter__(self) -> "MemDev":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"MemDev({self.name!r}, capacity={self.config.capacity:#x})"

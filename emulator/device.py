@@ -1,0 +1,266 @@
+"""A device is a directory under the runtime dir: its configuration, register file and media.
+
+    $CXLEMU_RUNTIME_DIR/<name>/        (default /dev/shm/cxlemu-<uid>: memory-backed, like sysfs)
+        config.json    DeviceConfig
+        bar            register file, BAR_SIZE bytes
+        media          the DPA space (sparse until written)
+        lsa            label storage area
+        poison         1 bit per 64-B line of media
+        firmware.pid   present while a firmware serves the device
+        mbox.lock      hosts flock it around one mailbox exchange
+
+Hosts and monitors find devices by listing the runtime dir, as `cxl list` walks sysfs.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import re
+import shutil
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from emulator.spec import registers as R
+from emulator.spec.errors import ConfigError, DeviceNotFound
+from emulator.timing.config import TimingConfig
+
+CAPACITY_UNIT = 256 << 20  # §8.2.9.9.1.1: capacities are reported in 256 MiB multiples
+POISON_GRANULE = 64
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+
+
+def runtime_dir() -> Path:
+    """`$CXLEMU_RUNTIME_DIR`, or /dev/shm/cxlemu-<uid> (a temp dir where /dev/shm is absent)."""
+    env = os.environ.get("CXLEMU_RUNTIME_DIR")
+    if env:
+        return Path(env)
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
+    return base / f"cxlemu-{os.getuid()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceConfig:
+    """What a device is: name, size and how its link behaves."""
+
+    name: str
+    capacity: int = 1 << 30
+    lsa_size: int = 128 << 10
+    numa_node: int | None = None
+    serial: int | None = None
+    fw_revision: str = "cxlemu-0.1.0"
+    preset: str | None = None
+    timing: TimingConfig = field(default_factory=TimingConfig)
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ConfigError(f"device name {self.name!r} must be 1-32 characters of letters, digits, '_', '.', '-'")
+        if self.capacity <= 0 or self.capacity % CAPACITY_UNIT:
+            raise ConfigError(f"capacity {self.capacity} must be a positive multiple of 256 MiB (e.g. 256M, 1G)")
+        if not 0 <= self.lsa_size <= 1 << 20 or self.lsa_size % 64:
+            raise ConfigError(f"lsa_size {self.lsa_size} must be a multiple of 64 bytes up to 1 MiB")
+        if self.numa_node is not None and self.numa_node < 0:
+            raise ConfigError(f"numa_node must be >= 0 or None, got {self.numa_node}")
+        if len(self.fw_revision.encode()) > 16:
+            raise ConfigError(f"fw_revision {self.fw_revision!r} is longer than 16 bytes")
+        if self.serial is None:
+            object.__setattr__(self, "serial", zlib.crc32(self.name.encode()) | 0xC0DE_0000_0000)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps(data, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "DeviceConfig":
+        data: dict[str, Any] = json.loads(text)
+        data["timing"] = TimingConfig.from_dict(data.get("timing") or {})
+        return cls(**data)
+
+    def with_(self, **changes: Any) -> "DeviceConfig":
+        return replace(self, **changes)
+
+
+def device_path(name: str) -> Path:
+    return runtime_dir() / name
+
+
+def list_devices() -> list[str]:
+    """Names of the devices under the runtime dir, sorted."""
+    root = runtime_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+
+
+def firmware_pid(name: str) -> int | None:
+    """The pid serving `name`, or None when no live process serves it."""
+    try:
+        pid = int((device_path(name) / "firmware.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return pid
+
+
+def device_state(name: str) -> str:
+    """'served' while a firmware runs, 'stopped' otherwise (`cxl list` shows enabled/disabled)."""
+    return "served" if firmware_pid(name) is not None else "stopped"
+
+
+def load_config(name: str) -> DeviceConfig:
+    path = device_path(name) / "config.json"
+    try:
+        return DeviceConfig.from_json(path.read_text())
+    except FileNotFoundError:
+        raise DeviceNotFound(name, str(runtime_dir())) from None
+
+
+def _map(path: Path, size: int, *, writable: bool = True) -> mmap.mmap:
+    flags = os.O_RDWR if writable else os.O_RDONLY
+    fd = os.open(path, flags)
+    try:
+        if size == 0:
+            return mmap.mmap(-1, 1)
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+    finally:
+        os.close(fd)
+
+
+def open_bar(name: str, *, writable: bool = False) -> mmap.mmap:
+    """Map a device's register file (read-only by default: monitors never write)."""
+    path = device_path(name) / "bar"
+    if not path.exists():
+        raise DeviceNotFound(name, str(runtime_dir()))
+    return _map(path, R.BAR_SIZE, writable=writable)
+
+
+class DeviceFiles:
+    """The mapped files of one device, shared by whoever opens them."""
+
+    def __init__(self, config: DeviceConfig, path: Path, *, writable: bool = True) -> None:
+        self.config = config
+        self.name = config.name
+        self.path = path
+        self.bar = _map(path / "bar", R.BAR_SIZE, writable=writable)
+        self.media = _map(path / "media", config.capacity, writable=writable)
+        self.lsa = _map(path / "lsa", config.lsa_size, writable=writable)
+        self.poison = _map(path / "poison", poison_bitmap_size(config.capacity), writable=writable)
+        self._closed = False
+
+    @classmethod
+    def create(cls, config: DeviceConfig) -> "DeviceFiles":
+        """Create (or re-create) the device's files; refuses while another firmware serves it."""
+        path = device_path(config.name)
+        if firmware_pid(config.name) is not None:
+            raise ConfigError(f"device {config.name!r} is already served by pid {firmware_pid(config.name)}")
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(parents=True, mode=0o700)
+        sizes = {"bar": R.BAR_SIZE, "media": config.capacity, "lsa": config.lsa_size,
+                 "poison": poison_bitmap_size(config.capacity)}
+        for fname, size in sizes.items():
+            with open(path / fname, "wb") as f:
+                f.truncate(size)
+        (path / "mbox.lock").touch()
+        (path / "config.json").write_text(config.to_json())
+        return cls(config, path)
+
+    @classmethod
+    def open(cls, name: str, *, writable: bool = True) -> "DeviceFiles":
+        config = load_config(name)
+        try:
+            return cls(config, device_path(name), writable=writable)
+        except FileNotFoundError:
+            raise DeviceNotFound(name, str(runtime_dir())) from None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for m in (self.bar, self.media, self.lsa, self.poison):
+            with contextlib.suppress(BufferError):  # live views elsewhere: let GC unmap
+                m.close()
+
+    def destroy(self) -> None:
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def poison_bitmap_size(capacity: int) -> int:
+    return (capacity // POISON_GRANULE + 7) // 8
+
+
+def destroy(name: str) -> None:
+    """Remove a stopped device's files; refuses while it is served."""
+    path = device_path(name)
+    if not (path / "config.json").exists():
+        raise DeviceNotFound(name, str(runtime_dir()))
+    pid = firmware_pid(name)
+    if pid is not None:
+        raise ConfigError(f"device {name!r} is served by pid {pid}: stop it (SIGTERM) before destroying it")
+    shutil.rmtree(path)
+
+
+class Served:
+    """A device served in this process: its files, its firmware and the runner thread."""
+
+    def __init__(self, config: DeviceConfig, *, keep: bool = False) -> None:
+        from emulator.firmware import Firmware, FirmwareRunner
+
+        self.files = DeviceFiles.create(config)
+        self.firmware = Firmware(self.files)
+        self.runner = FirmwareRunner(self.firmware)
+        self.keep = keep
+        self._thread: threading.Thread | None = None
+
+    @property
+    def name(self) -> str:
+        return self.files.name
+
+    def start(self) -> "Served":
+        write_pid(self.files.path)
+        self._thread = self.runner.start_thread()
+        return self
+
+    def stop(self) -> None:
+        self.runner.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with contextlib.suppress(FileNotFoundError):
+            (self.files.path / "firmware.pid").unlink()
+        self.firmware.close()
+        if self.keep:
+            self.files.close()
+        else:
+            self.files.destroy()
+
+
+def write_pid(path: Path) -> None:
+    (path / "firmware.pid").write_text(f"{os.getpid()}\n")
+
+
+@contextlib.contextmanager
+def serve(config: DeviceConfig, *, keep: bool = False) -> Iterator[Served]:
+    """Serve a device with its firmware in a thread of this process (destroyed on exit unless keep)."""
+    served = Served(config, keep=keep).start()
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+__all__ = [
+    "CAPACITY_UNIT", "DeviceConfig", "DeviceFiles", "Served", "destroy", "device_path", "device_state",
+    "firmware_pid", "list_devices", "load_config", "open_bar", "runtime_dir", "serve",
+]

@@ -1,0 +1,219 @@
+"""The firmware: device state, background operations and the runner that services the doorbell.
+
+    host                         BAR (shared)                     FirmwareRunner (thread/process)
+    ────                         ────────────                     ───────────────────────────────
+    write payload, command  ──▶  MB_CMD / payload
+    set DOORBELL            ──▶  MB_CTRL.DOORBELL=1  ──poll──▶   dispatch(opcode, payload)
+                                 MB_STATUS.RETCODE   ◀──────────  write output, length, retcode
+    poll DOORBELL==0        ◀──  MB_CTRL.DOORBELL=0  ◀──────────  clear doorbell (last)
+    (bg) poll BG_STATUS     ◀──  MB_BG_STATUS        ◀──────────  job slices between polls
+
+Everything device-side runs in the runner's one thread, so handlers and background jobs never race
+each other; hosts are serialised by the mailbox lock (driver) and the doorbell.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Generator
+from typing import Any
+
+import numpy as np
+
+from emulator.device import DeviceFiles
+from emulator.mailbox import dispatch
+from emulator.regfile import RegisterFile, init_device_registers
+from emulator.spec import registers as R
+from emulator.spec.retcodes import RetCode
+
+log = logging.getLogger(__name__)
+
+BackgroundJob = Generator[int, None, RetCode]
+Service = Callable[[int], None]
+# §8.2.9.1.5: an abort is honoured only while the operation is below this percent (QEMU).
+ABORT_LIMIT_PERCENT = 85
+
+
+class Firmware:
+    """Device state the command handlers act on. Command groups attach their own state objects
+    (events, poison, fw slots, ...) through `attach(fw)` hooks in `emulator.commands`."""
+
+    def __init__(self, files: DeviceFiles) -> None:
+        self.files = files
+        self.config = files.config
+        self.regs = RegisterFile(files.bar)
+        self.media = np.frombuffer(files.media, dtype=np.uint8)
+        self.lsa = np.frombuffer(files.lsa, dtype=np.uint8) if self.config.lsa_size else np.zeros(0, np.uint8)
+        self.poison_bits = np.frombuffer(files.poison, dtype=np.uint8)
+        self.services: list[Service] = []
+        self.error_hooks: list[Callable[[int, BaseException], None]] = []
+        self.internal_errors = 0
+        self.boot_ns = time.monotonic_ns()
+        self._ts_base: int | None = None  # host time at _ts_mono, once Set Timestamp ran
+        self._ts_mono = 0
+        self._bg: BackgroundJob | None = None
+        self._bg_opcode = 0
+        self._bg_abortable = False
+        self._bg_percent = 0
+        init_device_registers(self.regs)
+        import emulator.commands
+
+        emulator.commands.attach_all(self)
+        self.regs.set_fields(R.MEMDEV_STATUS, MEDIA_STATUS=R.MEDIA_READY, MBOX_READY=1)
+
+    # time ------------------------------------------------------------------------------------
+    def set_timestamp(self, host_ns: int) -> None:
+        self._ts_base, self._ts_mono = host_ns, time.monotonic_ns()
+
+    def timestamp_ns(self) -> int:
+        """Device time: the host's last Set Timestamp plus elapsed time; 0 until one was set (§8.2.9.4)."""
+        if self._ts_base is None:
+            return 0
+        return self._ts_base + (time.monotonic_ns() - self._ts_mono)
+
+    # media state -----------------------------------------------------------------------------
+    @property
+    def media_disabled(self) -> bool:
+        return self.regs.get_field(R.MEMDEV_STATUS, "MEDIA_STATUS") == R.MEDIA_DISABLED
+
+    @media_disabled.setter
+    def media_disabled(self, disabled: bool) -> None:
+        self.regs.set_field(R.MEMDEV_STATUS, "MEDIA_STATUS", R.MEDIA_DISABLED if disabled else R.MEDIA_READY)
+
+    # background operations (§8.2.8.4.7, §8.2.9.1.2) ----------------------------------------------
+    @property
+    def background_running(self) -> bool:
+        return self._bg is not None
+
+    @property
+    def background_status(self) -> tuple[bool, int, int, int]:
+        """(running, percent, opcode, retcode) as Background Operation Status reports them."""
+        v = self.regs.get(R.MB_BG_STATUS)
+        f = R.MB_BG_STATUS
+        return (self._bg is not None, f.f("PERCENT").get(v), f.f("OPCODE").get(v), f.f("RETCODE").get(v))
+
+    def start_background(self, opcode: int, job: BackgroundJob, *, abortable: bool = True) -> None:
+        if self._bg is not None:
+            raise RuntimeError("a background operation is already running")  # dispatcher returns Busy first
+        self._bg, self._bg_opcode, self._bg_abortable, self._bg_percent = job, opcode, abortable, 0
+        self.regs.set_fields(R.MB_BG_STATUS, OPCODE=opcode, PERCENT=0, RETCODE=0)
+        self.regs.set_field(R.MB_STATUS, "BG_OP", 1)
+
+    def step_background(self) -> bool:
+        """Advance the background job one slice; True if one ran."""
+        if self._bg is None:
+            return False
+        try:
+            percent = next(self._bg)
+        except StopIteration as stop:
+            self._finish_background(RetCode(stop.value if stop.value is not None else RetCode.SUCCESS))
+        except Exception as exc:
+            log.exception("background operation %#06x failed", self._bg_opcode)
+            self.note_internal_error(self._bg_opcode, exc)
+            self._finish_background(RetCode.INTERNAL_ERROR)
+        else:
+            self._bg_percent = max(0, min(99, int(percent)))
+            self.regs.set_field(R.MB_BG_STATUS, "PERCENT", self._bg_percent)
+        return True
+
+    def request_abort(self) -> RetCode:
+        """Request Background Operation Abort (§8.2.9.1.5): honoured below 85 %."""
+        if self._bg is None:
+            return RetCode.SUCCESS
+        if not self._bg_abortable:
+            return RetCode.REQUEST_ABORT_NOT_SUPPORTED
+        if self._bg_percent < ABORT_LIMIT_PERCENT:
+            self._bg.close()  # runs the job's finally: blocks (e.g. re-enable media)
+            self._finish_background(RetCode.ABORTED, percent=self._bg_percent)
+        return RetCode.SUCCESS
+
+    def _finish_background(self, rc: RetCode, percent: int = 100) -> None:
+        self._bg = None
+        self.regs.set_fields(R.MB_BG_STATUS, PERCENT=percent, RETCODE=int(rc))
+        self.regs.set_field(R.MB_STATUS, "BG_OP", 0)
+
+    # errors ----------------------------------------------------------------------------------
+    def note_internal_error(self, opcode: int, exc: BaseException) -> None:
+        self.internal_errors += 1
+        for hook in self.error_hooks:
+            try:
+                hook(opcode, exc)
+            except Exception:  # a failing hook must not take the firmware down either
+                log.exception("internal-error hook failed")
+
+    # mailbox ---------------------------------------------------------------------------------
+    def service_mailbox(self) -> bool:
+        """Run the command behind a rung doorbell; True if there was one."""
+        regs = self.regs
+        if not regs.get(R.MB_CTRL) & 1:
+            return False
+        cmd = regs.get(R.MB_CMD)
+        opcode, length = R.MB_CMD.f("OPCODE").get(cmd), R.MB_CMD.f("LENGTH").get(cmd)
+        if length > R.MAILBOX_PAYLOAD_SIZE:
+            rc, out = RetCode.INVALID_PAYLOAD_LENGTH, b""
+        else:
+            payload = bytes(regs.region(R.MB_PAYLOAD_OFFSET, length))
+            rc, out = dispatch(self, opcode, payload)
+        regs.region(R.MB_PAYLOAD_OFFSET, len(out))[:] = out
+        regs.set_fields(R.MB_CMD, OPCODE=opcode, LENGTH=len(out))
+        regs.set_fields(R.MB_STATUS, RETCODE=int(rc), BG_OP=int(self._bg is not None))
+        regs.set_field(R.MB_CTRL, "DOORBELL", 0)  # last: the host may read everything above now
+        return True
+
+    def close(self) -> None:
+        self.regs.set_field(R.MEMDEV_STATUS, "MBOX_READY", 0)
+        for attr in ("media", "lsa", "poison_bits"):
+            setattr(self, attr, np.zeros(0, np.uint8))  # drop views so the mmaps can close
+        self.regs = RegisterFile(bytearray(R.BAR_SIZE))
+
+
+class FirmwareRunner:
+    """Services the doorbell, steps background jobs and runs periodic services.
+
+    Polls: a real device raises an interrupt on the doorbell; a file-backed BAR has none, so the
+    runner spins briefly after activity (low mailbox latency for bursts) and naps when idle.
+    """
+
+    def __init__(self, fw: Firmware, *, idle_sleep_s: float = 0.0005, spin_s: float = 0.005) -> None:
+        self.fw = fw
+        self.idle_sleep_s = idle_sleep_s
+        self.spin_s = spin_s
+        self._stop = threading.Event()
+
+    def step(self) -> bool:
+        busy = self.fw.service_mailbox()
+        busy = self.fw.step_background() or busy
+        now = time.monotonic_ns()
+        for service in self.fw.services:
+            try:
+                service(now)
+            except Exception as exc:
+                log.exception("firmware service %r failed", service)
+                self.fw.note_internal_error(0, exc)
+        return busy
+
+    def run(self) -> None:
+        last_busy = time.monotonic()
+        while not self._stop.is_set():
+            if self.step():
+                last_busy = time.monotonic()
+            elif time.monotonic() - last_busy > self.spin_s:
+                self._stop.wait(self.idle_sleep_s)
+            else:
+                time.sleep(0)  # let an in-process host thread have the GIL
+
+    def start_thread(self) -> threading.Thread:
+        t = threading.Thread(target=self.run, name=f"cxlemu-fw-{self.fw.config.name}", daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def attach_state(fw: Firmware, name: str, value: Any) -> None:
+    """Give a command group's state object a home on the firmware (fails on a clash)."""
+    if hasattr(fw, name):
+        raise RuntimeError(f"firmware attribute {name!r} attached twice")
+    setattr(fw, name, value)

@@ -1,0 +1,63 @@
+"""Exceptions a host sees (the driver re-exports them). Firmware never raises these to a host:
+device-visible errors are mailbox return codes."""
+from __future__ import annotations
+
+
+class CxlemuError(Exception):
+    """Base of every cxlemu error a caller may catch."""
+
+
+class ConfigError(CxlemuError, ValueError):
+    """A configuration value is out of range; the message says what to change."""
+
+
+class MailboxError(CxlemuError):
+    """A mailbox command completed with a return code other than Success."""
+
+    def __init__(self, retcode: int, opcode: int | None = None, detail: str = "") -> None:
+        from emulator.spec.retcodes import retcode_name
+
+        self.retcode = int(retcode)
+        self.opcode = opcode
+        self.name = retcode_name(self.retcode)
+        where = f" (opcode {opcode:#06x})" if opcode is not None else ""
+        msg = f"device returned {self.retcode:#04x} {self.name}{where}"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class MailboxTimeout(CxlemuError, TimeoutError):
+    """The doorbell did not clear in time: the firmware is not servicing the mailbox."""
+
+
+class PoisonError(CxlemuError):
+    """A read touched a poisoned 64-B line; no data was returned."""
+
+    def __init__(self, dpa: int) -> None:
+        self.dpa = int(dpa)
+        super().__init__(f"poisoned line at DPA {self.dpa:#x}: read returned no data")
+
+
+class DeviceNotFound(CxlemuError, LookupError):
+    """No device directory of that name under the runtime dir."""
+
+    def __init__(self, name: str, runtime_dir: str = "") -> None:
+        self.device_name = name
+        where = f" in {runtime_dir}" if runtime_dir else ""
+        super().__init__(f"no device named {name!r}{where} (see `cxlemu list`)")
+
+
+class DeviceGone(CxlemuError):
+    """The device went away (its firmware stopped or its files were destroyed)."""
+
+    def __init__(self, name: str, detail: str = "") -> None:
+        self.device_name = name
+        super().__init__(f"device {name!r} is gone" + (f": {detail}" if detail else ""))
+
+
+class DmaError(CxlemuError):
+    """A DMA descriptor failed; nothing was written outside the device or the host buffer."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        self.index = index
+        self.reason = reason
+        super().__init__(f"DMA descriptor {index} failed: {reason}")

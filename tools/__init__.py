@@ -1,0 +1,1 @@
+"""cxlemu's user-facing tools: the `cxlemu` command, the monitor, benchmarks and the demo."""

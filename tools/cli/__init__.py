@@ -1,0 +1,1 @@
+"""The `cxlemu` command line, shaped like ndctl's `cxl`."""

@@ -1,0 +1,61 @@
+"""`cxlemu` entry point.
+
+Each subcommand group lives in a module of this package that exposes
+``register(subparsers) -> None``; the parser it adds sets ``func=handler(args) -> int``.
+Add a module to ``_MODULES`` to make its subcommands appear.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from tools.cli._common import CliError
+
+_MODULES = [
+    "tools.cli.cmd_device",
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with cxlemu's one-line error format and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CliError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="cxlemu", description="CXL Type-3 memory expander emulator")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in _MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except CliError as exc:
+        if debug:
+            raise
+        print(f"cxlemu: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug or an unexpected device state: one line unless --debug
+        if debug:
+            raise
+        from emulator.spec.errors import CxlemuError
+
+        code = 1 if isinstance(exc, CxlemuError) else 1
+        print(f"cxlemu: error: {exc}", file=sys.stderr)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
