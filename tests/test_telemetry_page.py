@@ -1,0 +1,246 @@
+"""The telemetry page: documented layout, publish/snapshot round trips, claims, and the seqlock
+seen from another process while a writer hammers it."""
+from __future__ import annotations
+
+import mmap
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import emulator.telemetry as T
+from emulator.spec.registers import BAR_SIZE, TELEMETRY_OFFSET
+from emulator.telemetry import (
+    EventEntry, FirmwareTelemetry, HostTelemetry, PoisonEntry, TelemetryClaimed, TelemetryError,
+    TelemetryReader, TelemetryWriter,
+)
+
+
+def _bar() -> bytearray:
+    return bytearray(BAR_SIZE)
+
+
+def _seq(bar: bytearray, section: str) -> int:
+    base = TELEMETRY_OFFSET + T.SECTIONS[section][1]
+    return int.from_bytes(bar[base:base + 8], "little")
+
+
+@pytest.mark.parametrize("name", ["header", "firmware", "host"])
+def test_module_doc_tables_match_packed_layout(name: str) -> None:
+    """The tables in the module docstring are exactly the layout the code packs."""
+    assert T.layout_table(name) in T.__doc__
+
+
+def test_layout_offsets_are_fixed() -> None:
+    """Version 1.0 offsets that other programs may hard-code."""
+    assert (T.FIRMWARE_OFFSET, T.HOST_OFFSET, T.PAGE_SIZE) == (0x40, 0x1200, 0x12C0)
+    assert T.FIRMWARE.offsets["capacity_used_bytes"] == 0x38
+    assert T.FIRMWARE.offsets["hot_unit"] == 0x98
+    assert T.HOST.offsets["stall_ns"] == 0x68
+
+
+def test_unformatted_and_unpublished_pages_are_reported() -> None:
+    """A zero page says so; a formatted page without publishes has no sections yet."""
+    bar = _bar()
+    reader = TelemetryReader(bar)
+    snap = reader.snapshot()
+    assert (snap.version, snap.firmware, snap.host) == (None, None, None)
+    assert snap.notes == ["telemetry page not formatted: no firmware has published yet"]
+    TelemetryWriter(bar, "firmware")
+    snap = reader.snapshot()
+    assert snap.version == (1, 0)
+    assert snap.notes == ["firmware has not published telemetry yet", "no KV shim has published telemetry"]
+
+
+def test_firmware_round_trip_with_lists() -> None:
+    """Scalars, hotlist, events and poison come back as published; the header says who wrote it."""
+    bar = _bar()
+    writer = TelemetryWriter(bar, "firmware")
+    events = [EventEntry(123, 2, "general media: uncorrectable at 0x1000"), EventEntry(99, 0, "é" * 30)]
+    writer.publish(uptime_ns=7, capacity_bytes=1 << 30, temperature_c=-12, events_fail=1,
+                   hotlist=[(5, 40), (1 << 40, 7)], recent_events=events,
+                   recent_poison=[PoisonEntry(0x1000, 64, 3)])
+    fw = TelemetryReader(bar).snapshot().firmware
+    assert fw is not None
+    assert (fw.uptime_ns, fw.capacity_bytes, fw.temperature_c, fw.events_fail) == (7, 1 << 30, -12, 1)
+    assert fw.hotlist == [(5, 40), (1 << 40, 7)]
+    assert fw.recent_events[0] == events[0]
+    assert fw.recent_events[1].text == "é" * 24  # cut at 48 bytes on a character boundary
+    assert fw.recent_poison == [PoisonEntry(0x1000, 64, 3)]
+    assert (fw.seq, fw.writer_pid) == (2, os.getpid())
+    assert fw.updated_ns > 0
+
+
+def test_partial_publish_keeps_other_fields() -> None:
+    """publish(**some) changes only the named fields, in one sequence step."""
+    bar = _bar()
+    writer = TelemetryWriter(bar, "host")
+    writer.publish(hits=10, misses=3)
+    writer.publish(misses=4)
+    host = TelemetryReader(bar).snapshot().host
+    assert host is not None
+    assert (host.hits, host.misses, host.seq) == (10, 4, 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.builds(HostTelemetry, **{f: st.integers(0, 2**64 - 1) for f in (
+    "hits", "misses", "loads", "offloads", "prefetch_issued", "prefetch_useful", "prefetch_late",
+    "prefetch_wasted", "evictions", "stall_ns", "tokens_generated", "blocks_resident", "blocks_total",
+    "hbm_bytes", "hbm_budget_bytes")}, dma_sq_depth=st.integers(0, 2**32 - 1),
+    dma_cq_depth=st.integers(0, 2**32 - 1), prefetch_queue_depth=st.integers(0, 2**32 - 1)))
+def test_host_dataclass_round_trip(snapshot: HostTelemetry) -> None:
+    """Any in-range HostTelemetry published whole reads back equal (header fields aside)."""
+    bar = _bar()
+    with TelemetryWriter(bar, "host") as writer:
+        writer.publish(snapshot)
+        got = TelemetryReader(bar).snapshot().host
+    assert got is not None
+    got.seq = got.updated_ns = got.writer_pid = 0
+    assert got == snapshot
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"nope": 1}, "has no field 'nope'"),
+    ({"seq": 5}, "has no field 'seq'"),
+    ({"uptime_ns": -1}, "uptime_ns=-1 is outside 0..18446744073709551615"),
+    ({"media_status": 1.5}, "media_status must be an int, got float"),
+    ({"hotlist": [(1, 1)] * 257}, "hotlist holds at most 256 entries, got 257"),
+    ({"recent_events": [EventEntry(0, 9, "x")]}, "event log 9 is not one of 0..4"),
+])
+def test_bad_publish_is_refused_before_the_write(kwargs: dict, message: str) -> None:
+    """A bad field raises ValueError naming it, and the section is untouched (seq stays even)."""
+    bar = _bar()
+    writer = TelemetryWriter(bar, "firmware")
+    writer.publish(uptime_ns=1)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        writer.publish(**kwargs)
+    assert _seq(bar, "firmware") == 2
+
+
+def test_publish_refuses_wrong_dataclass() -> None:
+    bar = _bar()
+    with pytest.raises(ValueError, match="takes a FirmwareTelemetry"):
+        TelemetryWriter(bar, "firmware").publish(HostTelemetry())
+
+
+def test_unknown_section_and_small_region() -> None:
+    with pytest.raises(ValueError, match=r"use one of \['firmware', 'host'\]"):
+        TelemetryWriter(_bar(), "link")
+    with pytest.raises(ValueError, match="pass the whole BAR"):
+        TelemetryReader(bytearray(0x1000))
+
+
+def test_read_only_mapping_cannot_write(tmp_path: Path) -> None:
+    path = tmp_path / "bar"
+    path.write_bytes(bytes(BAR_SIZE))
+    with open(path, "rb") as f:
+        ro = mmap.mmap(f.fileno(), BAR_SIZE, prot=mmap.PROT_READ)
+    with pytest.raises(ValueError, match="writable mapping"):
+        TelemetryWriter(ro, "firmware")
+
+
+def test_writer_dead_mid_publish_is_reported_then_recovered() -> None:
+    """A sequence left odd (writer killed between its two stores) is reported, not waited on
+    forever; the next writer to claim the section makes it even again."""
+    bar = _bar()
+    TelemetryWriter(bar, "host").publish(hits=1)
+    base = TELEMETRY_OFFSET + T.HOST_OFFSET
+    np.ndarray((1,), "<u8", bar, base)[0] = 3  # what a writer killed after `seq += 1` leaves
+    snap = TelemetryReader(bar, max_wait_s=0.001).snapshot()
+    assert snap.host is None
+    assert f"host section unreadable: writer {os.getpid()} stopped mid-update" in snap.notes
+    TelemetryWriter(bar, "host").publish(hits=2)
+    host = TelemetryReader(bar).snapshot().host
+    assert host is not None and (host.hits, host.seq) == (2, 6)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_host_claim_by_live_process_refused_dead_reclaimed(tmp_path: Path) -> None:
+    """A live writer's claim stands; a dead writer's pid is reclaimable; close frees the claim."""
+    path = tmp_path / "bar"
+    path.write_bytes(bytes(BAR_SIZE))
+    with open(path, "r+b") as f:
+        bar = mmap.mmap(f.fileno(), BAR_SIZE)
+    pid_at = TELEMETRY_OFFSET + T.HOST_OFFSET + T.HOST.offsets["writer_pid"]
+    TelemetryWriter(bar, "host").close()
+    bar[pid_at:pid_at + 4] = os.getppid().to_bytes(4, "little")
+    with pytest.raises(TelemetryClaimed, match=f"written by live process {os.getppid()}"):
+        TelemetryWriter(bar, "host", lock_path=path)
+    bar[pid_at:pid_at + 4] = _dead_pid().to_bytes(4, "little")
+    writer = TelemetryWriter(bar, "host", lock_path=path)
+    assert int.from_bytes(bar[pid_at:pid_at + 4], "little") == os.getpid()
+    writer.close()
+    assert int.from_bytes(bar[pid_at:pid_at + 4], "little") == 0
+    with pytest.raises(TelemetryError, match="closed"):
+        writer.publish(hits=1)
+
+
+# ---------------------------------------------------------------- seqlock across processes
+
+_ROUNDS = 3000
+
+
+def _torn_reader(path: str, out: "multiprocessing.Queue[tuple[int, int, int]]") -> None:
+    """Child process: take snapshots until _ROUNDS of them hold data; count invariant breaks."""
+    with open(path, "rb") as f:
+        bar = mmap.mmap(f.fileno(), BAR_SIZE, prot=mmap.PROT_READ)
+    reader = TelemetryReader(bar, max_wait_s=5.0)
+    torn = seen = 0
+    values: set[int] = set()
+    while seen < _ROUNDS:
+        fw = reader.snapshot().firmware
+        if fw is None:
+            continue
+        seen += 1
+        i = fw.uptime_ns
+        values.add(i)
+        counts = {c for _, c in fw.hotlist}
+        if fw.timestamp_ns != 2 * i or fw.capacity_used_bytes != 3 * i or counts != {i & 0xFFFFFFFF}:
+            torn += 1
+    out.put((seen, torn, len(values)))
+
+
+def test_reader_in_other_process_never_sees_a_torn_snapshot(tmp_path: Path) -> None:
+    """Writer thread publishes uptime=i, timestamp=2i, used=3i, 256 hotlist counts=i as fast as it
+    can; a reader process checks the invariant in every snapshot it takes and sees many values."""
+    path = tmp_path / "bar"
+    path.write_bytes(bytes(BAR_SIZE))
+    with open(path, "r+b") as f:
+        bar = mmap.mmap(f.fileno(), BAR_SIZE)
+    writer = TelemetryWriter(bar, "firmware")
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_torn_reader, args=(str(path), out))
+    child.start()
+    stop = threading.Event()
+
+    def hammer() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            writer.publish(uptime_ns=i, timestamp_ns=2 * i, capacity_used_bytes=3 * i,
+                           hotlist=[(u, i & 0xFFFFFFFF) for u in range(256)])
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        seen, torn, distinct = out.get(timeout=120)
+    finally:
+        stop.set()
+        thread.join()
+        child.join(timeout=30)
+    assert (seen, torn) == (_ROUNDS, 0)
+    assert distinct > 10  # the reader really ran while the writer was writing
+    assert child.exitcode == 0
