@@ -219,6 +219,7 @@ class Served:
         from emulator.firmware import Firmware, FirmwareRunner
 
         self.files = DeviceFiles.create(config)
+        self.numa_notice = bind_media(self.files)
         self.firmware = Firmware(self.files)
         self.runner = FirmwareRunner(self.firmware)
         self.keep = keep
@@ -233,6 +234,14 @@ class Served:
         self._thread = self.runner.start_thread()
         return self
 
+    def run_foreground(self) -> None:
+        """Serve from the calling thread until `runner.stop()` (a signal handler calls it)."""
+        write_pid(self.files.path)
+        try:
+            self.runner.run()
+        finally:
+            self.stop()
+
     def stop(self) -> None:
         self.runner.stop()
         if self._thread is not None:
@@ -244,6 +253,28 @@ class Served:
             self.files.close()
         else:
             self.files.destroy()
+
+
+def bind_media(files: DeviceFiles) -> str | None:
+    """Bind the media to the configured NUMA node; returns a one-line notice when it cannot.
+
+    The effective node is recorded in the device directory (`numa_node`) for `cxlemu list`."""
+    try:
+        from emulator import numa
+    except ImportError:  # LEAD-TEMP: until emulator/numa.py lands
+        (files.path / "numa_node").write_text("0\n")
+        return None
+    notice = numa.bind(files.media, files.config.numa_node)
+    node = files.config.numa_node if notice is None and files.config.numa_node is not None else 0
+    (files.path / "numa_node").write_text(f"{node}\n")
+    return notice
+
+
+def numa_node(name: str) -> int | None:
+    try:
+        return int((device_path(name) / "numa_node").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def write_pid(path: Path) -> None:

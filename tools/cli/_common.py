@@ -48,3 +48,33 @@ def print_json(obj: Any) -> None:
     """Print JSON the way `cxl list` does: indented, one document."""
     json.dump(obj, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def open_memdev(name: str):  # -> driver.MemDev (imported lazily: `cxlemu --help` stays fast)
+    """Open a served device for a subcommand; unknown or stopped devices become one-line errors."""
+    from driver import DeviceGone, DeviceNotFound, MemDev
+
+    try:
+        return MemDev.open(name)
+    except DeviceNotFound as exc:
+        raise CliError(str(exc), exit_code=2) from None
+    except DeviceGone as exc:
+        raise CliError(str(exc), exit_code=1) from None
+
+
+def device_error(exc: Exception) -> CliError:
+    """A device-side failure (return code, poison, timeout) as a one-line error with exit 1."""
+    return CliError(str(exc), exit_code=1)
+
+
+def human_table(title: str, rows: dict[str, Any]) -> None:
+    """Print a two-column rich table (`--human` output)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    for key, value in rows.items():
+        table.add_row(str(key), str(value))
+    Console().print(table)

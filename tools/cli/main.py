@@ -50,11 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug or an unexpected device state: one line unless --debug
         if debug:
             raise
-        from emulator.spec.errors import CxlemuError
+        from emulator.spec.errors import DeviceNotFound
 
-        code = 1 if isinstance(exc, CxlemuError) else 1
         print(f"cxlemu: error: {exc}", file=sys.stderr)
-        return code
+        return 2 if isinstance(exc, DeviceNotFound) else 1
 
 
 if __name__ == "__main__":

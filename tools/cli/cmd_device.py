@@ -1,0 +1,188 @@
+"""Device lifecycle and raw access: `cxlemu serve | list | raw | destroy`."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Any
+
+from tools.cli._common import CliError, open_memdev, parse_hex, parse_int, parse_size, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="create a device and run its firmware in the foreground")
+    p.add_argument("--name", required=True, help="device name, e.g. mem0")
+    p.add_argument("--capacity", default="1G", help="DPA space, a multiple of 256M (default 1G)")
+    p.add_argument("--lsa-size", default="128K", help="label storage area size (default 128K)")
+    p.add_argument("--numa-node", type=int, default=None, help="bind the media to this NUMA node")
+    p.add_argument("--preset", default=None, help="timing preset (see `cxlemu presets`)")
+    p.add_argument("--read-latency-ns", type=float, default=None)
+    p.add_argument("--write-latency-ns", type=float, default=None)
+    p.add_argument("--bandwidth-gbps", type=float, default=None, help="per direction, GB/s")
+    p.add_argument("--transaction-bytes", type=int, default=None, help="64..4096, a power of two")
+    p.add_argument("--time-scale", type=float, default=None, help="multiply all device times by K")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("list", help="list devices as JSON (like `cxl list -M`)")
+    p.add_argument("names", nargs="*", help="only these devices")
+    p.add_argument("--human", action="store_true", help="a rich table instead of JSON")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("raw", help="send one mailbox command and print the answer as JSON")
+    p.add_argument("name")
+    p.add_argument("opcode", help="e.g. 0x4000")
+    p.add_argument("--payload", default="", help="input payload as hex")
+    p.add_argument("--wait", action="store_true", help="follow a background command to completion")
+    p.set_defaults(func=cmd_raw)
+
+    p = sub.add_parser("destroy", help="remove a stopped device's files")
+    p.add_argument("name")
+    p.set_defaults(func=cmd_destroy)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """DeviceConfig from serve's flags: a preset first, then explicit flags override its fields."""
+    from emulator.device import DeviceConfig
+    from emulator.spec.errors import ConfigError
+    from emulator.timing.config import TimingConfig
+
+    try:
+        timing = TimingConfig()
+        if args.preset:
+            from emulator import presets
+
+            try:
+                timing = presets.load(args.preset).timing
+            except KeyError:
+                raise CliError(f"unknown preset {args.preset!r}: choose one of {', '.join(presets.names())}") from None
+        overrides = {k: v for k, v in {
+            "read_latency_ns": args.read_latency_ns, "write_latency_ns": args.write_latency_ns,
+            "read_bandwidth_gbps": args.bandwidth_gbps, "write_bandwidth_gbps": args.bandwidth_gbps,
+            "transaction_bytes": args.transaction_bytes, "time_scale": args.time_scale,
+        }.items() if v is not None}
+        timing = TimingConfig(**{**timing.to_dict(), **overrides})
+        return DeviceConfig(name=args.name, capacity=parse_size(args.capacity), lsa_size=parse_size(args.lsa_size),
+                            numa_node=args.numa_node, preset=args.preset, timing=timing)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from emulator.device import Served
+    from emulator.spec.errors import ConfigError
+
+    config = build_config(args)
+    try:
+        served = Served(config, keep=True)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    if served.numa_notice:
+        print(f"cxlemu: {served.numa_notice}", file=sys.stderr)
+    exporter = None
+    if args.metrics_port is not None:
+        from tools.exporter import start_exporter
+
+        exporter = start_exporter([config.name], "127.0.0.1", args.metrics_port)
+
+    def stop(signum: int, frame: object) -> None:
+        served.runner.stop()
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    t = config.timing
+    print(f"cxlemu: serving {config.name}: {config.capacity >> 20} MiB, read {t.read_latency_ns:g} ns / "
+          f"write {t.write_latency_ns:g} ns, {t.read_bandwidth_gbps or 'unthrottled'} GB/s, "
+          f"pid {__import__('os').getpid()} (SIGINT/SIGTERM to stop)", file=sys.stderr, flush=True)
+    try:
+        served.run_foreground()
+    finally:
+        if exporter is not None:
+            exporter.shutdown()
+    return 0
+
+
+def describe(name: str) -> dict[str, Any]:
+    """One `cxl list -M`-style record."""
+    from emulator.device import device_path, device_state, firmware_pid, load_config, numa_node
+
+    cfg = load_config(name)
+    record: dict[str, Any] = {
+        "memdev": name, "ram_size": cfg.capacity, "pmem_size": 0, "serial": cfg.serial,
+        "firmware_version": cfg.fw_revision, "numa_node": numa_node(name), "state": device_state(name),
+        "host": firmware_pid(name), "preset": cfg.preset, "lsa_size": cfg.lsa_size,
+        "timing": cfg.timing.to_dict(), "path": str(device_path(name)),
+    }
+    if record["state"] == "served":
+        record["firmware_version"] = _running_revision(name) or cfg.fw_revision
+    return record
+
+
+def _running_revision(name: str) -> str | None:
+    """The active firmware revision as Identify Memory Device reports it (bytes 0x00-0x0f)."""
+    from driver import CxlemuError, MemDev
+
+    try:
+        with MemDev.open(name, ready_timeout_s=0.5) as md:
+            rc, out = md.send(0x4000)
+    except CxlemuError:
+        return None
+    return out[:16].rstrip(b"\0").decode(errors="replace") if rc == 0 and len(out) >= 16 else None
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from emulator.device import list_devices
+
+    names = list_devices()
+    for n in args.names:
+        if n not in names:
+            raise CliError(f"no device named {n!r} (see `cxlemu list`)")
+    records = [describe(n) for n in (args.names or names)]
+    if args.human:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="cxlemu devices")
+        for col in ("memdev", "ram_size", "state", "host", "numa_node", "firmware_version", "preset"):
+            table.add_column(col)
+        for r in records:
+            table.add_row(*(str(r[c]) for c in ("memdev", "ram_size", "state", "host", "numa_node",
+                                                  "firmware_version", "preset")))
+        Console().print(table)
+    else:
+        print_json(records)
+    return 0
+
+
+def cmd_raw(args: argparse.Namespace) -> int:
+    from emulator.spec.retcodes import retcode_name
+
+    opcode = parse_int(args.opcode, "opcode")
+    if not 0 <= opcode <= 0xFFFF:
+        raise CliError(f"opcode {args.opcode} is out of range: opcodes are 0x0000-0xffff")
+    payload = parse_hex(args.payload) if args.payload else b""
+    from emulator.spec.registers import MAILBOX_PAYLOAD_SIZE
+
+    if len(payload) > MAILBOX_PAYLOAD_SIZE:
+        raise CliError(f"payload of {len(payload)} bytes exceeds the {MAILBOX_PAYLOAD_SIZE}-byte mailbox")
+    with open_memdev(args.name) as md:
+        rc, out = md.send(opcode, payload, wait_background=args.wait)
+    print_json({"retcode": rc, "retcode_name": retcode_name(rc), "payload": out.hex()})
+    if rc not in (0, 1):
+        print(f"cxlemu: error: {args.name}: opcode {opcode:#06x} returned {rc:#04x} {retcode_name(rc)}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_destroy(args: argparse.Namespace) -> int:
+    from emulator.device import destroy
+    from emulator.spec.errors import ConfigError, DeviceNotFound
+
+    try:
+        destroy(args.name)
+    except DeviceNotFound as exc:
+        raise CliError(str(exc)) from None
+    except ConfigError as exc:
+        raise CliError(str(exc), exit_code=1) from None
+    return 0
