@@ -1,0 +1,104 @@
+"""`cxlemu serve` in a subprocess, driven through the CLI and `MemDev`; one-line errors for bad input."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from driver import MemDev
+from emulator.device import device_state, firmware_pid
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cxlemu(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "tools.cli.main", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env=os.environ.copy())
+    if check and proc.returncode != 0:
+        raise AssertionError(f"cxlemu {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def served_subprocess(device_name: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "serve", "--name", device_name,
+                             "--capacity", "1G"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while firmware_pid(device_name) != proc.pid:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, "cxlemu serve did not come up"
+        time.sleep(0.05)
+    try:
+        yield device_name, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def test_serve_raw_identify_memdev_reports_capacity(served_subprocess) -> None:
+    name, _ = served_subprocess
+    out = json.loads(cxlemu("raw", name, "0x4000", check=True).stdout)
+    assert out["retcode"] == 0 and out["retcode_name"] == "Success"
+    payload = bytes.fromhex(out["payload"])
+    assert struct.unpack_from("<Q", payload, 0x10)[0] == 4  # 1 GiB in 256 MiB units
+
+
+def test_serve_list_memdev_and_clean_shutdown(served_subprocess) -> None:
+    name, proc = served_subprocess
+    records = {r["memdev"]: r for r in json.loads(cxlemu("list", check=True).stdout)}
+    assert records[name]["ram_size"] == 1 << 30 and records[name]["state"] == "served"
+    assert records[name]["host"] == proc.pid
+    with MemDev.open(name) as md:  # the driver talks to a firmware in another process
+        assert md.identify().serial == records[name]["serial"]
+        md.write_untimed(0x4000_0000 - 8, b"lastword")
+        assert md.read_untimed(0x4000_0000 - 8, 8) == b"lastword"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert device_state(name) == "stopped"
+    assert json.loads(cxlemu("list", name, check=True).stdout)[0]["state"] == "stopped"
+    assert cxlemu("destroy", name).returncode == 0
+    assert name not in cxlemu("list", check=True).stdout
+
+
+def test_serve_refuses_a_served_name(served_subprocess) -> None:
+    name, _ = served_subprocess
+    proc = cxlemu("serve", "--name", name)
+    assert proc.returncode == 2 and proc.stderr.startswith("cxlemu: error:") and "already served" in proc.stderr
+
+
+def test_raw_device_error_names_the_code(served_subprocess) -> None:
+    name, _ = served_subprocess
+    proc = cxlemu("raw", name, "0xbeef")
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout)["retcode_name"] == "Unsupported"
+    assert "0x03 Unsupported" in proc.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("raw", "nosuchdev", "0x4000"), "no device named 'nosuchdev'"),
+    (("serve", "--name", "x", "--capacity", "12Q"), "malformed size"),
+    (("serve", "--name", "x", "--capacity", "100M"), "multiple of 256 MiB"),
+    (("serve", "--name", "x", "--transaction-bytes", "100"), "power of two"),
+    (("serve", "--name", "x", "--read-latency-ns", "-5"), "must be >= 0"),
+    (("raw", "nosuchdev", "0x10000"), "out of range"),
+    (("raw", "nosuchdev", "zz"), "malformed opcode"),
+    (("raw", "nosuchdev", "0x4000", "--payload", "abc"), "malformed hex"),
+    (("list", "nosuchdev"), "no device named"),
+    (("destroy", "nosuchdev"), "no device named"),
+    (("frobnicate",), "invalid choice"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], fragment: str) -> None:
+    proc = cxlemu(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cxlemu: error:") and fragment in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
