@@ -1,0 +1,217 @@
+"""Component registers at reset, and the firmware's half of HDM decoder programming.
+
+Nothing traps a host's store into the shared BAR, so the firmware plays the hardware's part of
+CXL r3.1 §8.2.4.20.12 (Committing Decoder Programming) by polling: `HdmDecoderBlock.service()`
+runs on every pass of the firmware runner and moves each decoder through
+
+                 host sets COMMIT            checks pass
+    [idle] ─────────────────────────▶ ? ───────────────────▶ [COMMITTED] ──┐ host clears COMMIT,
+      ▲  ▲                            │ checks fail                       │ no higher decoder
+      │  │ host clears COMMIT         ▼                                   │ committed, not locked
+      │  └──────────────────── [ERR_NOT_COMMITTED]                        │
+      └───────────────────────────────────────────────────────────────────┘
+
+A committed decoder's settings are latched when it commits, as hardware latches them: `decoders()`
+returns the latched copies, so a host scribbling on a committed decoder never changes decode
+mid-access. With LOCK_ON_COMMIT the latched words are also put back into the registers whenever a
+host changes them (the registers are read-only until reset). COMMITTED and ERR_NOT_COMMITTED are
+read-only to the host; the service restores them when a host writes them.
+
+RAS: the status registers are RW1C, which a shared-memory BAR cannot emulate (a host writing back
+the value it read, as Linux does to clear, is indistinguishable from no write). cxlemu reports media
+errors through the poison list and event records instead, so RAS holds its reset values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from emulator.hdm import IG_MAX, WAYS_BY_IW, DecoderSettings
+from emulator.regfile import RegisterFile
+from emulator.spec import component_regs as C
+
+_ALIGN = C.HDM_DECODER_ALIGN
+_RO_CTRL_BITS = C.CTRL_COMMITTED | C.CTRL_ERR_NOT_COMMITTED
+
+
+def _regfile(bar: Any) -> RegisterFile:
+    return bar if isinstance(bar, RegisterFile) else RegisterFile(bar)
+
+
+def init_component_registers(bar: Any, n_decoders: int = 4) -> None:
+    """Reset the component block: capability array, RAS and an HDM capability of `n_decoders`.
+
+    `bar` is the device's BAR (a RegisterFile or any writable buffer of BAR_SIZE bytes).
+    """
+    if n_decoders not in C.DECODER_COUNT_ENC:
+        raise ValueError(f"n_decoders={n_decoders}: a device has one of {sorted(C.DECODER_COUNT_ENC)} decoders")
+    regs = _regfile(bar)
+    regs.region(C.COMPONENT_OFFSET, C.COMPONENT_SIZE)[:] = bytes(C.COMPONENT_SIZE)
+    regs.set_fields(C.CM_CAP_HEADER, CAP_ID=C.CM_CAP_ID_ARRAY, CAP_VERSION=1, CACHE_MEM_VERSION=1,
+                    ARRAY_SIZE=len(C.CM_CAPABILITIES))
+    for index, (cap_id, version, offset) in enumerate(C.CM_CAPABILITIES, start=1):
+        regs.set_fields(C.cm_cap_element(index), CAP_ID=cap_id, CAP_VERSION=version,
+                        POINTER=offset - C.CM_OFFSET)
+    for reg, value in C.RAS_RESET.items():
+        regs.set(reg, value)
+    # QEMU hdm_init_common for a Type-3 device: one target, 256 B and 4 KiB interleave address bits,
+    # 3/6/12 and 16 ways.
+    regs.set_fields(C.HDM_CAP, DECODER_COUNT=C.DECODER_COUNT_ENC[n_decoders], TARGET_COUNT=1,
+                    INTERLEAVE_256B=1, INTERLEAVE_4K=1, IW_3_6_12=1, IW_16=1)
+
+
+class DecoderRefused(Exception):
+    """Why a commit request fails; becomes ERR_NOT_COMMITTED (the reason is kept for debugging)."""
+
+
+@dataclass(frozen=True)
+class _Latched:
+    """A committed decoder: the register words at commit time and what they decode."""
+
+    words: tuple[int, ...]  # BASE_LO, BASE_HI, SIZE_LO, SIZE_HI, CTRL, SKIP_LO, SKIP_HI
+    settings: DecoderSettings
+
+    @property
+    def locked(self) -> bool:
+        return bool(self.words[4] & C.CTRL_LOCK_ON_COMMIT)
+
+
+class HdmDecoderBlock:
+    """The device side of the HDM decoders of one device (firmware-owned, one thread)."""
+
+    def __init__(self, bar: Any, capacity: int) -> None:
+        self.regs = _regfile(bar)
+        self.capacity = capacity
+        count_enc = self.regs.get_field(C.HDM_CAP, "DECODER_COUNT")
+        if count_enc not in C.DECODER_COUNT_DEC:
+            raise ValueError("the HDM capability is not initialised: call init_component_registers first")
+        self.n_decoders = C.DECODER_COUNT_DEC[count_enc]
+        self._regs = [C.hdm_decoder(i) for i in range(self.n_decoders)]
+        self._latched: list[_Latched | None] = [None] * self.n_decoders
+        self.errors: dict[int, str] = {}  # decoder -> reason of its last refused commit
+        self._window = (C.HDM_OFFSET, C.hdm_size(self.n_decoders))
+        self._seen = b""  # the HDM registers as the last pass found them
+
+    # ---- what the data path uses ----------------------------------------------------------------
+    def decoders(self) -> list[DecoderSettings]:
+        """The committed decoders in order, or [] while HDM Decoder Enable is clear (§8.2.4.20.2)."""
+        if not self.regs.get_field(C.HDM_GLOBAL_CTRL, "HDM_DECODER_ENABLE"):
+            return []
+        return [latched.settings for latched in self._latched if latched is not None]
+
+    @property
+    def committed_count(self) -> int:
+        return sum(latched is not None for latched in self._latched)
+
+    # ---- the runner calls this every pass ------------------------------------------------------
+    def service(self) -> None:
+        """Act on the hosts' writes since the last pass.
+
+        Uncommits run from the top decoder down and commits from the bottom up, so a host that
+        clears (or sets) several COMMIT bits between two passes, in the order the spec requires,
+        is served in that order. A pass over unchanged registers costs one 0x90-byte compare; the
+        snapshot is taken before acting, so a host write racing this pass shows up in the next.
+        """
+        now = bytes(self.regs.region(*self._window))
+        if now == self._seen:
+            return
+        self._seen = now
+        for i in reversed(range(self.n_decoders)):
+            if self._latched[i] is not None:
+                self._service_committed(i)
+        for i in range(self.n_decoders):
+            if self._latched[i] is None:
+                self._service_uncommitted(i)
+
+    def _words(self, i: int) -> tuple[int, ...]:
+        return tuple(self.regs.get(reg) for reg in self._regs[i])
+
+    def _write_words(self, i: int, words: tuple[int, ...]) -> None:
+        for reg, value in zip(self._regs[i], words):
+            self.regs.set(reg, value)
+
+    def _service_committed(self, i: int) -> None:
+        latched = self._latched[i]
+        assert latched is not None
+        words = self._words(i)
+        if words == latched.words:
+            return
+        ctrl = words[4]
+        if latched.locked:
+            self._write_words(i, latched.words)  # read-only until reset: undo the host's write
+        elif not ctrl & C.CTRL_COMMIT:
+            self._uncommit(i, ctrl)
+        elif ctrl & _RO_CTRL_BITS != C.CTRL_COMMITTED:
+            self.regs.set(self._regs[i].CTRL, (ctrl & ~_RO_CTRL_BITS) | C.CTRL_COMMITTED)
+
+    def _uncommit(self, i: int, ctrl: int) -> None:
+        higher = any(latched is not None for latched in self._latched[i + 1:])
+        if higher:  # decoders uncommit in reverse order: refuse by putting COMMIT back
+            self.regs.set(self._regs[i].CTRL, (ctrl & ~_RO_CTRL_BITS) | C.CTRL_COMMIT | C.CTRL_COMMITTED)
+            return
+        self._latched[i] = None
+        self.regs.set(self._regs[i].CTRL, ctrl & ~_RO_CTRL_BITS)
+
+    def _service_uncommitted(self, i: int) -> None:
+        ctrl_reg = self._regs[i].CTRL
+        ctrl = self.regs.get(ctrl_reg)
+        if not ctrl & C.CTRL_COMMIT:
+            if ctrl & _RO_CTRL_BITS:  # COMMIT cleared after an error (or a host wrote RO bits)
+                self.regs.set(ctrl_reg, ctrl & ~_RO_CTRL_BITS)
+            return
+        if ctrl & C.CTRL_ERR_NOT_COMMITTED:
+            return  # waits for the host to clear COMMIT
+        words = self._words(i)
+        try:
+            settings = self._check(i, words)
+        except DecoderRefused as exc:
+            self.errors[i] = str(exc)
+            self.regs.set(ctrl_reg, (ctrl & ~C.CTRL_COMMITTED) | C.CTRL_ERR_NOT_COMMITTED)
+            return
+        self.errors.pop(i, None)
+        committed = words[:4] + ((ctrl & ~_RO_CTRL_BITS) | C.CTRL_COMMITTED,) + words[5:]
+        self._latched[i] = _Latched(committed, settings)
+        self.regs.set(ctrl_reg, committed[4])
+
+    # ---- the checks of a commit request --------------------------------------------------------
+    def _check(self, i: int, words: tuple[int, ...]) -> DecoderSettings:
+        """The settings a commit request programs, or DecoderRefused saying which rule it breaks."""
+        if any(latched is None for latched in self._latched[:i]):
+            raise DecoderRefused(f"decoder {i} committed before decoders 0..{i - 1} (§8.2.4.20.12)")
+        base_lo, base_hi, size_lo, size_hi, ctrl, skip_lo, skip_hi = words
+        base, size, skip = base_hi << 32 | base_lo, size_hi << 32 | size_lo, skip_hi << 32 | skip_lo
+        for name, value in (("base", base), ("size", size), ("DPA skip", skip)):
+            if value % _ALIGN:
+                raise DecoderRefused(f"{name} {value:#x} is not a multiple of 256 MiB")
+        ig, iw = C.CTRL_IG.get(ctrl), C.CTRL_IW.get(ctrl)
+        if ig > IG_MAX or iw not in WAYS_BY_IW:
+            raise DecoderRefused(f"IG={ig} / IW={iw} is a reserved encoding")
+        ways = WAYS_BY_IW[iw]
+        if size % (ways * _ALIGN):
+            raise DecoderRefused(f"size {size:#x} does not give each of {ways} ways whole 256 MiB units")
+        if base + size > 1 << 64:
+            raise DecoderRefused(f"window [{base:#x}, +{size:#x}) wraps past 2^64")
+        below = [latched.settings for latched in self._latched[:i] if latched is not None]
+        if below and base < below[-1].base + below[-1].size:
+            raise DecoderRefused(f"base {base:#x} is below the end of decoder {i - 1} (§8.2.4.20.12)")
+        settings = DecoderSettings(base=base, size=size, ig=ig, iw=iw, dpa_skip=skip)
+        dpa_end = sum(d.dpa_skip + d.dpa_size for d in below)
+        if dpa_end + skip + settings.dpa_size > self.capacity:
+            raise DecoderRefused(f"needs DPA up to {dpa_end + skip + settings.dpa_size:#x}, "
+                                 f"past the device's {self.capacity:#x}")
+        return settings
+
+
+def attach(fw: Any) -> HdmDecoderBlock:
+    """Give a firmware its component registers and HDM decoders, serviced on every runner pass.
+
+    `fw` is an `emulator.firmware.Firmware` (regs, config.capacity, services list of
+    callables taking the time in ns).
+    """
+    init_component_registers(fw.regs)
+    hdm = HdmDecoderBlock(fw.regs, fw.config.capacity)
+    fw.services.append(lambda _now_ns: hdm.service())
+    return hdm
+
+
+__all__ = ["DecoderRefused", "HdmDecoderBlock", "attach", "init_component_registers"]
