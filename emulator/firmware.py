@@ -57,6 +57,9 @@ class Firmware:
         self._bg_abortable = False
         self._bg_percent = 0
         init_device_registers(self.regs)
+        from emulator import component
+
+        self.hdm = component.attach(self)
         import emulator.commands
 
         emulator.commands.attach_all(self)
