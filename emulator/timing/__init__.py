@@ -1,0 +1,190 @@
+"""The timed data path: every access to a device's media pays its link's latency and bandwidth.
+
+``DataPath`` is the one entry point; ``impl="c"`` uses the cffi core (``_datapath.c``),
+``impl="py"`` the pure-Python twin (``_pyimpl.py``), ``"auto"`` the C core when the extension
+is built.  A transfer of n bytes in direction d completes at
+``max(now, link_free[d]) + latency_d + charged_bytes / bandwidth_d`` (see ``TimingConfig``);
+``link_free`` lives in the BAR's link-state page (``linkstate``) so every thread and process
+of one device shares one link.
+
+Real time (``clock=None``): the call returns when the transfer has completed, having spun in
+C with the GIL released.  Simulated (``clock=SimClock()``): nothing waits; the completion time
+is returned for the caller's event loop.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from emulator.spec.errors import ConfigError, PoisonError
+from emulator.timing import linkstate
+from emulator.timing._pyimpl import E_POISON, E_RANGE, PyCore
+from emulator.timing.clock import Clock, SimClock, SimpyClock
+from emulator.timing.config import LinkParams, TimingConfig
+
+__all__ = ["Clock", "DataPath", "LinkParams", "SimClock", "SimpyClock", "TimingConfig",
+           "c_available", "host_view"]
+
+_IMPLS = ("auto", "c", "py")
+
+
+def c_available() -> bool:
+    """Whether the cffi extension is built and importable."""
+    try:
+        import emulator.timing._cimpl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def host_view(buf: Any, *, writable: bool) -> memoryview:
+    """A flat byte view of a host buffer: bytes-likes, numpy arrays, CPU torch tensors
+    (through ``.numpy()``).  Non-contiguous or read-only-where-written buffers are refused."""
+    if not isinstance(buf, (bytes, bytearray, memoryview)) and hasattr(buf, "numpy") \
+            and hasattr(buf, "is_contiguous"):
+        if getattr(getattr(buf, "device", None), "type", "cpu") != "cpu":
+            raise ValueError("host buffer is a tensor on an accelerator: copy it to (pinned) CPU "
+                             "memory first, or pass a CPU tensor")
+        buf = buf.detach().numpy()
+    try:
+        mv = memoryview(buf)
+    except TypeError:
+        raise TypeError(f"host buffer must support the buffer protocol (bytes, bytearray, numpy "
+                        f"array, CPU torch tensor), got {type(buf).__name__}") from None
+    if not mv.c_contiguous:
+        raise ValueError("host buffer must be C-contiguous: use numpy.ascontiguousarray or "
+                         "tensor.contiguous()")
+    if writable and mv.readonly:
+        raise ValueError(f"host buffer of type {type(buf).__name__} is read-only; a read needs a "
+                         "writable one (bytearray, numpy array)")
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+class DataPath:
+    """Timed reads, writes and copies between a device's media and host buffers."""
+
+    def __init__(self, media: Any, poison_bits: Any, link_state: Any, config: TimingConfig, *,
+                 impl: str = "auto", clock: Clock | None = None) -> None:
+        if not isinstance(config, TimingConfig):
+            raise ConfigError(f"config must be a TimingConfig, got {type(config).__name__}")
+        if impl not in _IMPLS:
+            raise ConfigError(f"impl must be one of {', '.join(_IMPLS)}, got {impl!r}")
+        if clock is not None and not isinstance(clock, Clock):
+            raise ConfigError(f"clock must have now_ns() -> int (e.g. SimClock), got {type(clock).__name__}")
+        self.config = config
+        self.clock = clock
+        self.media = host_view(media, writable=True)
+        self.size = self.media.nbytes
+        self.poison_bits = None if poison_bits is None else host_view(poison_bits, writable=False)
+        need = -(-self.size // 512)
+        if self.poison_bits is not None and self.poison_bits.nbytes < need:
+            raise ConfigError(f"poison_bits has {self.poison_bits.nbytes} bytes; media of "
+                              f"{self.size} B needs {need} (1 bit per 64-B line)")
+        self._link = linkstate.words(link_state)
+        linkstate.initialize(self._link)
+        self.impl = self._choose_impl(impl)
+        self._core = self._make_core(config.link_params())
+
+    def _choose_impl(self, impl: str) -> str:
+        if impl == "py" or c_available():
+            return "c" if impl != "py" else "py"
+        if impl == "c":
+            raise ConfigError("impl='c' but the cffi extension emulator.timing._cdatapath is not "
+                              "built: run `pip install -e .` or `python -m emulator.timing._build`")
+        print("cxlemu: note: timing C extension not built; using the pure-Python data path "
+              "(slower, less precise)", file=sys.stderr)
+        return "py"
+
+    def _make_core(self, params: LinkParams) -> Any:
+        if self.impl == "py":
+            return PyCore(self.media, self.poison_bits, self._link, params)
+        from emulator.timing._cimpl import CCore, calibrated_comp_ns
+
+        comp = 0 if self.clock is not None or params.untimed else calibrated_comp_ns()
+        return CCore(self.media, self.poison_bits, self._link, params, comp)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _now(self) -> int:
+        return -1 if self.clock is None else int(self.clock.now_ns())
+
+    def _check(self, rc: int, what: str, dpa: int, n: int) -> int:
+        if rc >= 0:
+            return rc
+        if rc == E_POISON:
+            raise PoisonError(self._core.err_dpa)
+        if rc == E_RANGE:
+            raise ValueError(f"{what} of {n} B at DPA {dpa:#x} runs past the end of the media "
+                             f"({self.size:#x} B): the last byte must be below {self.size:#x}")
+        raise RuntimeError(f"data path returned unknown code {rc}")
+
+    @staticmethod
+    def _dpa(dpa: int, what: str) -> int:
+        if isinstance(dpa, bool) or not isinstance(dpa, int) or dpa < 0:
+            raise ValueError(f"{what}: DPA must be an int >= 0, got {dpa!r}")
+        return dpa
+
+    # -- the API --------------------------------------------------------------------------
+    def read(self, dpa: int, out: Any, *, wait: bool = True) -> int:
+        """Fill ``out`` from media at ``dpa``; returns the completion time (ns).  With
+        ``wait=False`` a real-time call returns at once (after the copy): the caller must not
+        consider the data arrived before ``wait_until(completion)`` (the DMA engine's use)."""
+        mv = host_view(out, writable=True)
+        dpa = self._dpa(dpa, "read")
+        return self._check(self._core.transfer(linkstate.DIR_READ, dpa, mv, self._now(), wait),
+                           "read", dpa, mv.nbytes)
+
+    def write(self, dpa: int, src: Any, *, wait: bool = True) -> int:
+        """Write ``src`` to media at ``dpa`` (poisoned lines may be written); returns completion."""
+        mv = host_view(src, writable=False)
+        dpa = self._dpa(dpa, "write")
+        return self._check(self._core.transfer(linkstate.DIR_WRITE, dpa, mv, self._now(), wait),
+                           "write", dpa, mv.nbytes)
+
+    def copy(self, src_dpa: int, dst_dpa: int, n: int, *, wait: bool = True) -> int:
+        """Device-internal copy (overlap allowed, memmove semantics); returns completion."""
+        src_dpa, dst_dpa = self._dpa(src_dpa, "copy source"), self._dpa(dst_dpa, "copy destination")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"copy: length must be an int >= 0, got {n!r}")
+        rc = self._core.copy(src_dpa, dst_dpa, n, self._now(), wait)
+        if rc == E_RANGE:
+            bad = src_dpa if src_dpa + n > self.size else dst_dpa
+            return self._check(rc, "copy", bad, n)
+        return self._check(rc, "copy", src_dpa, n)
+
+    def read_untimed(self, dpa: int, out: Any) -> None:
+        """Fill ``out`` without timing or accounting (setup, inspection); poison still fails."""
+        mv = host_view(out, writable=True)
+        dpa = self._dpa(dpa, "read")
+        self._check(self._core.untimed(linkstate.DIR_READ, dpa, mv), "read", dpa, mv.nbytes)
+
+    def write_untimed(self, dpa: int, src: Any) -> None:
+        """Write without timing or accounting (setup)."""
+        mv = host_view(src, writable=False)
+        dpa = self._dpa(dpa, "write")
+        self._check(self._core.untimed(linkstate.DIR_WRITE, dpa, mv), "write", dpa, mv.nbytes)
+
+    def wait_until(self, completion_ns: int) -> None:
+        """Block until a completion time returned by ``wait=False`` calls (real time only)."""
+        if self.clock is None and completion_ns > 0:
+            if self.impl == "c":
+                from emulator.timing._cimpl import wait_until
+
+                wait_until(completion_ns)
+            else:
+                from emulator.timing._pyimpl import wait_until as py_wait
+
+                py_wait(completion_ns)
+
+    def now_ns(self) -> int:
+        """The data path's clock: the simulated clock, or CLOCK_MONOTONIC."""
+        import time
+
+        return time.monotonic_ns() if self.clock is None else int(self.clock.now_ns())
+
+    def counters(self) -> dict[str, int]:
+        """Bytes, transfers, busy and latency ns, errors and the log2 latency histogram per
+        direction, ``link_free_ns``, device-internal copies (see ``linkstate.snapshot``)."""
+        return linkstate.snapshot(self._link)
+
+    def __repr__(self) -> str:
+        return f"DataPath(impl={self.impl!r}, size={self.size:#x}, config={self.config})"

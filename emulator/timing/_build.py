@@ -1,0 +1,60 @@
+"""cffi (API mode) build of the timed data path's C core: ``emulator.timing._cdatapath``.
+
+Built by setuptools at install (``cffi_modules`` in setup.py, paths relative to the repo
+root) or in place for a source checkout with ``python -m emulator.timing._build``.
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+import shutil
+import tempfile
+
+from cffi import FFI
+
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+_HEADER = (_ROOT / "emulator/timing/_datapath.h").read_text()
+
+
+def _cdef_from_header(header: str) -> str:
+    """The header minus preprocessor lines cffi cannot parse: integer ``#define``s become
+    ``#define NAME ...`` (value taken from the compiled header), function-like ones go."""
+    keep = []
+    for line in header.splitlines():
+        if re.match(r"#define CXL_\w+ ", line):
+            keep.append(re.sub(r"#define (\w+) .*", r"#define \1 ...", line))
+        elif not line.startswith("#"):
+            keep.append(line)
+    return "\n".join(keep)
+
+
+def make_builder(root: str = "") -> FFI:
+    """The builder; paths relative to the repo root (setuptools wants them so) unless
+    ``root`` is given (cffi's in-place compile runs in a temporary directory)."""
+    prefix = f"{root}/" if root else ""
+    ffi = FFI()
+    ffi.cdef(_cdef_from_header(_HEADER))
+    ffi.set_source(
+        "emulator.timing._cdatapath",
+        '#include "_datapath.h"',
+        sources=[f"{prefix}emulator/timing/_datapath.c"],
+        include_dirs=[f"{prefix}emulator/timing"],
+        extra_compile_args=["-O2", "-std=gnu11"],
+    )
+    return ffi
+
+
+ffibuilder = make_builder()
+
+
+def build_in_place() -> pathlib.Path:
+    """Compile next to the sources (a source checkout without `pip install -e .`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        built = pathlib.Path(make_builder(str(_ROOT)).compile(tmpdir=tmp, verbose=False))
+        target = _ROOT / "emulator/timing" / built.name
+        shutil.copy2(built, target)
+    return target
+
+
+if __name__ == "__main__":
+    print(build_in_place())

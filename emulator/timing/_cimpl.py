@@ -1,0 +1,131 @@
+"""The C core (cffi extension ``_cdatapath``) behind the same interface as ``PyCore``.
+
+Also home of the per-process calibration of the emulator's own per-access cost, which the
+C core deducts from real-time waits so a configured latency is *added* latency.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import random
+import statistics
+from typing import Any
+
+from emulator.timing import linkstate as ls
+from emulator.timing._cdatapath import ffi, lib  # ImportError when not built
+from emulator.timing.config import LinkParams
+
+_CALIBRATE_LAT_NS = 1000
+_CALIBRATE_HOPS = 1000
+_CALIBRATE_ROUNDS = 9
+
+
+class CCore:
+    """Owns the ``cxl_dp`` struct and keeps the buffers it points into alive."""
+
+    def __init__(self, media: memoryview, poison: memoryview | None, link: memoryview,
+                 params: LinkParams, comp_ns: int = 0) -> None:
+        self._keep: list[Any] = []
+        dp = ffi.new("cxl_dp *")
+        dp.media = self._ptr(media)
+        dp.media_size = media.nbytes
+        if poison is not None:
+            dp.poison = self._ptr(poison)
+            dp.poison_size = poison.nbytes
+        dp.link = ffi.cast("uint64_t *", self._ptr(link))
+        dp.lat_ns = list(params.lat_ns)
+        dp.fs_per_byte = list(params.fs_per_byte)
+        dp.txn_bytes = params.txn_bytes
+        dp.comp_ns = comp_ns
+        dp.untimed = int(params.untimed)
+        self.dp = dp
+        self.params = params
+        self._err = ffi.new("uint64_t *")
+
+    def _ptr(self, buf: memoryview) -> Any:
+        cdata = ffi.from_buffer("uint8_t[]", buf, require_writable=not buf.readonly)
+        self._keep.append(cdata)
+        return cdata
+
+    @property
+    def err_dpa(self) -> int:
+        return int(self._err[0])
+
+    def transfer(self, d: int, dpa: int, host: memoryview, now: int, wait: bool) -> int:
+        if d == ls.DIR_READ:
+            buf = ffi.from_buffer("uint8_t[]", host, require_writable=True)
+            return lib.cxl_read(self.dp, dpa, buf, host.nbytes, now, wait, self._err)
+        return lib.cxl_write(self.dp, dpa, ffi.from_buffer("uint8_t[]", host), host.nbytes,
+                             now, wait, self._err)
+
+    def copy(self, src: int, dst: int, n: int, now: int, wait: bool) -> int:
+        return lib.cxl_copy(self.dp, src, dst, n, now, wait, self._err)
+
+    def untimed(self, d: int, dpa: int, host: memoryview) -> int:
+        if d == ls.DIR_READ:
+            buf = ffi.from_buffer("uint8_t[]", host, require_writable=True)
+            return lib.cxl_read_untimed(self.dp, dpa, buf, host.nbytes, self._err)
+        return lib.cxl_write_untimed(self.dp, dpa, ffi.from_buffer("uint8_t[]", host),
+                                     host.nbytes, self._err)
+
+    def chase(self, dpa: int, hops: int, timed: bool, nsamples: int = 0) -> tuple[int, list[int]]:
+        """Dependent pointer chase (see ``cxl_chase``): total ns and per-hop samples."""
+        samples = ffi.new("int64_t[]", max(nsamples, 1))
+        end = ffi.new("uint64_t *")
+        total = lib.cxl_chase(self.dp, dpa, hops, int(timed), samples, nsamples, end)
+        if total < 0:
+            raise ValueError(f"pointer chase left the media at hop from DPA {dpa:#x} (code {total})")
+        return int(total), list(samples[0:nsamples])
+
+
+def now_ns() -> int:
+    return int(lib.cxl_now())
+
+
+def wait_until(deadline: int) -> None:
+    lib.cxl_wait_until(deadline)
+
+
+def build_chase_ring(media: memoryview, base: int, lines: int, seed: int = 1) -> int:
+    """Write a random cyclic permutation of ``lines`` 64-B lines starting at ``base``: each
+    line holds the DPA of the next (little-endian u64).  Random order defeats the
+    prefetcher, as in MLC.  Returns the DPA to start the chase at."""
+    order = list(range(lines))
+    random.Random(seed).shuffle(order)
+    for i, line in enumerate(order):
+        nxt = base + order[(i + 1) % lines] * 64
+        off = base + line * 64
+        media[off:off + 8] = nxt.to_bytes(8, "little")
+    return base + order[0] * 64
+
+
+def trimmed_mean(samples: list[int], keep: float = 0.99) -> float:
+    """Mean of the fastest ``keep`` fraction: drops hops hit by an interrupt or preemption
+    (the host is shared; a 4 ms tick or a migration is not the device's latency)."""
+    ordered = sorted(samples)
+    kept = ordered[:max(1, int(len(ordered) * keep))]
+    return sum(kept) / len(kept)
+
+
+@functools.cache
+def calibrated_comp_ns() -> int:
+    """The timed path's own cost per access over the same access with timing off (clock
+    reads, counters, the spin's exit), measured once per process on a cache-resident ring:
+    median over interleaved rounds of trimmed-mean(timed hop) − trimmed-mean(untimed hop) −
+    configured latency.  ``CXLEMU_TIMING_COMP_NS`` overrides it (0 disables compensation)."""
+    override = os.environ.get("CXLEMU_TIMING_COMP_NS")
+    if override is not None:
+        return int(override)
+    lines = 256
+    media = memoryview(bytearray(lines * 64))
+    link = memoryview(bytearray(ls.USED_BYTES)).cast("Q")
+    start = build_chase_ring(media, 0, lines)
+    params = LinkParams(lat_ns=(_CALIBRATE_LAT_NS, 0), fs_per_byte=(0, 0), txn_bytes=64)
+    core = CCore(media, None, link, params)
+    core.chase(start, 200, True)  # warm caches and the vDSO page
+    estimates = []
+    for _ in range(_CALIBRATE_ROUNDS):
+        _, timed = core.chase(start, _CALIBRATE_HOPS, True, _CALIBRATE_HOPS)
+        _, local = core.chase(start, _CALIBRATE_HOPS, False, _CALIBRATE_HOPS)
+        estimates.append(trimmed_mean(timed, 0.9) - trimmed_mean(local, 0.9) - _CALIBRATE_LAT_NS)
+    return int(round(min(max(statistics.median(estimates), 0), 500)))

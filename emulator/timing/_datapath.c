@@ -1,0 +1,308 @@
+/*
+ * cxlemu timed data path: the C core behind emulator.timing.DataPath (impl="c").
+ *
+ * Every timed transfer of n bytes in direction d is charged whole transactions
+ * (dp->txn_bytes, aligned) and
+ *
+ *     start      = max(now, link_free[d])          (link_free: u64 ns in shared memory)
+ *     link_free' = start + occ,  occ = charged * fs_per_byte[d] / 1e6   (rounded half up)
+ *     completion = start + occ + lat_ns[d]
+ *
+ * so bandwidth is shared by everyone who maps the same link-state page (threads and
+ * processes) while latency pipelines, as on a real link.  link_free is advanced with a
+ * compare-and-swap; counters with atomic adds.  The pure-Python twin (_pyimpl.py)
+ * implements the same arithmetic; tests compare the two on a simulated clock.
+ *
+ * Real time (now < 0): the caller waits, spinning (GIL released by cffi), until
+ *     max(t_copied + lat, start + occ + lat) - dp->comp_ns
+ * i.e. the configured latency is *added* to the emulator's own copy (a local access),
+ * never overlapped with it, and the emulator's fixed bookkeeping cost (clock reads,
+ * CAS, spin exit), measured once per process by calibration, is deducted.
+ */
+#include <stdint.h>
+#include <string.h>
+#include <sched.h>
+#include <time.h>
+
+#include "_datapath.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CPU_RELAX() __builtin_ia32_pause()
+#else
+#define CPU_RELAX() __asm__ __volatile__("" ::: "memory")
+#endif
+
+/* Timer wake-ups on a virtual machine run 60-120 us late on average (milliseconds at worst),
+ * so only waits far longer than that sleep, and the rest spins; while more than YIELD_ABOVE_NS
+ * remain the spin yields, so a second process sharing the link (or a DMA channel thread) still
+ * gets the core. */
+#define SLEEP_ABOVE_NS 20000000
+#define SLEEP_MARGIN_NS 5000000
+#define YIELD_ABOVE_NS 50000
+
+int64_t cxl_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+void cxl_wait_until(int64_t deadline)
+{
+    int64_t t = cxl_now();
+    if (deadline - t > SLEEP_ABOVE_NS) {
+        int64_t wake = deadline - SLEEP_MARGIN_NS;
+        struct timespec ts = {wake / 1000000000LL, wake % 1000000000LL};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0)
+            ;
+    }
+    while ((t = cxl_now()) < deadline) {
+        if (deadline - t > YIELD_ABOVE_NS)
+            sched_yield();
+        else
+            CPU_RELAX();
+    }
+}
+
+static uint64_t charged_bytes(const cxl_dp *dp, uint64_t dpa, uint64_t n)
+{
+    uint64_t mask = dp->txn_bytes - 1;
+    return ((dpa + n + mask) & ~mask) - (dpa & ~mask);
+}
+
+static uint64_t occupancy_ns(uint64_t charged, uint64_t fs_per_byte)
+{
+    unsigned __int128 fs = (unsigned __int128)charged * fs_per_byte;
+    return (uint64_t)((fs + 500000u) / 1000000u);
+}
+
+static unsigned hist_bucket(uint64_t ns)
+{
+    unsigned b = ns ? 63u - (unsigned)__builtin_clzll(ns) : 0u;
+    return b < CXL_LS_HIST_BUCKETS ? b : CXL_LS_HIST_BUCKETS - 1;
+}
+
+static uint64_t *dir_word(const cxl_dp *dp, int dir, unsigned word)
+{
+    return dp->link + CXL_LS_DIR_WORD(dir) + word;
+}
+
+/* Reserve the link for occ ns from max(req, link_free); returns the start. */
+static uint64_t reserve(const cxl_dp *dp, int dir, uint64_t req, uint64_t occ)
+{
+    uint64_t *free_ns = dir_word(dp, dir, CXL_LS_FREE);
+    uint64_t old = __atomic_load_n(free_ns, __ATOMIC_ACQUIRE), start;
+    if (occ == 0)
+        return req;
+    do {
+        start = old > req ? old : req;
+    } while (!__atomic_compare_exchange_n(free_ns, &old, start + occ, 1,
+                                          __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    return start;
+}
+
+static void account(const cxl_dp *dp, int dir, uint64_t n, uint64_t occ, uint64_t total)
+{
+    __atomic_fetch_add(dir_word(dp, dir, CXL_LS_BYTES), n, __ATOMIC_RELAXED);
+    __atomic_fetch_add(dir_word(dp, dir, CXL_LS_TRANSFERS), 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(dir_word(dp, dir, CXL_LS_BUSY_NS), occ, __ATOMIC_RELAXED);
+    __atomic_fetch_add(dir_word(dp, dir, CXL_LS_LATENCY_NS), total, __ATOMIC_RELAXED);
+    __atomic_fetch_add(dir_word(dp, dir, CXL_LS_HIST + hist_bucket(total)), 1, __ATOMIC_RELAXED);
+}
+
+static void count_error(const cxl_dp *dp, int dir)
+{
+    __atomic_fetch_add(dir_word(dp, dir, CXL_LS_ERRORS), 1, __ATOMIC_RELAXED);
+}
+
+int64_t cxl_check_range(const cxl_dp *dp, uint64_t dpa, uint64_t n)
+{
+    if (dpa > dp->media_size || n > dp->media_size - dpa)
+        return CXL_E_RANGE;
+    return 0;
+}
+
+/* First poisoned 64-B line in [dpa, dpa+n), as its DPA, or UINT64_MAX.  Skips clean
+ * bitmap bytes eight at a time: a 2 MiB read scans 4 KiB of bitmap. */
+uint64_t cxl_first_poison(const cxl_dp *dp, uint64_t dpa, uint64_t n)
+{
+    if (n == 0 || dp->poison == NULL)
+        return UINT64_MAX;
+    uint64_t first = dpa >> 6, last = (dpa + n - 1) >> 6;
+    if ((last >> 3) >= dp->poison_size)
+        last = dp->poison_size * 8 - 1;
+    uint64_t line = first;
+    while (line <= last) {
+        if ((line & 63) == 0 && line + 63 <= last) {
+            uint64_t w;
+            memcpy(&w, dp->poison + (line >> 3), 8);
+            if (w == 0) {
+                line += 64;
+                continue;
+            }
+        }
+        if (dp->poison[line >> 3] & (1u << (line & 7)))
+            return line << 6;
+        line++;
+    }
+    return UINT64_MAX;
+}
+
+static int64_t validate(const cxl_dp *dp, int dir, uint64_t dpa, uint64_t n, int check_poison,
+                        uint64_t *err_dpa)
+{
+    if (cxl_check_range(dp, dpa, n)) {
+        count_error(dp, dir);
+        return CXL_E_RANGE;
+    }
+    if (check_poison) {
+        uint64_t bad = cxl_first_poison(dp, dpa, n);
+        if (bad != UINT64_MAX) {
+            *err_dpa = bad;
+            count_error(dp, dir);
+            return CXL_E_POISON;
+        }
+    }
+    return 0;
+}
+
+/* Reserve, copy, account, and (real time, wait) spin until done.  The copy happens
+ * between the reservation and the wait so a bandwidth-bound transfer overlaps its own
+ * memcpy with its link time. */
+static int64_t timed(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst, const uint8_t *src,
+                     uint64_t n, int64_t now, int wait)
+{
+    int real = now < 0;
+    if (dp->untimed) {
+        /* No clock read at all: an untimed device costs exactly a local copy. */
+        if (n == 0)
+            return real ? 0 : now;
+        memcpy(dst, src, n);
+        __atomic_fetch_add(dir_word(dp, dir, CXL_LS_BYTES), n, __ATOMIC_RELAXED);
+        __atomic_fetch_add(dir_word(dp, dir, CXL_LS_TRANSFERS), 1, __ATOMIC_RELAXED);
+        return real ? 0 : now;
+    }
+    uint64_t req = real ? (uint64_t)cxl_now() : (uint64_t)now;
+    if (n == 0)
+        return (int64_t)req;
+    uint64_t occ = occupancy_ns(charged_bytes(dp, dpa, n), dp->fs_per_byte[dir]);
+    uint64_t start = reserve(dp, dir, req, occ);
+    uint64_t completion = start + occ + (uint64_t)dp->lat_ns[dir];
+    memcpy(dst, src, n);
+    account(dp, dir, n, occ, completion - req);
+    if (real && wait) {
+        uint64_t copied = dp->lat_ns[dir] ? (uint64_t)cxl_now() : 0;
+        uint64_t link_done = start + occ > copied ? start + occ : copied;
+        cxl_wait_until((int64_t)(link_done + (uint64_t)dp->lat_ns[dir]) - dp->comp_ns);
+    }
+    return (int64_t)completion;
+}
+
+int64_t cxl_read(const cxl_dp *dp, uint64_t dpa, uint8_t *out, uint64_t n, int64_t now, int wait,
+                 uint64_t *err_dpa)
+{
+    int64_t rc = validate(dp, CXL_DIR_READ, dpa, n, 1, err_dpa);
+    return rc ? rc : timed(dp, CXL_DIR_READ, dpa, out, dp->media + dpa, n, now, wait);
+}
+
+int64_t cxl_write(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, uint64_t n, int64_t now,
+                  int wait, uint64_t *err_dpa)
+{
+    int64_t rc = validate(dp, CXL_DIR_WRITE, dpa, n, 0, err_dpa);
+    return rc ? rc : timed(dp, CXL_DIR_WRITE, dpa, dp->media + dpa, src, n, now, wait);
+}
+
+/* Device-internal copy: the device reads src and writes dst, streaming, so it holds both
+ * directions of the link for their occupancy and pays both latencies once:
+ *     completion = max(start_r + occ_r, start_w + occ_w) + lat_r + lat_w            */
+int64_t cxl_copy(const cxl_dp *dp, uint64_t src, uint64_t dst, uint64_t n, int64_t now, int wait,
+                 uint64_t *err_dpa)
+{
+    int64_t rc = validate(dp, CXL_DIR_READ, src, n, 1, err_dpa);
+    if (rc == 0)
+        rc = validate(dp, CXL_DIR_WRITE, dst, n, 0, err_dpa);
+    if (rc)
+        return rc;
+    int real = now < 0;
+    if (dp->untimed) {
+        if (n == 0)
+            return real ? 0 : now;
+        memmove(dp->media + dst, dp->media + src, n);
+        __atomic_fetch_add(dp->link + CXL_LS_COPY_WORD + CXL_LS_BYTES, n, __ATOMIC_RELAXED);
+        __atomic_fetch_add(dp->link + CXL_LS_COPY_WORD + CXL_LS_TRANSFERS, 1, __ATOMIC_RELAXED);
+        return real ? 0 : now;
+    }
+    uint64_t req = real ? (uint64_t)cxl_now() : (uint64_t)now;
+    if (n == 0)
+        return (int64_t)req;
+    uint64_t occ_r = occupancy_ns(charged_bytes(dp, src, n), dp->fs_per_byte[CXL_DIR_READ]);
+    uint64_t occ_w = occupancy_ns(charged_bytes(dp, dst, n), dp->fs_per_byte[CXL_DIR_WRITE]);
+    uint64_t end_r = reserve(dp, CXL_DIR_READ, req, occ_r) + occ_r;
+    uint64_t end_w = reserve(dp, CXL_DIR_WRITE, req, occ_w) + occ_w;
+    uint64_t lat = (uint64_t)(dp->lat_ns[CXL_DIR_READ] + dp->lat_ns[CXL_DIR_WRITE]);
+    uint64_t link_done = end_r > end_w ? end_r : end_w;
+    memmove(dp->media + dst, dp->media + src, n);
+    __atomic_fetch_add(dp->link + CXL_LS_COPY_WORD + CXL_LS_BYTES, n, __ATOMIC_RELAXED);
+    __atomic_fetch_add(dp->link + CXL_LS_COPY_WORD + CXL_LS_TRANSFERS, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(dir_word(dp, CXL_DIR_READ, CXL_LS_BUSY_NS), occ_r, __ATOMIC_RELAXED);
+    __atomic_fetch_add(dir_word(dp, CXL_DIR_WRITE, CXL_LS_BUSY_NS), occ_w, __ATOMIC_RELAXED);
+    if (real && wait) {
+        uint64_t copied = lat ? (uint64_t)cxl_now() : 0;
+        cxl_wait_until((int64_t)((link_done > copied ? link_done : copied) + lat) - dp->comp_ns);
+    }
+    return (int64_t)(link_done + lat);
+}
+
+int64_t cxl_read_untimed(const cxl_dp *dp, uint64_t dpa, uint8_t *out, uint64_t n,
+                         uint64_t *err_dpa)
+{
+    int64_t rc = validate(dp, CXL_DIR_READ, dpa, n, 1, err_dpa);
+    if (rc == 0)
+        memcpy(out, dp->media + dpa, n);
+    return rc;
+}
+
+int64_t cxl_write_untimed(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, uint64_t n,
+                          uint64_t *err_dpa)
+{
+    int64_t rc = validate(dp, CXL_DIR_WRITE, dpa, n, 0, err_dpa);
+    if (rc == 0)
+        memcpy(dp->media + dpa, src, n);
+    return rc;
+}
+
+/* MLC-style dependent chase: each hop reads the u64 at dpa (through the timed path when
+ * timed != 0; otherwise through the same path with timing off, the local baseline an
+ * untimed device would give) and jumps to it.  One clock read per hop in both
+ * modes, so per-hop samples (if samples != NULL, the first nsamples hops) compare like
+ * with like.  Returns total ns; *end_dpa gets the last DPA (defeats dead-code removal). */
+int64_t cxl_chase(const cxl_dp *dp, uint64_t dpa, uint64_t hops, int timed_hops,
+                  int64_t *samples, uint64_t nsamples, uint64_t *end_dpa)
+{
+    uint64_t err = 0, next = 0;
+    uint64_t scratch_link[CXL_LS_COPY_WORD + 8] = {0};
+    cxl_dp local = *dp; /* the same device with timing off, counting into a scratch page */
+    local.untimed = 1;
+    local.link = scratch_link;
+    int64_t t0 = cxl_now(), prev = t0;
+    for (uint64_t i = 0; i < hops; i++) {
+        if (dpa > dp->media_size - 8)
+            return CXL_E_RANGE;
+        if (timed_hops) {
+            int64_t rc = cxl_read(dp, dpa, (uint8_t *)&next, 8, -1, 1, &err);
+            if (rc < 0)
+                return rc;
+        } else {
+            int64_t rc = cxl_read(&local, dpa, (uint8_t *)&next, 8, -1, 1, &err);
+            if (rc < 0)
+                return rc;
+        }
+        dpa = next;
+        int64_t t = cxl_now();
+        if (i < nsamples)
+            samples[i] = t - prev;
+        prev = t;
+    }
+    *end_dpa = dpa;
+    return prev - t0;
+}

@@ -1,0 +1,55 @@
+/* cxlemu timed data path: shared declarations (C core and the cffi cdef in _build.py).
+ * The link-state word layout mirrors emulator/timing/linkstate.py; a test checks they agree. */
+#ifndef CXLEMU_DATAPATH_H
+#define CXLEMU_DATAPATH_H
+#include <stdint.h>
+
+#define CXL_DIR_READ 0
+#define CXL_DIR_WRITE 1
+
+#define CXL_E_RANGE (-1)
+#define CXL_E_POISON (-2)
+
+/* Link-state page: u64 words.  Word 0 magic, 1 layout version; per direction a block of
+ * 64 words at CXL_LS_DIR_WORD(d); the copy counters after them. */
+#define CXL_LS_DIR_WORD(d) (8 + (d) * 64)
+#define CXL_LS_COPY_WORD 136
+#define CXL_LS_FREE 0
+#define CXL_LS_BYTES 1
+#define CXL_LS_TRANSFERS 2
+#define CXL_LS_BUSY_NS 3
+#define CXL_LS_LATENCY_NS 4
+#define CXL_LS_ERRORS 5
+#define CXL_LS_HIST 8
+#define CXL_LS_HIST_BUCKETS 40
+
+typedef struct {
+    uint8_t *media;
+    uint64_t media_size;
+    const uint8_t *poison;   /* 1 bit per 64-B line; NULL = no poison tracking */
+    uint64_t poison_size;    /* bytes */
+    uint64_t *link;          /* link-state page, 8-byte aligned */
+    int64_t lat_ns[2];       /* per direction, time scale applied */
+    uint64_t fs_per_byte[2]; /* femtoseconds per byte, time scale applied; 0 = unthrottled */
+    uint64_t txn_bytes;      /* power of two, 64..4096 */
+    int64_t comp_ns;         /* emulator's own per-access cost, deducted from real-time waits */
+    int untimed;             /* all of lat_ns and fs_per_byte are 0: count, never read the clock */
+} cxl_dp;
+
+int64_t cxl_now(void);
+void cxl_wait_until(int64_t deadline);
+int64_t cxl_check_range(const cxl_dp *dp, uint64_t dpa, uint64_t n);
+uint64_t cxl_first_poison(const cxl_dp *dp, uint64_t dpa, uint64_t n);
+int64_t cxl_read(const cxl_dp *dp, uint64_t dpa, uint8_t *out, uint64_t n, int64_t now, int wait,
+                 uint64_t *err_dpa);
+int64_t cxl_write(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, uint64_t n, int64_t now,
+                  int wait, uint64_t *err_dpa);
+int64_t cxl_copy(const cxl_dp *dp, uint64_t src, uint64_t dst, uint64_t n, int64_t now, int wait,
+                 uint64_t *err_dpa);
+int64_t cxl_read_untimed(const cxl_dp *dp, uint64_t dpa, uint8_t *out, uint64_t n,
+                         uint64_t *err_dpa);
+int64_t cxl_write_untimed(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, uint64_t n,
+                          uint64_t *err_dpa);
+int64_t cxl_chase(const cxl_dp *dp, uint64_t dpa, uint64_t hops, int timed_hops,
+                  int64_t *samples, uint64_t nsamples, uint64_t *end_dpa);
+#endif

@@ -1,0 +1,176 @@
+"""The pure-Python twin of the C core (``_datapath.c``): same arithmetic, same counters.
+
+It is the reference model for the differential tests and the fallback when the extension
+is not built.  Link-state updates are atomic within a process (one lock); across processes
+only the C core's compare-and-swap is — a process sharing a link should use ``impl="c"``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from emulator.timing import linkstate as ls
+from emulator.timing.config import LinkParams
+
+E_RANGE, E_POISON = -1, -2
+_U64 = (1 << 64) - 1
+_LINK_LOCK = threading.Lock()
+_SLEEP_ABOVE_NS, _SLEEP_MARGIN_NS = 20_000_000, 5_000_000
+
+
+def wait_until(deadline: int) -> None:
+    """Sleep only the bulk of a very long wait (timer wake-ups are late by up to ms on a
+    VM), spin the rest (mirrors ``cxl_wait_until``)."""
+    remaining = deadline - time.monotonic_ns()
+    if remaining > _SLEEP_ABOVE_NS:
+        time.sleep((remaining - _SLEEP_MARGIN_NS) / 1e9)
+    while time.monotonic_ns() < deadline:
+        pass
+
+
+def occupancy_ns(charged: int, fs_per_byte: int) -> int:
+    """Link time of ``charged`` bytes, rounded half up, as the C core computes it."""
+    return (charged * fs_per_byte + 500_000) // 1_000_000
+
+
+class PyCore:
+    """Timed transfers over a media buffer; errors come back as (code, dpa) like the C core."""
+
+    def __init__(self, media: memoryview, poison: memoryview | None, link: memoryview,
+                 params: LinkParams, comp_ns: int = 0) -> None:
+        self.media = media
+        self.size = media.nbytes
+        self.poison = np.frombuffer(poison, dtype=np.uint8) if poison is not None else None
+        self.link = link
+        self.params = params
+        self.comp_ns = comp_ns
+        self.err_dpa = 0
+
+    # -- validation ---------------------------------------------------------------------
+    def first_poison(self, dpa: int, n: int) -> int | None:
+        """DPA of the first poisoned 64-B line in [dpa, dpa+n), or None."""
+        if n == 0 or self.poison is None:
+            return None
+        first, last = dpa >> 6, min((dpa + n - 1) >> 6, self.poison.size * 8 - 1)
+        if last < first:
+            return None
+        chunk = self.poison[first >> 3:(last >> 3) + 1]
+        if not chunk.any():
+            return None
+        bits = np.unpackbits(chunk, bitorder="little")[(first & 7):(first & 7) + last - first + 1]
+        hits = np.flatnonzero(bits)
+        return int(first + hits[0]) << 6 if hits.size else None
+
+    def _validate(self, d: int, dpa: int, n: int, check_poison: bool) -> int:
+        if dpa > self.size or n > self.size - dpa:
+            self._count_error(d)
+            return E_RANGE
+        if check_poison:
+            bad = self.first_poison(dpa, n)
+            if bad is not None:
+                self.err_dpa = bad
+                self._count_error(d)
+                return E_POISON
+        return 0
+
+    # -- link accounting ----------------------------------------------------------------
+    def _add(self, word: int, value: int) -> None:
+        self.link[word] = (self.link[word] + value) & _U64
+
+    def _count_error(self, d: int) -> None:
+        with _LINK_LOCK:
+            self._add(ls.dir_word(d) + ls.ERRORS, 1)
+
+    def _reserve(self, d: int, req: int, occ: int) -> int:
+        """Caller holds _LINK_LOCK."""
+        if occ == 0:
+            return req
+        word = ls.dir_word(d) + ls.FREE
+        start = max(req, self.link[word])
+        self.link[word] = start + occ
+        return start
+
+    def _charged(self, dpa: int, n: int) -> int:
+        mask = self.params.txn_bytes - 1
+        return ((dpa + n + mask) & ~mask) - (dpa & ~mask)
+
+    # -- transfers ----------------------------------------------------------------------
+    def transfer(self, d: int, dpa: int, host: memoryview, now: int, wait: bool) -> int:
+        """Read (d=0: media→host) or write (d=1: host→media); now < 0 means real time."""
+        n = host.nbytes
+        rc = self._validate(d, dpa, n, check_poison=(d == ls.DIR_READ))
+        if rc:
+            return rc
+        real = now < 0
+        base = ls.dir_word(d)
+        if self.params.untimed:
+            if n:
+                self._copy(d, dpa, host)
+                with _LINK_LOCK:
+                    self._add(base + ls.BYTES, n)
+                    self._add(base + ls.TRANSFERS, 1)
+            return 0 if real else now
+        req = time.monotonic_ns() if real else now
+        if n == 0:
+            return req
+        occ = occupancy_ns(self._charged(dpa, n), self.params.fs_per_byte[d])
+        lat = self.params.lat_ns[d]
+        with _LINK_LOCK:
+            start = self._reserve(d, req, occ)
+            completion = start + occ + lat
+            for off, value in ((ls.BYTES, n), (ls.TRANSFERS, 1), (ls.BUSY_NS, occ),
+                               (ls.LATENCY_NS, completion - req),
+                               (ls.HIST + ls.hist_bucket(completion - req), 1)):
+                self._add(base + off, value)
+        self._copy(d, dpa, host)
+        if real and wait:
+            copied = time.monotonic_ns() if lat else 0
+            wait_until(max(start + occ, copied) + lat - self.comp_ns)
+        return completion
+
+    def _copy(self, d: int, dpa: int, host: memoryview) -> None:
+        if d == ls.DIR_READ:
+            host[:] = self.media[dpa:dpa + host.nbytes]
+        else:
+            self.media[dpa:dpa + host.nbytes] = host
+
+    def copy(self, src: int, dst: int, n: int, now: int, wait: bool) -> int:
+        """Device-internal copy: holds both directions, pays both latencies once."""
+        rc = self._validate(ls.DIR_READ, src, n, check_poison=True) or \
+            self._validate(ls.DIR_WRITE, dst, n, check_poison=False)
+        if rc:
+            return rc
+        real = now < 0
+        if self.params.untimed:
+            if n:
+                self.media[dst:dst + n] = bytes(self.media[src:src + n])
+                with _LINK_LOCK:
+                    self._add(ls.COPY_WORD + ls.BYTES, n)
+                    self._add(ls.COPY_WORD + ls.TRANSFERS, 1)
+            return 0 if real else now
+        req = time.monotonic_ns() if real else now
+        if n == 0:
+            return req
+        occ_r = occupancy_ns(self._charged(src, n), self.params.fs_per_byte[ls.DIR_READ])
+        occ_w = occupancy_ns(self._charged(dst, n), self.params.fs_per_byte[ls.DIR_WRITE])
+        lat = self.params.lat_ns[ls.DIR_READ] + self.params.lat_ns[ls.DIR_WRITE]
+        with _LINK_LOCK:
+            link_done = max(self._reserve(ls.DIR_READ, req, occ_r) + occ_r,
+                            self._reserve(ls.DIR_WRITE, req, occ_w) + occ_w)
+            self._add(ls.COPY_WORD + ls.BYTES, n)
+            self._add(ls.COPY_WORD + ls.TRANSFERS, 1)
+            self._add(ls.dir_word(ls.DIR_READ) + ls.BUSY_NS, occ_r)
+            self._add(ls.dir_word(ls.DIR_WRITE) + ls.BUSY_NS, occ_w)
+        self.media[dst:dst + n] = bytes(self.media[src:src + n])
+        if real and wait:
+            copied = time.monotonic_ns() if lat else 0
+            wait_until(max(link_done, copied) + lat - self.comp_ns)
+        return link_done + lat
+
+    def untimed(self, d: int, dpa: int, host: memoryview) -> int:
+        rc = self._validate(d, dpa, host.nbytes, check_poison=(d == ls.DIR_READ))
+        if rc == 0:
+            self._copy(d, dpa, host)
+        return rc

@@ -1,0 +1,83 @@
+"""The link-state page: where a device's link lives, shared by every process that maps the BAR.
+
+It sits in the BAR's vendor area (``LINK_STATE_OFFSET``, ``LINK_STATE_SIZE`` in
+``emulator.spec.registers``) so the monitor and exporter read the counters without asking
+anyone.  All fields are little-endian u64, updated with atomic operations by the C core
+(the pure-Python twin takes a process-wide lock instead).
+
+::
+
+    word   0  magic "CXLLINK1"          word 1  layout version
+    word   8  read direction  (64 words) ─┐ +0 link_free ns (CLOCK_MONOTONIC)  +1 bytes
+    word  72  write direction (64 words) ─┘ +2 transfers  +3 busy ns (link occupancy)
+                                            +4 latency ns (sum of completion − request)
+                                            +5 errors (range / poison)
+                                            +8..+47 histogram: transfers whose completion −
+                                                    request is in [2^k, 2^(k+1)) ns (k=0 also 0)
+    word 136  device-internal copies: +1 bytes, +2 transfers
+
+The word offsets repeat ``_datapath.h``; ``tests/test_timing_datapath.py`` checks both agree.
+"""
+from __future__ import annotations
+
+import struct
+
+MAGIC = int.from_bytes(b"CXLLINK1", "little")
+VERSION = 1
+DIRECTIONS = ("read", "write")
+DIR_READ, DIR_WRITE = 0, 1
+
+COPY_WORD = 136
+FREE, BYTES, TRANSFERS, BUSY_NS, LATENCY_NS, ERRORS, HIST = 0, 1, 2, 3, 4, 5, 8
+HIST_BUCKETS = 40
+USED_BYTES = (COPY_WORD + 8) * 8
+_FIELDS = {"link_free_ns": FREE, "bytes": BYTES, "transfers": TRANSFERS,
+           "busy_ns": BUSY_NS, "latency_ns": LATENCY_NS, "errors": ERRORS}
+
+
+def dir_word(direction: int) -> int:
+    """First u64 word of a direction's block."""
+    return 8 + direction * 64
+
+
+def words(region: memoryview) -> memoryview:
+    """The page as a writable array of u64 words; rejects a region too small or misaligned."""
+    mv = memoryview(region)
+    if mv.readonly:
+        raise ValueError("link_state must be a writable buffer (the BAR's link-state region)")
+    if mv.nbytes < USED_BYTES:
+        raise ValueError(f"link_state must be at least {USED_BYTES} bytes, got {mv.nbytes}")
+    return mv.cast("B").cast("Q")
+
+
+def initialize(w: memoryview) -> None:
+    """Stamp magic and version on a zeroed page; a page already stamped is left as is
+    (another process shares it).  A page with foreign contents is refused."""
+    if w[0] == 0 and w[1] == 0:
+        w[1] = VERSION
+        w[0] = MAGIC
+    elif w[0] != MAGIC or w[1] != VERSION:
+        raise ValueError(f"link_state holds magic {w[0]:#x} version {w[1]}, not a cxlemu link "
+                         f"page (magic {MAGIC:#x} version {VERSION}): wrong BAR offset?")
+
+
+def snapshot(region: memoryview | bytes) -> dict[str, int]:
+    """Counters as a flat dict: ``read_bytes``, ``write_link_free_ns``, ``read_hist_07``
+    (transfers that took 128–255 ns), ``copy_bytes``, ...  Works on a read-only mapping."""
+    raw = bytes(memoryview(region)[:USED_BYTES])
+    w = struct.unpack_from(f"<{USED_BYTES // 8}Q", raw)
+    out: dict[str, int] = {}
+    for d, name in enumerate(DIRECTIONS):
+        base = dir_word(d)
+        for field, off in _FIELDS.items():
+            out[f"{name}_{field}"] = w[base + off]
+        for k in range(HIST_BUCKETS):
+            out[f"{name}_hist_{k:02d}"] = w[base + HIST + k]
+    out["copy_bytes"] = w[COPY_WORD + BYTES]
+    out["copy_transfers"] = w[COPY_WORD + TRANSFERS]
+    return out
+
+
+def hist_bucket(ns: int) -> int:
+    """Histogram bucket of a duration: floor(log2 ns), 0 for 0, capped at the last."""
+    return min(max(ns.bit_length() - 1, 0), HIST_BUCKETS - 1)
