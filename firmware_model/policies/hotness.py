@@ -1,0 +1,165 @@
+"""Hotness-aware eviction for KV blocks: attention sinks + a recent window + heavy hitters.
+
+The StreamingLLM and H2O observations, as an eviction policy over block keys:
+
+* **sinks** — blocks attention always returns to (the first tokens). Hinted by the host
+  (:meth:`hint_sink`) or given up front; evicted only when nothing else can go.
+* **recent window** — the ``window`` most recently *created* resident blocks (newest tokens); new
+  blocks have no history yet, so they are kept until they have had a chance to earn heat.
+* **heavy hitters** — everything else is ranked by heat: one unit per access, plus whatever the
+  hotness unit (a CHMU hotlist, :meth:`feed_hotlist`) or the host (:meth:`hint_heat`, e.g. summed
+  attention mass) adds. Heat is integer and halves every ``cooling`` accesses (HeMem-style cooling),
+  and is remembered for a bounded number of evicted keys so a returning heavy hitter keeps its rank.
+
+The victim is the coldest candidate; among equally cold ones, the most recently used. That tie
+rule is what makes the policy safe on a KV layer loop: each block is used once per pass, so every
+block is equally hot, and the block just used is the one needed furthest in the future (LRU evicts
+exactly the wrong one there and gets no hits at all once the loop exceeds the capacity).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict
+from collections.abc import Container, Hashable, Iterable
+
+from firmware_model.policies.base import NoVictimError, check_capacity, duplicate, missing
+
+__all__ = ["HotnessPolicy"]
+
+
+class HotnessPolicy:
+    """Sinks and a recent window are kept; the coldest (then most recently used) other key goes."""
+
+    name = "hotness"
+
+    def __init__(self, capacity: int, window: int = -1, cooling: int = 0,
+                 history: int = 0, sinks: Iterable[Hashable] = ()) -> None:
+        """``window``: recent blocks kept (-1 = capacity // 8); ``cooling``: accesses between
+        halvings of every heat (0 = 8 x capacity); ``history``: evicted keys whose heat is
+        remembered (0 = 4 x capacity)."""
+        self.capacity = check_capacity(capacity)
+        self.window = capacity // 8 if window < 0 else window
+        if self.window >= capacity:
+            raise ValueError(f"window ({self.window}) must be smaller than capacity ({capacity})")
+        if cooling < 0 or history < 0:
+            raise ValueError(f"cooling and history must be >= 0 (0 = default), got {cooling}, {history}")
+        self.cooling = cooling or 8 * capacity
+        self.history = history or 4 * capacity
+        self._sinks: set[Hashable] = set(sinks)
+        self._heat: dict[Hashable, int] = {}        # resident key -> heat
+        self._last: dict[Hashable, int] = {}        # resident key -> tick of last access
+        self._births: OrderedDict[Hashable, None] = OrderedDict()  # residents, oldest born first
+        self._ghost_heat: OrderedDict[Hashable, int] = OrderedDict()  # evicted keys -> heat
+        self._heap: list[tuple[int, int, Hashable]] = []  # (heat, -last, key)
+        self._ticks = itertools.count(1)
+        self._tick = 0
+
+    # -- hints --------------------------------------------------------------------------------
+    def hint_sink(self, key: Hashable) -> None:
+        """Mark ``key`` as an attention sink (resident now or later)."""
+        self._sinks.add(key)
+
+    def hint_heat(self, key: Hashable, amount: int) -> None:
+        """Add ``amount`` of heat to ``key`` (resident or not), e.g. its attention mass x 100."""
+        if amount < 0:
+            raise ValueError(f"heat hints must be >= 0, got {amount}")
+        if amount == 0:
+            return
+        if key in self._heat:
+            self._heat[key] += int(amount)
+            self._push(key)
+        else:
+            self._remember(key, self._ghost_heat.pop(key, 0) + int(amount))
+
+    def feed_hotlist(self, entries: Iterable[tuple[Hashable, int]]) -> None:
+        """Add the counts of a hotness-unit hotlist, ``(key, count)`` pairs."""
+        for key, count in entries:
+            self.hint_heat(key, count)
+
+    def heat(self, key: Hashable) -> int:
+        """Current heat of a resident or remembered key (0 if unknown)."""
+        return self._heat.get(key, self._ghost_heat.get(key, 0))
+
+    # -- the policy protocol ------------------------------------------------------------------
+    def insert(self, key: Hashable, now: int = 0) -> None:
+        if key in self._heat:
+            raise duplicate(self.name, key)
+        self._heat[key] = self._ghost_heat.pop(key, 0) + 1
+        self._births[key] = None
+        self._access(key)
+
+    def touch(self, key: Hashable, now: int = 0) -> None:
+        if key not in self._heat:
+            raise missing(self.name, key)
+        self._heat[key] += 1
+        self._access(key)
+
+    def remove(self, key: Hashable) -> None:
+        if key not in self._heat:
+            raise missing(self.name, key)
+        self._forget(key)
+
+    def evict(self, protected: Container[Hashable] = ()) -> Hashable:
+        window = set(itertools.islice(reversed(self._births), self.window))
+        skipped: list[tuple[int, int, Hashable]] = []
+        victim = None
+        while self._heap and victim is None:
+            item = heapq.heappop(self._heap)
+            heat, neg_last, key = item
+            if self._heat.get(key) != heat or self._last.get(key) != -neg_last:
+                continue  # stale
+            skipped.append(item)
+            if key not in protected and key not in window and key not in self._sinks:
+                victim = key
+        for item in skipped:
+            heapq.heappush(self._heap, item)
+        if victim is None:  # only the window and sinks are left: oldest-born window key, then sinks
+            victim = next((k for k in self._births if k not in protected and k not in self._sinks),
+                          next((k for k in self._births if k not in protected), None))
+        if victim is None:
+            raise NoVictimError(f"hotness: all {len(self._heat)} resident keys are protected")
+        self._remember(victim, self._heat[victim])
+        self._forget(victim)
+        return victim
+
+    # -- internals ----------------------------------------------------------------------------
+    def _access(self, key: Hashable) -> None:
+        self._tick = next(self._ticks)
+        self._last[key] = self._tick
+        self._push(key)
+        if self._tick % self.cooling == 0:
+            self._cool()
+
+    def _push(self, key: Hashable) -> None:
+        heapq.heappush(self._heap, (self._heat[key], -self._last[key], key))
+        if len(self._heap) > 4 * len(self._heat) + 64:
+            self._rebuild()
+
+    def _cool(self) -> None:
+        """Halve every heat (resident and remembered): old popularity fades."""
+        self._heat = {k: h >> 1 for k, h in self._heat.items()}
+        for k in self._ghost_heat:
+            self._ghost_heat[k] >>= 1
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._heap = [(h, -self._last[k], k) for k, h in self._heat.items()]
+        heapq.heapify(self._heap)
+
+    def _remember(self, key: Hashable, heat: int) -> None:
+        self._ghost_heat[key] = heat
+        self._ghost_heat.move_to_end(key)
+        while len(self._ghost_heat) > self.history:
+            self._ghost_heat.popitem(last=False)
+
+    def _forget(self, key: Hashable) -> None:
+        del self._heat[key]
+        del self._last[key]
+        del self._births[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._heat
+
+    def __len__(self) -> int:
+        return len(self._heat)

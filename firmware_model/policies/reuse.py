@@ -1,0 +1,113 @@
+"""Reuse-interval prediction: an online estimate of Belady's choice.
+
+OPT evicts the block whose next use is furthest away. Online, that next use can be *predicted*:
+each key keeps an exponential moving average of the gaps between its accesses (in accesses), and
+its next use is expected one gap after its last one. A key a little overdue (silent for up to two
+gaps) is expected one round later — it skipped a round; a key silent for longer has probably left
+the working set (a block that slid out of the attention window), so it is expected as far ahead as
+it has been silent, which orders dead keys like LRU. Keys never seen twice get the running mean gap
+of all keys. The victim is the key with the furthest predicted use;
+among equals, the most recently used.
+
+This is what makes decode traffic tractable: a KV layer loop gives every block the same gap, so the
+block just used is predicted furthest away (the oracle's choice, where LRU picks the worst), and
+blocks attention visits only every few steps get longer gaps than heavy hitters visited every step.
+Gap statistics of evicted keys are remembered (bounded, FIFO) so a returning block keeps them.
+
+Eviction scans the resident keys (O(capacity)): the predicted order of overdue keys changes with
+time, so no heap stays valid. Capacities of a device's block arena (thousands) keep this cheap.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Container, Hashable
+
+from firmware_model.policies.base import NoVictimError, check_capacity, duplicate, missing
+
+__all__ = ["ReusePolicy"]
+
+
+class ReusePolicy:
+    """Evicts the key predicted to be used furthest in the future."""
+
+    name = "reuse"
+
+    def __init__(self, capacity: int, alpha: float = 0.25, history: int = 0) -> None:
+        """``alpha``: weight of the newest gap in each key's average; ``history``: evicted keys
+        whose statistics are kept (0 = 16 x capacity)."""
+        self.capacity = check_capacity(capacity)
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        if history < 0:
+            raise ValueError(f"history must be >= 0 (0 = 16 x capacity), got {history}")
+        self.alpha = alpha
+        self.history = history or 16 * capacity
+        self._clock = 0
+        self._mean_gap = 0.0  # running mean over all observed gaps; 0 until one is seen
+        self._resident: set[Hashable] = set()
+        self._last: dict[Hashable, int] = {}  # residents and remembered keys
+        self._gap: dict[Hashable, float] = {}
+        self._remembered: OrderedDict[Hashable, None] = OrderedDict()
+
+    def predicted_use(self, key: Hashable) -> float:
+        """When ``key`` is expected next (in this policy's access count)."""
+        gap = self._gap.get(key) or self._mean_gap or float(self.capacity)
+        last = self._last[key]
+        silence = self._clock - last
+        if silence > 2 * gap:  # long overdue: its pattern ended; the longer the silence, the colder
+            return self._clock + silence
+        nxt = last + gap
+        if nxt < self._clock:  # a little overdue: it skipped a round
+            nxt += gap * (int((self._clock - nxt) / gap) + 1)
+        return nxt
+
+    def insert(self, key: Hashable, now: int = 0) -> None:
+        if key in self._resident:
+            raise duplicate(self.name, key)
+        self._remembered.pop(key, None)
+        self._resident.add(key)
+        self._access(key)
+
+    def touch(self, key: Hashable, now: int = 0) -> None:
+        if key not in self._resident:
+            raise missing(self.name, key)
+        self._access(key)
+
+    def remove(self, key: Hashable) -> None:
+        if key not in self._resident:
+            raise missing(self.name, key)
+        self._resident.discard(key)
+        self._remember(key)
+
+    def evict(self, protected: Container[Hashable] = ()) -> Hashable:
+        candidates = [k for k in self._resident if k not in protected]
+        if not candidates:
+            raise NoVictimError(f"reuse: all {len(self._resident)} resident keys are protected")
+        last = self._last
+        victim = max(candidates, key=lambda k: (self.predicted_use(k), last[k]))
+        self._resident.discard(victim)
+        self._remember(victim)
+        return victim
+
+    def _access(self, key: Hashable) -> None:
+        self._clock += 1
+        prev = self._last.get(key)
+        if prev is not None:
+            gap = float(self._clock - prev)
+            old = self._gap.get(key)
+            self._gap[key] = gap if old is None else self.alpha * gap + (1 - self.alpha) * old
+            self._mean_gap = gap if not self._mean_gap else 0.99 * self._mean_gap + 0.01 * gap
+        self._last[key] = self._clock
+
+    def _remember(self, key: Hashable) -> None:
+        self._remembered[key] = None
+        while len(self._remembered) > self.history:
+            old, _ = self._remembered.popitem(last=False)
+            self._last.pop(old, None)
+            self._gap.pop(old, None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._resident
+
+    def __len__(self) -> int:
+        return len(self._resident)

@@ -1,0 +1,226 @@
+"""Eviction policies: exact victim order on small hand-made sequences, and protocol misuse."""
+from __future__ import annotations
+
+import pytest
+
+from firmware_model.policies import (
+    ONLINE_POLICY_NAMES,
+    POLICY_NAMES,
+    ARCPolicy,
+    BeladyPolicy,
+    EvictionPolicy,
+    HotnessPolicy,
+    LFUPolicy,
+    LRUPolicy,
+    NoVictimError,
+    S3FIFOPolicy,
+    make_policy,
+    next_use_positions,
+)
+
+
+def _fill(policy: EvictionPolicy, *keys: str) -> None:
+    for k in keys:
+        policy.insert(k)
+
+
+def test_lru_evicts_least_recently_used_first() -> None:
+    """LRU: a touch moves a key to the young end."""
+    p = LRUPolicy(3)
+    _fill(p, "a", "b", "c")
+    p.touch("a")
+    assert p.order() == ["b", "c", "a"]
+    assert [p.evict(), p.evict(), p.evict()] == ["b", "c", "a"]
+    assert len(p) == 0
+
+
+def test_lru_skips_protected_keys() -> None:
+    """A protected key is passed over, not lost."""
+    p = LRUPolicy(3)
+    _fill(p, "a", "b", "c")
+    assert p.evict(protected={"a", "b"}) == "c"
+    assert p.order() == ["a", "b"]
+
+
+def test_lfu_without_decay_evicts_least_frequent() -> None:
+    """LFU: fewest accesses goes first; ties go to the least recently used."""
+    p = LFUPolicy(4, half_life=1e9)
+    _fill(p, "a", "b", "c", "d")
+    for k in ("a", "a", "b", "d"):
+        p.touch(k)
+    assert [p.evict() for _ in range(4)] == ["c", "b", "d", "a"]
+
+
+def test_lfu_decay_forgets_old_popularity() -> None:
+    """With half_life=2, three early accesses are worth less than one recent one."""
+    p = LFUPolicy(3, half_life=2)
+    p.insert("a"); p.touch("a"); p.touch("a")  # 2**.5 + 2 + 2**1.5 = 6.24
+    p.insert("b"); p.touch("b")  # 4 + 2**2.5 = 9.66
+    p.insert("c")  # 8
+    assert round(p.score("a"), 4) == round((2 ** 0.5 + 2 + 2 ** 1.5) / 8, 4)
+    assert [p.evict() for _ in range(3)] == ["a", "c", "b"]
+
+
+def test_arc_adapts_to_ghost_hits() -> None:
+    """ARC: T1 victim to B1; a B1 hit grows p and lands in T2, so T2 becomes the victim list."""
+    p = ARCPolicy(2)
+    _fill(p, "a", "b")
+    p.touch("a")  # T1=[b] T2=[a]
+    assert p.evict() == "b" and list(p.b1) == ["b"]
+    p.insert("b")  # ghost hit in B1: p 0 -> 1, b goes to T2
+    assert p.p == 1.0 and list(p.t2) == ["a", "b"]
+    assert p.evict() == "a" and list(p.b2) == ["a"]
+    p.insert("c")  # new: T1=[c]; |T1| == p, so T2 gives the victim
+    assert p.evict() == "b"
+    p.insert("a")  # ghost hit in B2: p 1 -> 0
+    assert p.p == 0.0 and p.evict() == "c"
+
+
+def test_s3fifo_promotes_reused_and_ghosts_one_hit_wonders() -> None:
+    """S3-FIFO: freq > 1 in small moves to main; others go to the ghost queue, and back to main."""
+    p = S3FIFOPolicy(10)  # small queue target: 1
+    _fill(p, "a", "b", "c")
+    p.touch("a"); p.touch("a"); p.touch("b")
+    assert [p.evict(), p.evict()] == ["b", "c"]
+    assert list(p.main) == ["a"] and list(p.ghost) == ["b", "c"]
+    assert p.evict() == "a"
+    p.insert("b")
+    assert list(p.main) == ["b"] and list(p.ghost) == ["c"]
+
+
+def test_s3fifo_main_reinserts_while_frequency_lasts() -> None:
+    """Main is CLOCK-like: a key with frequency > 0 goes round again with frequency - 1."""
+    p = S3FIFOPolicy(10)
+    for k in ("x", "y"):  # ghost them, then bring them back into main
+        p.insert(k)
+        assert p.evict() == k
+        p.insert(k)
+    assert list(p.main) == ["x", "y"]
+    p.touch("x")
+    assert [p.evict(), p.evict()] == ["y", "x"]
+
+
+def test_hotness_keeps_sinks_window_and_heavy_hitters() -> None:
+    """Hotness: coldest non-sink outside the window goes; then the window; sinks last."""
+    p = HotnessPolicy(4, window=1)
+    p.hint_sink("s")
+    _fill(p, "s", "a", "b", "c")
+    p.touch("a"); p.touch("a"); p.touch("b")
+    assert p.evict() == "b"
+    assert p.evict(protected={"a"}) == "c"
+    assert [p.evict(), p.evict()] == ["a", "s"]
+
+
+def test_hotness_ties_go_to_most_recently_used() -> None:
+    """Equal heat: the key just used is needed furthest ahead in a loop, so it goes first."""
+    p = HotnessPolicy(3, window=0)
+    _fill(p, "x", "y", "z")
+    assert p.evict() == "z"
+    p.hint_heat("x", 5)
+    assert p.heat("x") == 6 and p.evict() == "y"
+
+
+def test_hotness_remembers_heat_of_evicted_keys() -> None:
+    """A heavy hitter evicted and re-inserted comes back with its heat."""
+    p = HotnessPolicy(2, window=0)
+    _fill(p, "h", "c")
+    p.hint_heat("h", 10)
+    assert p.evict(protected={"c"}) == "h"
+    p.insert("h")
+    assert p.heat("h") == 12 and p.evict() == "c"
+
+
+def test_hotlist_feed_adds_counts() -> None:
+    """Hotness-unit hotlist entries add heat to resident and remembered keys."""
+    p = HotnessPolicy(4, window=0)
+    _fill(p, 1, 2)
+    p.feed_hotlist([(1, 7), (9, 3)])
+    assert (p.heat(1), p.heat(2), p.heat(9)) == (8, 1, 3)
+
+
+def test_belady_evicts_furthest_next_use() -> None:
+    """OPT: the key used furthest ahead (or never again) goes."""
+    future = ["a", "b", "c", "a", "b", "d", "a"]
+    assert next_use_positions(future) == [3, 4, 7, 6, 7, 7, 7]
+    p = BeladyPolicy(2, future=future)
+    _fill(p, "a", "b")
+    assert p.evict() == "b"
+    p.insert("c")
+    assert p.evict() == "c"  # c is never used again
+
+
+def test_belady_rejects_a_sequence_other_than_its_future() -> None:
+    """Driving OPT with another sequence would score against the wrong future."""
+    p = BeladyPolicy(2, future=["a", "b"])
+    p.insert("a")
+    with pytest.raises(ValueError, match="access 1 is 'c'"):
+        p.insert("c")
+
+
+@pytest.mark.parametrize("name", ONLINE_POLICY_NAMES)
+def test_every_policy_refuses_misuse(name: str) -> None:
+    """Double insert, touch/remove of a stranger, evict with everything protected."""
+    p = make_policy(name, 2)
+    assert isinstance(p, EvictionPolicy) and p.name == name
+    p.insert("a")
+    with pytest.raises(KeyError, match="already resident"):
+        p.insert("a")
+    with pytest.raises(KeyError, match="not resident"):
+        p.touch("zz")
+    with pytest.raises(KeyError, match="not resident"):
+        p.remove("zz")
+    with pytest.raises(NoVictimError):
+        p.evict(protected={"a"})
+    assert "a" in p and len(p) == 1
+    p.remove("a")
+    with pytest.raises(LookupError):
+        p.evict()
+
+
+@pytest.mark.parametrize("name", ONLINE_POLICY_NAMES)
+def test_every_policy_honours_protected_under_churn(name: str) -> None:
+    """Over many evictions, a protected key is never chosen."""
+    p = make_policy(name, 8)
+    for i in range(8):
+        p.insert(i)
+    for i in range(8, 200):
+        p.touch(3) if i % 3 == 0 else None
+        victim = p.evict(protected={3, 5})
+        assert victim not in (3, 5) and victim not in p
+        p.insert(i)
+    assert 3 in p and 5 in p and len(p) == 8
+
+
+def test_make_policy_errors_name_the_fix() -> None:
+    """Unknown names list the known ones; opt without a future says to pass one."""
+    assert POLICY_NAMES == ("lru", "lfu", "arc", "s3fifo", "hotness", "reuse", "opt")
+    with pytest.raises(ValueError, match="choose one of lru, lfu"):
+        make_policy("mru", 4)
+    with pytest.raises(ValueError, match="future="):
+        make_policy("opt", 4)
+    with pytest.raises(ValueError, match="positive number of blocks"):
+        make_policy("lru", 0)
+
+
+def test_reuse_evicts_furthest_predicted_use() -> None:
+    """Reuse: equal gaps -> the key just used is predicted furthest away; unknown gaps use the mean."""
+    from firmware_model.policies import ReusePolicy
+
+    p = ReusePolicy(3)
+    _fill(p, "a", "b", "c")  # accesses 1, 2, 3
+    p.touch("a"); p.touch("b")  # gaps 3 and 3; now 5
+    assert [p.predicted_use(k) for k in "abc"] == [7.0, 8.0, 6.0]
+    assert [p.evict(), p.evict()] == ["b", "a"]
+
+
+def test_reuse_treats_long_silence_as_cold() -> None:
+    """A key silent for more than two of its gaps is predicted as far ahead as it was silent."""
+    from firmware_model.policies import ReusePolicy
+
+    p = ReusePolicy(2)
+    p.insert("x"); p.touch("x")  # gap 1
+    p.insert("y")
+    for _ in range(4):
+        p.touch("y")  # now 7; x silent for 5 > 2 gaps
+    assert p.predicted_use("x") == 12.0 and p.predicted_use("y") == 8.0
+    assert p.evict() == "x"

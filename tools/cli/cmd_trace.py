@@ -1,0 +1,176 @@
+"""``cxlemu trace``: replay block-access traces through the firmware's policies, generate and record them.
+
+    cxlemu trace replay FILE --policy NAME --capacity BLOCKS [--prefetch] [--json]
+    cxlemu trace gen KIND [--out FILE] [--<param> N ...]
+    cxlemu trace record [--out FILE] [--steps N] [--block-tokens N] [--threshold X] ...
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from tools.cli._common import CliError, print_json
+
+_COST_FLAGS = ("block_bytes", "latency_ns", "bandwidth_gbps", "time_scale", "compute_ns")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("trace", help="replay, generate and record KV block-access traces")
+    sub = p.add_subparsers(dest="trace_command", metavar="ACTION", parser_class=type(p))
+    sub.required = True
+    _register_replay(sub)
+    _register_gen(sub)
+    _register_record(sub)
+
+
+def _register_replay(sub: Any) -> None:
+    from firmware_model.policies import ONLINE_POLICY_NAMES, POLICY_NAMES
+
+    r = sub.add_parser("replay", help="replay a JSON-lines trace through an eviction policy")
+    r.add_argument("file", metavar="FILE", help='JSON lines, each with "t" and "block"')
+    r.add_argument("--policy", default="lru", choices=POLICY_NAMES, metavar="NAME",
+                   help=f"one of {', '.join(POLICY_NAMES)} (default lru)")
+    r.add_argument("--capacity", type=int, required=True, metavar="BLOCKS", help="resident blocks")
+    r.add_argument("--prefetch", action="store_true",
+                   help="prefetch from the trace's own (step, seq, layer) hints; needs a cost model")
+    r.add_argument("--json", action="store_true", help="print the result as JSON")
+    g = r.add_argument_group("cost model (stall time; any of these enables it)")
+    g.add_argument("--block-bytes", type=int, default=0, help="bytes per block (default 256 KiB with a cost model)")
+    g.add_argument("--latency-ns", type=float, default=0.0, help="per-transfer latency, ns")
+    g.add_argument("--bandwidth-gbps", type=float, default=0.0, help="link bandwidth, GB/s (0 = unthrottled)")
+    g.add_argument("--time-scale", type=float, default=1.0, help="multiplies every device time")
+    g.add_argument("--compute-ns", type=int, default=0, help="compute time per access, ns")
+    r.set_defaults(func=_cmd_replay, online_policies=ONLINE_POLICY_NAMES)
+
+
+def _cost_from(args: argparse.Namespace):  # -> TransferCost | None
+    from firmware_model.dma import TransferCost
+
+    given = args.block_bytes or args.latency_ns or args.bandwidth_gbps or args.compute_ns
+    if not given:
+        if args.prefetch:
+            raise CliError("--prefetch needs a cost model: give --bandwidth-gbps and/or --latency-ns "
+                           "(and --compute-ns for the compute it overlaps)")
+        return None
+    try:
+        return TransferCost(read_latency_ns=args.latency_ns, write_latency_ns=args.latency_ns,
+                            read_bandwidth_gbps=args.bandwidth_gbps, write_bandwidth_gbps=args.bandwidth_gbps,
+                            time_scale=args.time_scale, block_bytes=args.block_bytes or 256 << 10)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def replay_file(path: str, policy: str, capacity: int, cost: Any = None, compute_ns: int = 0,
+                prefetch: bool = False) -> dict[str, Any]:
+    """Load and replay one trace; returns the JSON document (with events_per_s, wall-clock)."""
+    from firmware_model.replay import opt_hit_count, replay
+    from tools.trace.io import load_trace
+
+    trace = load_trace(path)
+    if not trace:
+        raise CliError(f"trace {path} holds no accesses")
+    start = time.perf_counter()
+    result = replay(trace, policy, capacity, cost=cost, compute_ns=compute_ns, prefetch=prefetch,
+                    with_opt=False)
+    elapsed = time.perf_counter() - start
+    result.opt_hits = opt_hit_count([a.block for a in trace], capacity)
+    doc = result.to_dict()
+    doc["trace"] = str(path)
+    doc["wall_s"] = round(elapsed, 6)
+    doc["events_per_s"] = int(len(trace) / elapsed) if elapsed > 0 else 0
+    return doc
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from tools.trace.io import TraceFormatError
+
+    if args.capacity < 1:
+        raise CliError(f"--capacity must be a positive number of blocks, got {args.capacity}")
+    cost = _cost_from(args)
+    try:
+        doc = replay_file(args.file, args.policy, args.capacity, cost, args.compute_ns, args.prefetch)
+    except OSError as exc:
+        raise CliError(f"cannot read trace {args.file}: {exc.strerror or exc}") from None
+    except (TraceFormatError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print_json(doc)
+        return 0
+    print(f"{doc['policy']} capacity {doc['capacity']}: {doc['hits']}/{doc['accesses']} hits "
+          f"({100 * doc['hit_ratio']:.1f} %), OPT {doc['opt_hits']} (ratio {doc['opt_ratio']:.3f}), "
+          f"{doc['evictions']} evictions, {doc['events_per_s']:,} accesses/s")
+    if cost is not None:
+        print(f"stall {doc['stall_ns'] / 1e3:.1f} us of {doc['sim_ns'] / 1e3:.1f} us simulated")
+    for k, v in doc["prefetch"].items():
+        print(f"prefetch {k}: {v}")
+    return 0
+
+
+def _register_gen(sub: Any) -> None:
+    from tools.trace.gen import KINDS, kind_parameters
+
+    g = sub.add_parser("gen", help="write a synthetic trace (JSON lines)")
+    kinds = g.add_subparsers(dest="kind", metavar="KIND", parser_class=type(g))
+    kinds.required = True
+    for kind, fn in KINDS.items():
+        k = kinds.add_parser(kind, help=(fn.__doc__ or "").splitlines()[0])
+        k.add_argument("--out", "-o", default="-", help="output file (default stdout)")
+        for name, default in kind_parameters(kind).items():
+            k.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=default,
+                           help=f"(default {default})")
+        k.set_defaults(func=_cmd_gen)
+
+
+def _cmd_gen(args: argparse.Namespace) -> int:
+    from tools.trace.gen import KINDS, kind_parameters
+
+    params = {name: getattr(args, name) for name in kind_parameters(args.kind)}
+    try:
+        trace = KINDS[args.kind](**params)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    _write(trace, args.out)
+    return 0
+
+
+def _write(trace: list, out: str) -> None:
+    from tools.trace.io import write_trace
+
+    if out == "-":
+        write_trace(trace, sys.stdout)
+        return
+    try:
+        with open(out, "w", encoding="utf-8") as f:
+            n = write_trace(trace, f)
+    except OSError as exc:
+        raise CliError(f"cannot write {out}: {exc.strerror or exc}") from None
+    print(f"wrote {n} accesses to {out}", file=sys.stderr)
+
+
+def _register_record(sub: Any) -> None:
+    from tools.trace.record import RecordSpec
+
+    r = sub.add_parser("record", help="record a block-access trace from a seeded tiny Llama's attention")
+    r.add_argument("--out", "-o", default="-", help="output file (default stdout)")
+    for name, default in RecordSpec.defaults().items():
+        r.add_argument(f"--{name.replace('_', '-')}", dest=name, type=type(default), default=default,
+                       help=f"(default {default})")
+    r.set_defaults(func=_cmd_record)
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
+    from tools.trace.record import RecordSpec, record
+
+    try:
+        spec = RecordSpec(**{k: getattr(args, k) for k in RecordSpec.defaults()})
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        trace = record(spec)
+    except ImportError as exc:
+        raise CliError(f"recording needs torch and transformers ({exc.name} missing): "
+                       "pip install torch==2.13.0 transformers") from None
+    _write(trace, args.out)
+    return 0

@@ -1,0 +1,1 @@
+"""Block-access traces: JSON-lines files, synthetic generators, and an attention recorder."""
