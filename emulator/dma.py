@@ -1,0 +1,266 @@
+"""DMA engine: scatter-gather transfers between device media and host buffers, timed.
+
+::
+
+    submit([Descriptor, ...]) ──► channel k's submission queue (depth queue_depth, FIFO)
+                                      │  channel thread: for each descriptor, in order:
+                                      │    validate host range → DmaError, never a copy
+                                      │    DataPath.read/write(wait=False) → completion ns
+                                      │    (poison / device range → DmaError for that one)
+                                      │  wait until the latest completion (GIL released)
+                                      ▼
+    DmaHandle.done() / .wait() ◄── completion queue (poll_completions(), completion order)
+
+Ordering (what a caller may rely on):
+
+- Descriptors of one ``submit`` are issued in list order on one channel; each pays the
+  link's latency, but they are pipelined on the link (the channel does not wait between
+  them), so one submit of 32 blocks costs one latency plus 32 blocks of link time.
+- Submissions to the same channel complete in submission order (FIFO); pass ``channel=k``
+  to keep dependent transfers ordered.  Across channels there is no order.
+- The handle completes when the last descriptor's completion time has passed.  Host buffers
+  written by a ``read`` descriptor hold their data only once the handle is done; media written
+  by a ``write`` descriptor may be visible to other readers a little earlier (as with posted
+  writes).
+- A failed descriptor (poison, out of range) is reported as a ``DmaError`` in its slot of the
+  results and moves no byte; the other descriptors of the submit still run.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from emulator.spec.errors import DmaError, PoisonError
+from emulator.timing import DataPath, host_view
+
+__all__ = ["Descriptor", "DmaEngine", "DmaHandle", "Direction"]
+
+
+class Direction(enum.Enum):
+    """``READ``: device media → host buffer; ``WRITE``: host buffer → device media."""
+
+    READ = "read"
+    WRITE = "write"
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """One scatter-gather element: ``length`` bytes between ``dpa`` and
+    ``host_buffer[host_offset:host_offset + length]``.  ``host_buffer`` is any C-contiguous
+    buffer (bytearray, numpy array, CPU torch tensor or a view from ``DmaEngine.register``)."""
+
+    direction: Direction | str
+    dpa: int
+    host_buffer: Any
+    host_offset: int
+    length: int
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "direction", Direction(self.direction))
+        except ValueError:
+            raise ValueError(f"direction must be 'read' or 'write', got {self.direction!r}") from None
+        for name in ("dpa", "host_offset", "length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"Descriptor.{name} must be an int >= 0, got {value!r}")
+
+
+class DmaHandle:
+    """One submission: poll ``done()``, block in ``wait()``, or add a callback."""
+
+    def __init__(self, handle_id: int, channel: int, count: int) -> None:
+        self.id = handle_id
+        self.channel = channel
+        self.count = count
+        self._event = threading.Event()
+        self._results: list[int | DmaError] = []
+        self._callbacks: list[Callable[[DmaHandle], None]] = []
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> list[int | DmaError]:
+        """Per-descriptor results in submission order: the completion time (ns) or the
+        ``DmaError`` of a descriptor that failed.  Raises ``TimeoutError`` if not done in time."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"DMA handle {self.id} not complete after {timeout} s")
+        return list(self._results)
+
+    def check(self, timeout: float | None = None) -> list[int]:
+        """Like ``wait`` but raises the first descriptor's ``DmaError``: for callers that
+        treat any failure as fatal for the whole transfer."""
+        results = self.wait(timeout)
+        for r in results:
+            if isinstance(r, DmaError):
+                raise r
+        return results  # type: ignore[return-value]
+
+    @property
+    def errors(self) -> list[DmaError]:
+        return [r for r in self._results if isinstance(r, DmaError)]
+
+    def add_done_callback(self, fn: Callable[[DmaHandle], None]) -> None:
+        """Call ``fn(handle)`` on completion (from the channel thread; keep it short), or now
+        if already done."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def _complete(self, results: list[int | DmaError]) -> None:
+        self._results = results
+        with self._lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<DmaHandle {self.id} ch{self.channel} {self.count} desc {state}>"
+
+
+_STOP = object()
+
+
+class DmaEngine:
+    """``channels`` threads, each with a FIFO submission queue of ``queue_depth`` handles,
+    moving data through a ``DataPath`` (so every transfer is timed and accounted on the link)."""
+
+    def __init__(self, datapath: DataPath, channels: int = 4, queue_depth: int = 64) -> None:
+        if not isinstance(datapath, DataPath):
+            raise TypeError(f"datapath must be an emulator.timing.DataPath, got {type(datapath).__name__}")
+        if isinstance(channels, bool) or not isinstance(channels, int) or not 1 <= channels <= 64:
+            raise ValueError(f"channels must be an int from 1 to 64, got {channels!r}")
+        if isinstance(queue_depth, bool) or not isinstance(queue_depth, int) or queue_depth < 1:
+            raise ValueError(f"queue_depth must be an int >= 1, got {queue_depth!r}")
+        self.datapath = datapath
+        self.channels = channels
+        self.queue_depth = queue_depth
+        self._sq: list[queue.Queue[Any]] = [queue.Queue(queue_depth) for _ in range(channels)]
+        # The completion queue keeps the latest completions only (a ring, as in hardware):
+        # callers holding handles need never poll it.
+        self._cq: deque[DmaHandle] = deque(maxlen=4 * channels * queue_depth)
+        self._ids = itertools.count(1)
+        self._rr = itertools.count()
+        self._closed = False
+        self._submit_lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._channel_loop, args=(k,), daemon=True,
+                                          name=f"cxlemu-dma-{k}") for k in range(channels)]
+        for t in self._threads:
+            t.start()
+
+    # -- host side ------------------------------------------------------------------------------
+    @staticmethod
+    def register(buffer: Any) -> memoryview:
+        """Validate a host buffer once and return the flat byte view descriptors may reuse
+        (the engine's equivalent of registering a memory region: only it can be written)."""
+        return host_view(buffer, writable=True)
+
+    def submit(self, descriptors: Sequence[Descriptor] | Iterable[Descriptor], *,
+               channel: int | None = None, timeout: float | None = None) -> DmaHandle:
+        """Queue a scatter-gather list; returns at once unless the channel's submission
+        queue is full (then it blocks up to ``timeout`` s and raises ``TimeoutError``)."""
+        descs = list(descriptors)
+        for i, d in enumerate(descs):
+            if not isinstance(d, Descriptor):
+                raise TypeError(f"descriptor {i} must be an emulator.dma.Descriptor, got {type(d).__name__}")
+        if channel is not None and not (isinstance(channel, int) and 0 <= channel < self.channels):
+            raise ValueError(f"channel must be an int from 0 to {self.channels - 1}, got {channel!r}")
+        with self._submit_lock:
+            if self._closed:
+                raise RuntimeError("DmaEngine is closed")
+            k = next(self._rr) % self.channels if channel is None else channel
+            handle = DmaHandle(next(self._ids), k, len(descs))
+        try:
+            self._sq[k].put((handle, descs), timeout=timeout)
+        except queue.Full:
+            raise TimeoutError(f"DMA channel {k} submission queue full ({self.queue_depth}) "
+                               f"for {timeout} s") from None
+        return handle
+
+    def poll_completions(self, max_handles: int | None = None) -> list[DmaHandle]:
+        """Pop completed handles from the completion queue, oldest completion first (it keeps
+        the latest ``4 * channels * queue_depth``)."""
+        out: list[DmaHandle] = []
+        while self._cq and (max_handles is None or len(out) < max_handles):
+            out.append(self._cq.popleft())
+        return out
+
+    def pending(self) -> int:
+        """Handles queued or in flight on all channels."""
+        return sum(q.unfinished_tasks for q in self._sq)
+
+    def close(self) -> None:
+        """Stop accepting submissions, finish what is queued, join the channel threads."""
+        with self._submit_lock:
+            if self._closed:
+                return
+            self._closed = True
+        for q in self._sq:
+            q.put(_STOP)
+        for t in self._threads:
+            t.join()
+
+    def __enter__(self) -> DmaEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- channel side ---------------------------------------------------------------------------
+    def _channel_loop(self, k: int) -> None:
+        q = self._sq[k]
+        while True:
+            item = q.get()
+            try:
+                if item is _STOP:
+                    return
+                handle, descs = item
+                handle._complete(self._run(descs))
+                self._cq.append(handle)
+            finally:
+                q.task_done()
+
+    def _run(self, descs: list[Descriptor]) -> list[int | DmaError]:
+        results: list[int | DmaError] = []
+        latest = 0
+        for i, d in enumerate(descs):
+            try:
+                done = self._issue(d)
+                latest = max(latest, done)
+                results.append(done)
+            except DmaError as exc:
+                results.append(DmaError(i, exc.reason))
+        self.datapath.wait_until(latest)
+        return results
+
+    def _issue(self, d: Descriptor) -> int:
+        """Start one descriptor's transfer; DmaError(reason) for anything that would copy a
+        byte outside the device or the host buffer, or return poison."""
+        try:
+            view = host_view(d.host_buffer, writable=d.direction is Direction.READ)
+        except (TypeError, ValueError) as exc:
+            raise DmaError(-1, f"host buffer: {exc}") from None
+        end = d.host_offset + d.length
+        if end > view.nbytes:
+            raise DmaError(-1, f"host range [{d.host_offset:#x}, {end:#x}) runs past the host "
+                               f"buffer ({view.nbytes:#x} B)")
+        window = view[d.host_offset:end]
+        try:
+            if d.direction is Direction.READ:
+                return self.datapath.read(d.dpa, window, wait=False)
+            return self.datapath.write(d.dpa, window, wait=False)
+        except PoisonError as exc:
+            raise DmaError(-1, str(exc)) from None
+        except ValueError as exc:
+            raise DmaError(-1, str(exc)) from None
