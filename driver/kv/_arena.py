@@ -1,0 +1,145 @@
+"""The accelerator side: a byte budget carved into layer frames, and host staging buffers.
+
+A frame holds one layer of the whole batch, ``(2, batch, kv_heads, capacity, head_dim)``, so the
+tensors handed to attention are zero-copy views of it and the working set is exactly what the
+frames hold: no hidden concatenation buffer. ``peak_bytes`` is the high-water mark of frame
+memory ever allocated, which is what the accelerator really held; allocation never passes the
+budget because at most ``budget // frame_bytes`` frames exist at once.
+
+Staging buffers live in host memory (pinned on CUDA when the host allows it, with a one-line
+notice and pageable memory otherwise); they are where the device's DMA lands and are counted
+separately (``staging_peak_bytes``).
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from driver.kv._layout import BudgetTooSmall, KVLayout
+
+__all__ = ["Arena", "Frame", "StagingPool"]
+
+
+@dataclass(eq=False)
+class Frame:
+    """One layer's slot on the accelerator."""
+
+    data: torch.Tensor  # (2, batch, kv_heads, capacity, head_dim)
+    free_event: Any = None  # CUDA: compute finished reading it (set when it is released)
+    ready_event: Any = None  # CUDA: a load into it has landed
+    layer: int = -1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Arena:
+    """Frames of one capacity within ``budget`` bytes."""
+
+    def __init__(self, budget: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.budget = budget
+        self.device = device
+        self.dtype = dtype
+        self.layout: KVLayout | None = None
+        self.capacity = 0
+        self.max_frames = 0
+        self._free: list[Frame] = []
+        self.allocated = 0
+        self.peak_bytes = 0
+
+    def configure(self, layout: KVLayout, needed: int, headroom: int) -> None:
+        """Choose a per-sequence token capacity >= ``needed``; all frames must be released."""
+        assert self.allocated == len(self._free), "configure() with frames in use"
+        affordable = layout.max_capacity(self.budget)
+        if needed > affordable:
+            raise BudgetTooSmall(self.budget, layout.min_budget(needed), layout.batch, needed)
+        bt = layout.block_tokens
+        want = -(-(needed + headroom) // bt) * bt
+        self.layout = layout
+        self.capacity = max(needed, min(want, affordable))
+        self.max_frames = self.budget // layout.frame_bytes(self.capacity)
+        self._free.clear()
+        self.allocated = 0
+
+    @property
+    def frame_bytes(self) -> int:
+        assert self.layout is not None
+        return self.layout.frame_bytes(self.capacity)
+
+    @property
+    def bytes_in_use(self) -> int:
+        return self.allocated * self.frame_bytes if self.layout else 0
+
+    def take(self) -> Frame | None:
+        """A free frame, allocating one while under the budget; None when all are in use."""
+        if self._free:
+            return self._free.pop()
+        if self.allocated >= self.max_frames:
+            return None
+        lay = self.layout
+        assert lay is not None
+        data = torch.empty((2, lay.batch, lay.kv_heads, self.capacity, lay.head_dim),
+                           dtype=self.dtype, device=self.device)
+        self.allocated += 1
+        self.peak_bytes = max(self.peak_bytes, self.bytes_in_use)
+        return Frame(data)
+
+    def give(self, frame: Frame) -> None:
+        frame.layer = -1
+        self._free.append(frame)
+
+    def release_all(self) -> None:
+        """Drop every frame (all must have been given back)."""
+        assert self.allocated == len(self._free), f"{self.allocated - len(self._free)} frames still in use"
+        self._free.clear()
+        self.allocated = 0
+
+
+class StagingPool:
+    """Reusable host byte buffers (pinned for CUDA); pinning failure falls back with a notice."""
+
+    GRANULE = 1 << 16
+
+    def __init__(self, pin: bool) -> None:
+        self.pin = pin
+        self._free: list[torch.Tensor] = []
+        self.in_use = 0
+        self.total = 0
+        self.peak_bytes = 0
+        self.notice: str | None = None
+
+    def get(self, nbytes: int) -> torch.Tensor:
+        """A uint8 host tensor of at least ``nbytes`` (best fit from the free list)."""
+        best = None
+        for i, buf in enumerate(self._free):
+            if buf.numel() >= nbytes and (best is None or buf.numel() < self._free[best].numel()):
+                best = i
+        if best is not None:
+            buf = self._free.pop(best)
+        else:
+            size = -(-nbytes // self.GRANULE) * self.GRANULE
+            buf = self._alloc(size)
+            self.total += size
+            self.peak_bytes = max(self.peak_bytes, self.total)
+        self.in_use += 1
+        return buf
+
+    def _alloc(self, size: int) -> torch.Tensor:
+        if self.pin:
+            try:
+                return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            except RuntimeError as exc:  # small hosts: pinning GBs fails (see kv-offload.md)
+                self.pin = False
+                self.notice = f"pinned host memory unavailable ({exc}); staging in pageable memory"
+                warnings.warn(self.notice, RuntimeWarning, stacklevel=3)
+        return torch.empty(size, dtype=torch.uint8)
+
+    def put(self, buf: torch.Tensor) -> None:
+        self.in_use -= 1
+        self._free.append(buf)
+
+    def clear(self) -> None:
+        assert self.in_use == 0, f"{self.in_use} staging buffers still in flight"
+        self._free.clear()
+        self.total = 0

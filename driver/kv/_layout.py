@@ -1,0 +1,76 @@
+"""Geometry of a batch's KV cache: how many bytes a token, a chunk and a layer take.
+
+The unit of residency on the accelerator is a *layer frame* (one layer of the whole batch, laid
+out ``(2, batch, kv_heads, capacity, head_dim)`` so attention gets a zero-copy view), because
+attention for layer ``l`` needs all of layer ``l`` and nothing else. The unit of storage on the
+device is a *chunk*: ``block_tokens`` tokens of one sequence in one layer, K then V, each
+``(kv_heads, block_tokens, head_dim)``. A sequence's chunks of one layer are allocated together,
+so a layer of a sequence moves as one large extent (vLLM's lesson: per-transfer overhead
+dominates small copies) while attention still waits only on its own layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emulator.spec.errors import ConfigError
+
+__all__ = ["KVLayout", "BudgetTooSmall"]
+
+
+class BudgetTooSmall(ConfigError):
+    """The HBM budget cannot hold the working set (the layer computing and the one loading)."""
+
+    def __init__(self, budget: int, minimum: int, batch: int, seq_len: int) -> None:
+        self.budget = budget
+        self.minimum = minimum
+        super().__init__(
+            f"hbm_budget_bytes={budget} is below the working set of {minimum} bytes "
+            f"(two layers of KV for batch {batch} x {seq_len} tokens: the layer computing and the "
+            f"one loading); raise hbm_budget_bytes to at least {minimum}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVLayout:
+    """Shape of one batch's KV; all sizes in bytes."""
+
+    batch: int
+    kv_heads: int
+    head_dim: int
+    itemsize: int
+    block_tokens: int
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "kv_heads", "head_dim", "itemsize", "block_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def token_bytes(self) -> int:
+        """K and V of one token of one sequence in one layer."""
+        return 2 * self.kv_heads * self.head_dim * self.itemsize
+
+    @property
+    def chunk_bytes(self) -> int:
+        """One device chunk: ``block_tokens`` tokens of one sequence in one layer."""
+        return self.block_tokens * self.token_bytes
+
+    @property
+    def half_chunk_elems(self) -> int:
+        """Elements of K (or V) in one chunk."""
+        return self.kv_heads * self.block_tokens * self.head_dim
+
+    def blocks(self, seq_len: int) -> int:
+        """Chunks per sequence per layer for ``seq_len`` tokens (the last may be partial)."""
+        return -(-seq_len // self.block_tokens)
+
+    def frame_bytes(self, capacity_tokens: int) -> int:
+        """One layer frame on the accelerator holding ``capacity_tokens`` per sequence."""
+        return self.batch * capacity_tokens * self.token_bytes
+
+    def min_budget(self, seq_len: int) -> int:
+        """The working set: two frames of ``seq_len`` tokens (computing + loading)."""
+        return 2 * self.frame_bytes(seq_len)
+
+    def max_capacity(self, budget: int) -> int:
+        """Largest per-sequence token capacity for which two frames fit ``budget``."""
+        return budget // (2 * self.batch * self.token_bytes)

@@ -1,0 +1,222 @@
+"""Where KV chunks live off the accelerator: one small interface, two backings, one fault injector.
+
+The residency engine only ever calls :class:`BlockStore`: ``read`` / ``write`` a list of extents
+(runs of consecutive chunk ids) from / into a host staging buffer, returning a :class:`Transfer`
+that completes asynchronously. :class:`MemoryBlockStore` is a plain numpy array (for tests of
+the engine itself); ``_device_store.DeviceBlockStore`` moves the bytes through the device's
+timed DMA engine. :class:`FaultInjectingStore` wraps either to fail, poison or delay reads, the
+way SGLang's HiCache ships a delay / failure injector for its tests.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from emulator.spec.errors import ConfigError, DmaError, PoisonError
+
+__all__ = ["BlockStore", "Extent", "FaultInjectingStore", "MemoryBlockStore", "Transfer", "coalesce"]
+
+
+class Extent(NamedTuple):
+    """``count`` chunks starting at ``chunk`` <-> ``count * chunk_bytes`` at ``host_offset``."""
+
+    chunk: int
+    count: int
+    host_offset: int
+
+
+def coalesce(chunks: Sequence[int], host_offsets: Sequence[int], chunk_bytes: int) -> list[Extent]:
+    """Merge runs that are consecutive on both sides into one extent (one DMA descriptor)."""
+    out: list[Extent] = []
+    for c, h in zip(chunks, host_offsets):
+        if out:
+            last = out[-1]
+            if c == last.chunk + last.count and h == last.host_offset + last.count * chunk_bytes:
+                out[-1] = Extent(last.chunk, last.count + 1, last.host_offset)
+                continue
+        out.append(Extent(c, 1, h))
+    return out
+
+
+class Transfer(Protocol):
+    """An asynchronous transfer; ``wait`` raises ``DmaError`` / ``PoisonError`` on failure."""
+
+    def done(self) -> bool: ...
+
+    def wait(self) -> None: ...
+
+
+class BlockStore(Protocol):
+    """Chunk-addressed storage off the accelerator."""
+
+    chunk_bytes: int
+    capacity_chunks: int
+
+    def configure(self, chunk_bytes: int) -> None:
+        """Fix the chunk size (known at the first update); sets ``capacity_chunks``."""
+
+    def read(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer: ...
+
+    def write(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer: ...
+
+    def close(self) -> None: ...
+
+
+class CompletedTransfer:
+    """A transfer that finished (or failed) before it was returned."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self._error = error
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+
+class MemoryBlockStore:
+    """Chunks in a host numpy array; every transfer completes at once (no timing)."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        if capacity_bytes <= 0:
+            raise ConfigError(f"capacity_bytes must be > 0, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self.chunk_bytes = 0
+        self.capacity_chunks = 0
+        self._media = np.zeros(capacity_bytes, dtype=np.uint8)
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+    def configure(self, chunk_bytes: int) -> None:
+        self.chunk_bytes = chunk_bytes
+        self.capacity_chunks = self.capacity_bytes // chunk_bytes
+
+    def read(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer:
+        cb = self.chunk_bytes
+        for e in extents:
+            n = e.count * cb
+            host[e.host_offset:e.host_offset + n] = self._media[e.chunk * cb:e.chunk * cb + n]
+            self.bytes_read += n
+        return CompletedTransfer()
+
+    def write(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer:
+        cb = self.chunk_bytes
+        for e in extents:
+            n = e.count * cb
+            self._media[e.chunk * cb:e.chunk * cb + n] = host[e.host_offset:e.host_offset + n]
+            self.bytes_written += n
+        return CompletedTransfer()
+
+    def close(self) -> None:
+        self._media = np.zeros(0, dtype=np.uint8)
+
+
+class _DelayedTransfer:
+    """Starts the inner read only after ``delay_s``: the bytes really arrive late."""
+
+    def __init__(self, start: "callable[[], Transfer]", delay_s: float) -> None:  # type: ignore[valid-type]
+        self._inner: Transfer | None = None
+        self._error: BaseException | None = None
+        self._started = threading.Event()
+        self._start = start
+        self._timer = threading.Timer(delay_s, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        try:
+            self._inner = self._start()
+        except BaseException as exc:  # surfaced by wait()
+            self._error = exc
+        self._started.set()
+
+    def done(self) -> bool:
+        return self._started.is_set() and (self._inner is None or self._inner.done())
+
+    def wait(self) -> None:
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._inner is not None
+        self._inner.wait()
+
+
+class FaultInjectingStore:
+    """Wraps a store; fails the next reads, poisons chunks, or delays every read.
+
+    * ``fail_next_reads(n)``: the next ``n`` reads fail with ``DmaError`` (transient: a retry works);
+    * ``poison(chunk)``: every read touching ``chunk`` fails with ``PoisonError`` until the chunk is
+      written again (a write clears poison, as on CXL media);
+    * ``read_delay_s``: each read starts that much later (for copy / compute race tests).
+    """
+
+    def __init__(self, inner: BlockStore, *, read_delay_s: float = 0.0) -> None:
+        self.inner = inner
+        self.read_delay_s = read_delay_s
+        self._fail_reads = 0
+        self._poisoned: set[int] = set()
+        self.injected = 0
+
+    @property
+    def chunk_bytes(self) -> int:  # type: ignore[override]
+        return self.inner.chunk_bytes
+
+    @property
+    def capacity_chunks(self) -> int:  # type: ignore[override]
+        return self.inner.capacity_chunks
+
+    def configure(self, chunk_bytes: int) -> None:
+        self.inner.configure(chunk_bytes)
+
+    def fail_next_reads(self, n: int) -> None:
+        self._fail_reads += n
+
+    def poison(self, chunk: int) -> None:
+        self._poisoned.add(chunk)
+
+    def read(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer:
+        if self._fail_reads > 0:
+            self._fail_reads -= 1
+            self.injected += 1
+            return CompletedTransfer(DmaError(0, "injected transfer failure"))
+        for e in extents:
+            bad = self._poisoned.intersection(range(e.chunk, e.chunk + e.count))
+            if bad:
+                self.injected += 1
+                return CompletedTransfer(PoisonError(min(bad) * self.chunk_bytes))
+        if self.read_delay_s > 0:
+            return _DelayedTransfer(lambda: self.inner.read(extents, host), self.read_delay_s)
+        return self.inner.read(extents, host)
+
+    def write(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer:
+        for e in extents:
+            self._poisoned.difference_update(range(e.chunk, e.chunk + e.count))
+        return self.inner.write(extents, host)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def wait_all(transfers: Sequence[Transfer]) -> None:
+    """Wait for every transfer; raise the first failure after all have finished."""
+    first: BaseException | None = None
+    for t in transfers:
+        try:
+            t.wait()
+        except (DmaError, PoisonError) as exc:
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+def sleep_until(t: float) -> None:
+    """Sleep to a ``time.perf_counter`` instant (used by delayed stores in tests)."""
+    dt = t - time.perf_counter()
+    if dt > 0:
+        time.sleep(dt)

@@ -1,0 +1,193 @@
+"""`CxlCache`: a transformers ``Cache`` whose KV lives on a cxlemu device.
+
+    model.generate(input_ids, attention_mask=mask, max_new_tokens=32,
+                   past_key_values=CxlCache(hbm_budget_bytes=64 << 20, policy="hotness"))
+    # transformers >= 5.24 also: model.generate(..., cache=cache)
+
+Each attention layer calls ``update(k, v, layer_idx, ...)``; the call goes to the residency
+engine (``_engine.py``), which returns zero-copy views of the layer's frame on the accelerator
+after making it resident. All transformers versions from 4.57 on are served by the same
+``update(key_states, value_states, layer_idx, *args, **kwargs)`` signature (4.57 passes
+``cache_kwargs`` positionally, 5.12+ by keyword, 5.24 as ``kwargs=``; none of it is needed: the
+cache position is the layer's current length).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from driver.kv._engine import ResidencyEngine
+from driver.kv._recompute import ForwardRecorder
+from driver.kv._store import BlockStore
+from emulator.spec.errors import ConfigError
+
+__all__ = ["CxlCache"]
+
+DEFAULT_DEVICE_CAPACITY = 1 << 30
+_serial = itertools.count()
+
+
+class _CxlLayer(CacheLayerMixin):
+    """One model layer's view of the shared engine."""
+
+    is_sliding = False
+
+    def __init__(self, owner: "CxlCache", index: int) -> None:
+        super().__init__()
+        self._owner = owner
+        self._index = index
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        return self._owner._engine_for(key_states).update(self._index, key_states, value_states)
+
+    def get_seq_length(self) -> int:
+        engine = self._owner._engine
+        return engine.seq_length(self._index) if engine is not None else 0
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def offload(self) -> None:
+        """Residency is the engine's decision; transformers' layer offload does not apply."""
+
+    def prefetch(self) -> None:
+        """See :meth:`offload`."""
+
+    def reset(self) -> None:
+        raise NotImplementedError("CxlCache cannot be reset in place: close() it and make a new one")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError("CxlCache does not support beam search (reorder_cache); use greedy "
+                                  "or sampling, or a DynamicCache for beams")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("CxlCache does not support crop (assisted decoding)")
+
+
+class CxlCache(Cache):
+    """KV cache on a cxlemu device with an HBM budget; see the module docstring.
+
+    ``device``: None serves a private in-process device (destroyed by :meth:`close`); a name
+    opens that device. ``store``: any ``BlockStore`` instead (tests). ``model``: lets chunks lost
+    to a fault be recomputed from the tokens (recorded by a forward pre-hook).
+    """
+
+    def __init__(self, hbm_budget_bytes: int, policy: str = "hotness", block_tokens: int = 16,
+                 device: str | None = None, *, prefetch_depth: int = 2, model: torch.nn.Module | None = None,
+                 store: BlockStore | None = None, max_seq_len: int | None = None,
+                 prefix_sharing: bool = True, max_retries: int = 2,
+                 device_capacity: int = DEFAULT_DEVICE_CAPACITY, full_writeback: bool = False) -> None:
+        super().__init__(layers=[])
+        if isinstance(hbm_budget_bytes, bool) or not isinstance(hbm_budget_bytes, int) or hbm_budget_bytes <= 0:
+            raise ConfigError(f"hbm_budget_bytes must be a positive int, got {hbm_budget_bytes!r}")
+        if block_tokens < 1:
+            raise ConfigError(f"block_tokens must be >= 1, got {block_tokens}")
+        if prefetch_depth < 0:
+            raise ConfigError(f"prefetch_depth must be >= 0, got {prefetch_depth}")
+        from firmware_model.policies import make_policy
+        make_policy(policy, 1)  # unknown names fail here, naming the known ones
+        self._kw = dict(budget=hbm_budget_bytes, policy=policy, block_tokens=block_tokens,
+                        prefetch_depth=prefetch_depth, prefix_sharing=prefix_sharing,
+                        max_retries=max_retries, max_seq_len=max_seq_len, full_writeback=full_writeback)
+        self._backing = _Backing(device, store, device_capacity)
+        self._recorder = ForwardRecorder(model, self) if model is not None else None
+        self._engine: ResidencyEngine | None = None
+        self._closed = False
+
+    # -- transformers Cache API ------------------------------------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        while len(self.layers) <= layer_idx:
+            self.layers.append(_CxlLayer(self, len(self.layers)))
+        return self.layers[layer_idx].update(key_states, value_states)
+
+    def _engine_for(self, key_states: torch.Tensor) -> ResidencyEngine:
+        if self._closed:
+            raise RuntimeError("CxlCache is closed: make a new one")
+        if self._engine is None:
+            self._engine = ResidencyEngine(
+                store=self._backing.store(), pool=self._backing.pool, device=key_states.device,
+                dtype=key_states.dtype,
+                recompute=self._recorder.recompute if self._recorder else None, **self._kw)
+        return self._engine
+
+    # -- cxlemu API --------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        """Counters: loads, offloads, hits, misses, prefetch_late, stall_ns, hbm_peak_bytes, ..."""
+        if self._engine is None:
+            return dict.fromkeys(ResidencyEngine.COUNTERS, 0) | {"hbm_peak_bytes": 0}
+        return self._engine.stats()
+
+    @property
+    def device_name(self) -> str | None:
+        return self._backing.name
+
+    def close(self) -> None:
+        """Release every frame, staging buffer and device chunk; stop a private device."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._engine is not None:
+            self._engine.close()
+        if self._recorder is not None:
+            self._recorder.remove()
+        self._backing.close()
+
+    def __enter__(self) -> "CxlCache":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:  # interpreter shutdown: nothing left to release to
+            pass
+
+
+class _Backing:
+    """Where the chunks go: a given store, a named device, or a private in-process one."""
+
+    def __init__(self, device: str | None, store: BlockStore | None, capacity: int) -> None:
+        self.name = device
+        self._given = store
+        self._capacity = capacity
+        self._store: BlockStore | None = None
+        self._served: Any = None
+        self.pool = None
+
+    def store(self) -> BlockStore:
+        if self._store is None:
+            self._store = self._given if self._given is not None else self._open()
+        return self._store
+
+    def _open(self) -> BlockStore:
+        from driver.kv._device_store import open_device_store
+
+        store, served, name = open_device_store(self.name, self._capacity,
+                                                f"kv{os.getpid()}-{next(_serial)}")
+        self._served, self.name = served, name
+        return store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+        if self._served is not None:
+            self._served.__exit__(None, None, None)
+            self._served = None

@@ -1,0 +1,115 @@
+"""CxlCache gives exactly DynamicCache's greedy tokens, for every policy and budget down to the
+minimum working set, batches 1-4 with padding, block sizes dividing the prompt or not."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import DynamicCache  # noqa: E402
+
+from driver.kv import BudgetTooSmall, CxlCache, KVLayout, MemoryBlockStore  # noqa: E402
+from driver.kv.testing import padded_batch, tiny_llama  # noqa: E402
+from firmware_model.policies import ONLINE_POLICY_NAMES  # noqa: E402
+
+NEW = 10
+LAYERS, KV_HEADS, HEAD_DIM = 4, 2, 16
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return tiny_llama(layers=LAYERS, hidden=64, heads=4, kv_heads=KV_HEADS)
+
+
+def generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, cache: object) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
+                              past_key_values=cache)
+
+
+def layer_bytes(batch: int, tokens: int) -> int:
+    return KVLayout(batch=batch, kv_heads=KV_HEADS, head_dim=HEAD_DIM, itemsize=4,
+                    block_tokens=1).frame_bytes(tokens)
+
+
+_REFS: dict[tuple, torch.Tensor] = {}
+
+
+def reference(model: torch.nn.Module, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ids, mask = padded_batch(lengths)
+    key = tuple(lengths)
+    if key not in _REFS:
+        _REFS[key] = generate(model, ids, mask, DynamicCache())
+    return ids, mask, _REFS[key]
+
+
+BATCHES = [[16], [16, 9], [13, 16, 7], [16, 11, 16, 5]]
+
+
+@pytest.mark.parametrize("policy", ONLINE_POLICY_NAMES)
+@pytest.mark.parametrize("lengths", BATCHES, ids=lambda x: f"b{len(x)}")
+@pytest.mark.parametrize("fraction", ["min", "half", "all"])
+@pytest.mark.parametrize("block_tokens", [4, 5])
+def test_tokens_equal_dynamic_cache(model, policy, lengths, fraction, block_tokens) -> None:
+    """Same greedy tokens as DynamicCache; the budget is never exceeded; offloaded blocks really
+    come back from the store."""
+    ids, mask, ref = reference(model, lengths)
+    final = ids.shape[1] + NEW - 1  # the last generated token is never cached
+    total = LAYERS * layer_bytes(len(lengths), final)
+    budget = {"min": 2 * layer_bytes(len(lengths), final), "half": total // 2, "all": total + (1 << 16)}[fraction]
+    cache = CxlCache(hbm_budget_bytes=budget, policy=policy, block_tokens=block_tokens,
+                     store=MemoryBlockStore(4 << 20))
+    out = generate(model, ids, mask, cache)
+    stats = cache.stats()
+    cache.close()
+    assert torch.equal(out, ref)
+    assert stats["hbm_peak_bytes"] <= budget
+    if fraction != "all":
+        assert stats["loads"] > 0 and stats["offloads"] > 0
+
+
+def test_budget_below_working_set_names_the_minimum(model) -> None:
+    """Two layers of the batch's KV is the minimum; one byte less is refused with that number."""
+    ids, mask = padded_batch([16, 12])
+    minimum = 2 * layer_bytes(2, 16)
+    cache = CxlCache(hbm_budget_bytes=minimum - 1, store=MemoryBlockStore(1 << 20))
+    with pytest.raises(BudgetTooSmall, match=f"at least {minimum}"):
+        with torch.no_grad():
+            model(ids, attention_mask=mask, past_key_values=cache)
+    cache.close()
+
+
+def test_cache_keyword_of_transformers_5_24(model) -> None:
+    """transformers >= 5.24 takes the cache as ``cache=``; the tokens are the same."""
+    if "cache" not in __import__("inspect").signature(model.forward).parameters:
+        pytest.skip("transformers < 5.24 has no cache= argument")
+    ids, mask, ref = reference(model, [16, 9])
+    cache = CxlCache(hbm_budget_bytes=3 * layer_bytes(2, 40), store=MemoryBlockStore(1 << 20))
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, cache=cache)
+    assert torch.equal(out, ref)
+    assert cache.stats()["loads"] > 0
+    cache.close()
+
+
+def test_close_releases_everything(model) -> None:
+    """After close() no frame, staging buffer or device chunk is left."""
+    ids, mask, _ = reference(model, [16, 9])
+    cache = CxlCache(hbm_budget_bytes=2 * layer_bytes(2, 40), store=MemoryBlockStore(1 << 20))
+    generate(model, ids, mask, cache)
+    engine = cache._engine
+    assert engine is not None and engine.pool is not None and engine.pool.used > 0
+    cache.close()
+    assert engine.pool.used == 0
+    assert engine.arena.allocated == 0
+    assert engine.staging.in_use == 0 and engine.staging.total == 0
+
+
+def test_bad_arguments_say_what_to_change() -> None:
+    with pytest.raises(ValueError, match="hbm_budget_bytes must be a positive int"):
+        CxlCache(hbm_budget_bytes=0, store=MemoryBlockStore(1 << 20))
+    with pytest.raises(ValueError, match="unknown eviction policy 'belady'"):
+        CxlCache(hbm_budget_bytes=1 << 20, policy="belady", store=MemoryBlockStore(1 << 20))
+    with pytest.raises(ValueError, match="block_tokens must be >= 1"):
+        CxlCache(hbm_budget_bytes=1 << 20, block_tokens=0, store=MemoryBlockStore(1 << 20))
