@@ -29,6 +29,7 @@ from typing import Any
 from emulator.hdm import IG_MAX, WAYS_BY_IW, DecoderSettings
 from emulator.regfile import RegisterFile
 from emulator.spec import component_regs as C
+from emulator.spec.registers import Reg
 
 _ALIGN = C.HDM_DECODER_ALIGN
 _RO_CTRL_BITS = C.CTRL_COMMITTED | C.CTRL_ERR_NOT_COMMITTED
@@ -90,7 +91,8 @@ class HdmDecoderBlock:
         self._latched: list[_Latched | None] = [None] * self.n_decoders
         self.errors: dict[int, str] = {}  # decoder -> reason of its last refused commit
         self._window = (C.HDM_OFFSET, C.hdm_size(self.n_decoders))
-        self._seen = b""  # the HDM registers as the last pass found them
+        self._seen = b""  # the HDM registers as the last pass left them (see service)
+        self._expect = bytearray()
 
     # ---- what the data path uses ----------------------------------------------------------------
     def decoders(self) -> list[DecoderSettings]:
@@ -109,26 +111,36 @@ class HdmDecoderBlock:
 
         Uncommits run from the top decoder down and commits from the bottom up, so a host that
         clears (or sets) several COMMIT bits between two passes, in the order the spec requires,
-        is served in that order. A pass over unchanged registers costs one 0x90-byte compare; the
-        snapshot is taken before acting, so a host write racing this pass shows up in the next.
+        is served in that order.
+
+        A pass over unchanged registers costs one 0x90-byte compare against `_seen`: the registers
+        as this pass found them plus this pass's own writes. A host write that lands during the
+        pass, or that puts back a value the firmware just replaced, differs from it and is served
+        on the next pass.
         """
         now = bytes(self.regs.region(*self._window))
         if now == self._seen:
             return
-        self._seen = now
+        self._expect = bytearray(now)
         for i in reversed(range(self.n_decoders)):
             if self._latched[i] is not None:
                 self._service_committed(i)
         for i in range(self.n_decoders):
             if self._latched[i] is None:
                 self._service_uncommitted(i)
+        self._seen = bytes(self._expect)
+
+    def _set(self, reg: Reg, value: int) -> None:
+        self.regs.set(reg, value)
+        at = reg.offset - self._window[0]
+        self._expect[at:at + 4] = value.to_bytes(4, "little")
 
     def _words(self, i: int) -> tuple[int, ...]:
         return tuple(self.regs.get(reg) for reg in self._regs[i])
 
     def _write_words(self, i: int, words: tuple[int, ...]) -> None:
         for reg, value in zip(self._regs[i], words):
-            self.regs.set(reg, value)
+            self._set(reg, value)
 
     def _service_committed(self, i: int) -> None:
         latched = self._latched[i]
@@ -142,22 +154,22 @@ class HdmDecoderBlock:
         elif not ctrl & C.CTRL_COMMIT:
             self._uncommit(i, ctrl)
         elif ctrl & _RO_CTRL_BITS != C.CTRL_COMMITTED:
-            self.regs.set(self._regs[i].CTRL, (ctrl & ~_RO_CTRL_BITS) | C.CTRL_COMMITTED)
+            self._set(self._regs[i].CTRL, (ctrl & ~_RO_CTRL_BITS) | C.CTRL_COMMITTED)
 
     def _uncommit(self, i: int, ctrl: int) -> None:
         higher = any(latched is not None for latched in self._latched[i + 1:])
         if higher:  # decoders uncommit in reverse order: refuse by putting COMMIT back
-            self.regs.set(self._regs[i].CTRL, (ctrl & ~_RO_CTRL_BITS) | C.CTRL_COMMIT | C.CTRL_COMMITTED)
+            self._set(self._regs[i].CTRL, (ctrl & ~_RO_CTRL_BITS) | C.CTRL_COMMIT | C.CTRL_COMMITTED)
             return
         self._latched[i] = None
-        self.regs.set(self._regs[i].CTRL, ctrl & ~_RO_CTRL_BITS)
+        self._set(self._regs[i].CTRL, ctrl & ~_RO_CTRL_BITS)
 
     def _service_uncommitted(self, i: int) -> None:
         ctrl_reg = self._regs[i].CTRL
         ctrl = self.regs.get(ctrl_reg)
         if not ctrl & C.CTRL_COMMIT:
             if ctrl & _RO_CTRL_BITS:  # COMMIT cleared after an error (or a host wrote RO bits)
-                self.regs.set(ctrl_reg, ctrl & ~_RO_CTRL_BITS)
+                self._set(ctrl_reg, ctrl & ~_RO_CTRL_BITS)
             return
         if ctrl & C.CTRL_ERR_NOT_COMMITTED:
             return  # waits for the host to clear COMMIT
@@ -166,12 +178,12 @@ class HdmDecoderBlock:
             settings = self._check(i, words)
         except DecoderRefused as exc:
             self.errors[i] = str(exc)
-            self.regs.set(ctrl_reg, (ctrl & ~C.CTRL_COMMITTED) | C.CTRL_ERR_NOT_COMMITTED)
+            self._set(ctrl_reg, (ctrl & ~C.CTRL_COMMITTED) | C.CTRL_ERR_NOT_COMMITTED)
             return
         self.errors.pop(i, None)
         committed = words[:4] + ((ctrl & ~_RO_CTRL_BITS) | C.CTRL_COMMITTED,) + words[5:]
         self._latched[i] = _Latched(committed, settings)
-        self.regs.set(ctrl_reg, committed[4])
+        self._set(ctrl_reg, committed[4])
 
     # ---- the checks of a commit request --------------------------------------------------------
     def _check(self, i: int, words: tuple[int, ...]) -> DecoderSettings:

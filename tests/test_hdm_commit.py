@@ -184,6 +184,23 @@ def test_uncommit_only_in_reverse_order(dev: tuple[Host, HdmDecoderBlock]) -> No
     assert hdm.committed_count == 0
 
 
+def test_a_refused_write_repeated_is_refused_again(dev: tuple[Host, HdmDecoderBlock]) -> None:
+    """The host writing back the value the firmware just replaced is a new write, not a no-op."""
+    host, hdm = dev
+    host.program(0, base=0, size=SZ_256M)
+    host.program(1, base=SZ_256M, size=SZ_256M)
+    hdm.service()
+    for _ in range(2):
+        host.set_ctrl(0, host.ctrl(0) & ~COMMIT)
+        hdm.service()
+        assert host.ctrl(0) & (COMMIT | COMMITTED) == COMMIT | COMMITTED
+    host.set_ctrl(1, host.ctrl(1) & ~COMMIT)
+    hdm.service()
+    host.set_ctrl(0, host.ctrl(0) & ~COMMIT)
+    hdm.service()
+    assert hdm.committed_count == 0
+
+
 def test_unlocked_committed_decoder_decodes_latched_settings(dev: tuple[Host, HdmDecoderBlock]) -> None:
     host, hdm = dev
     host.enable()
