@@ -1,0 +1,197 @@
+"""The monitor against real devices: headless frames under load, devices that stop, die, vanish
+and come back."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from emulator.device import DeviceConfig, DeviceFiles, Served, device_path, serve
+from emulator.spec import registers as R
+from emulator.telemetry import TelemetryWriter
+from emulator.timing import DataPath, TimingConfig
+from tools.monitor.source import DeviceSet, DeviceSource
+
+MiB = 1 << 20
+
+
+def monitor_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tools.cli.main", "monitor", "--width", "140", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def frames(stdout: str) -> list[str]:
+    """The frames of a --frames run, whitespace squeezed."""
+    parts = re.split(r"─+ frame \d+/\d+ ─+\n", stdout)[1:]
+    return ["\n".join(" ".join(line.split()) for line in part.splitlines()) for part in parts]
+
+
+def publish_firmware_section(served: Served) -> TelemetryWriter:
+    """What the firmware runner does each loop (until it does so itself): publish section (a)
+    from the firmware's state, from the runner thread, every 50 ms."""
+    fw = served.firmware
+    writer = TelemetryWriter(served.files.bar, "firmware")
+    last = [0]
+
+    def service(now_ns: int) -> None:
+        if now_ns - last[0] < 50_000_000:
+            return
+        last[0] = now_ns
+        running, percent, opcode, _ = fw.background_status
+        writer.publish(uptime_ns=now_ns - fw.boot_ns, timestamp_ns=fw.timestamp_ns(),
+                       capacity_bytes=fw.config.capacity,
+                       media_status=fw.regs.get_field(R.MEMDEV_STATUS, "MEDIA_STATUS"),
+                       bg_running=int(running), bg_percent=percent, bg_opcode=opcode)
+
+    fw.services.append(service)
+    return writer
+
+
+class Load:
+    """A host streaming 256 KiB writes through the timed data path and counting 'tokens' in the
+    host section, in a thread, until stopped."""
+
+    def __init__(self, served: Served) -> None:
+        files = served.files
+        link = memoryview(files.bar)[R.LINK_STATE_OFFSET:R.LINK_STATE_OFFSET + R.LINK_STATE_SIZE]
+        self.dp = DataPath(files.media, files.poison, link, files.config.timing)
+        self.host = TelemetryWriter(files.bar, "host", lock_path=files.path / "bar")
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        buf = np.full(256 << 10, 0xA5, np.uint8)
+        i = 0
+        while not self.stop.is_set():
+            self.dp.write((i % 64) * len(buf), buf)
+            i += 1
+            self.host.publish(tokens_generated=i, hits=3 * i, misses=i)
+            time.sleep(0.002)  # leave the second core to the monitor process
+
+    def __enter__(self) -> "Load":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.host.close()
+
+
+@pytest.fixture
+def timed(device_name: str) -> Iterator[Served]:
+    """A served device whose link costs 300 ns + 2 GB/s each way."""
+    timing = TimingConfig(read_latency_ns=300, write_latency_ns=300, read_bandwidth_gbps=2.0,
+                          write_bandwidth_gbps=2.0)
+    with serve(DeviceConfig(name=device_name, capacity=256 * MiB, timing=timing)) as served:
+        yield served
+
+
+def test_frames_under_load_show_counters_moving(timed: Served) -> None:
+    """`cxlemu monitor NAME --frames 3 --interval 0.5` in another process: exits 0, names the
+    device, and transfers, tokens and uptime grow from frame to frame."""
+    served = timed
+    publish_firmware_section(served)
+    with Load(served):
+        result = monitor_cli(served.name, "--frames", "3", "--interval", "0.5")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    shots = frames(result.stdout)
+    assert len(shots) == 3
+    writes, tokens, uptimes = [], [], []
+    for shot in shots:
+        assert f"cxlemu monitor {served.name}: served (firmware pid {os.getpid()})" in shot
+        writes.append(int(re.findall(r"([\d,]+) transfers", shot)[1].replace(",", "")))
+        tokens.append(int(re.search(r"over ([\d,]+) tokens", shot)[1].replace(",", "")))
+        up = re.search(rf"{served.name} served ready ok 0 °C ([\d.]+) (ms|s) ", shot)
+        assert up is not None, shot
+        uptimes.append(float(up[1]) * (1e-3 if up[2] == "ms" else 1.0))
+    assert writes[0] < writes[1] < writes[2]
+    assert tokens[0] < tokens[1] < tokens[2]
+    assert uptimes[0] < uptimes[1] < uptimes[2]
+    assert "write measuring" in shots[0]
+    assert re.search(r"write \d+\.\d\d [kMG]?B/s total", shots[2])  # a rate from two samples
+    # 256 KiB at 2 GB/s occupies the link 131 us; + 300 ns latency: every write lands in 2^17 ns.
+    assert re.search(r"131\.1 µs–262\.1 µs █+ [\d,]+", shots[2])
+    assert "hit rate 75.0%" in shots[2]
+
+
+def test_source_follows_a_device_that_vanishes_and_returns(device_name: str) -> None:
+    """Served -> files removed ("gone", no traceback) -> created again (picked up afresh)."""
+    source = DeviceSource(device_name)
+    assert source.poll().state == "not found"
+    with serve(DeviceConfig(name=device_name, capacity=256 * MiB)) as served:
+        TelemetryWriter(served.files.bar, "firmware").publish(capacity_bytes=256 * MiB, uptime_ns=5)
+        view = source.poll()
+        assert (view.state, view.detail) == ("served", f"firmware pid {os.getpid()}")
+        assert view.snapshot is not None and view.snapshot.firmware is not None
+        assert view.snapshot.firmware.uptime_ns == 5
+    view = source.poll()
+    assert (view.state, view.detail) == ("gone", "device files removed")
+    with serve(DeviceConfig(name=device_name, capacity=512 * MiB)) as served:
+        view = source.poll()
+        assert view.state == "served" and view.capacity_bytes == 512 * MiB
+        assert view.snapshot is not None and view.snapshot.firmware is None  # the new page is blank
+    source.close()
+
+
+def test_stopped_device_is_reported(device_name: str) -> None:
+    served = Served(DeviceConfig(name=device_name, capacity=256 * MiB), keep=True).start()
+    served.stop()
+    try:
+        result = monitor_cli(device_name, "--frames", "1", "--interval", "0.1")
+        assert result.returncode == 0 and "Traceback" not in result.stderr
+        assert f"{device_name}: stopped (not served (no firmware.pid))" in frames(result.stdout)[0]
+    finally:
+        DeviceFiles.open(device_name).destroy()
+
+
+@pytest.fixture
+def killed_server(device_name: str) -> Iterator[int]:
+    """A `cxlemu serve` process killed with SIGKILL: its files and firmware.pid stay behind."""
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "serve", "--name", device_name,
+                             "--capacity", "256M"], stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None and "serving" in proc.stderr.readline()
+    pid_file = device_path(device_name) / "firmware.pid"
+    deadline = time.monotonic() + 30
+    while not pid_file.exists():
+        assert time.monotonic() < deadline, "cxlemu serve never wrote firmware.pid"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    yield proc.pid
+    DeviceFiles.open(device_name).destroy()
+
+
+def test_dead_firmware_is_reported_gone(device_name: str, killed_server: int) -> None:
+    """The firmware process died without cleaning up: the monitor says gone, without a traceback."""
+    result = monitor_cli(device_name, "--frames", "2", "--interval", "0.1")
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    for shot in frames(result.stdout):
+        assert f"{device_name}: gone (firmware pid {killed_server} exited)" in shot
+
+
+def test_device_set_lists_all_and_keeps_the_gone(device_name: str) -> None:
+    """With no names, every device is shown; one that disappears stays listed as gone."""
+    devices = DeviceSet()
+    with serve(DeviceConfig(name=device_name, capacity=256 * MiB)):
+        assert {v.name: v.state for v in devices.poll()}[device_name] == "served"
+    assert {v.name: v.state for v in devices.poll()}[device_name] == "gone"
+    devices.close()
+
+
+def test_monitor_cli_rejects_bad_arguments() -> None:
+    for args, message in ((["--interval", "0"], "--interval must be > 0 seconds, got 0.0"),
+                          (["--frames", "0"], "--frames must be >= 1, got 0"),
+                          (["--width", "20", "--frames", "1"], "--width must be >= 60 columns, got 20")):
+        result = monitor_cli(*args)
+        assert result.returncode == 2
+        assert result.stderr.strip() == f"cxlemu: error: {message}"

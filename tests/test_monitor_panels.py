@@ -1,0 +1,212 @@
+"""Pure render functions of the monitor, rendered to text with Console(record=True)."""
+from __future__ import annotations
+
+from rich.console import Console, RenderableType
+
+from emulator.telemetry import EventEntry, FirmwareTelemetry, HostTelemetry, PoisonEntry, TelemetrySnapshot
+from emulator.timing import linkstate
+from tools.monitor import panels as P
+from tools.monitor.app import dashboard, dashboard_grid, header
+from tools.monitor.history import LinkHistory, sparkline
+from tools.monitor.source import DeviceView
+
+GiB, MiB = 1 << 30, 1 << 20
+
+
+def render(renderable: RenderableType, width: int = 100) -> str:
+    console = Console(record=True, width=width, color_system=None, file=open("/dev/null", "w"))
+    console.print(renderable)
+    return console.export_text()
+
+
+def squeeze(text: str) -> str:
+    """Runs of spaces to one, so column padding does not make assertions brittle."""
+    return "\n".join(" ".join(line.split()) for line in text.splitlines())
+
+
+def link(**values: int) -> dict[str, int]:
+    counters = linkstate.snapshot(bytes(linkstate.USED_BYTES))
+    counters.update(values)
+    return counters
+
+
+def firmware(**values: object) -> FirmwareTelemetry:
+    base = dict(uptime_ns=90 * 10**9, capacity_bytes=GiB, capacity_used_bytes=512 * MiB, media_status=1,
+                temperature_c=41, seq=2, writer_pid=100)
+    base.update(values)
+    return FirmwareTelemetry(**base)  # type: ignore[arg-type]
+
+
+def view(name: str = "mon0", state: str = "served", fw: FirmwareTelemetry | None = None,
+         host: HostTelemetry | None = None, **kw: object) -> DeviceView:
+    return DeviceView(name, state, kw.pop("detail", "firmware pid 100"),  # type: ignore[arg-type]
+                      TelemetrySnapshot((1, 0), fw or firmware(), host), **kw)  # type: ignore[arg-type]
+
+
+def test_device_table_rows() -> None:
+    """State, media status, health bits, temperature and uptime per device; marker on the selected."""
+    views = [view(), view("mon1", "gone", firmware(health_status=0b10, media_status=3, temperature_c=-3),
+                          detail="firmware pid 7 exited")]
+    text = squeeze(render(P.device_table(views, selected=1), width=120))
+    assert "mon0 served ready ok 41 °C 1.50 min" not in text  # uptime is shown in seconds
+    assert "mon0 served ready ok 41 °C 90.00 s firmware pid 100" in text
+    assert "▶ mon1 gone disabled performance degraded -3 °C 90.00 s firmware pid 7 exited" in text
+
+
+def test_capacity_bar() -> None:
+    text = render(P.capacity_panel(view()))
+    assert "█" * 15 + "░" * 15 + "  512.0 MiB of 1.0 GiB used (50.0%)" in text
+    assert "capacity" in text and "last seen" not in text
+
+
+def test_panels_of_a_gone_device_say_last_seen() -> None:
+    text = render(P.capacity_panel(view(state="gone")))
+    assert "capacity (last seen)" in text
+
+
+def test_bandwidth_without_data_path_says_so() -> None:
+    text = squeeze(render(P.bandwidth_panel(view(), now=0.0)))
+    assert "no data path yet: no timed transfer has stamped the link-state page" in text
+
+
+def test_bandwidth_rates_sparkline_and_totals() -> None:
+    """Two samples 1 s apart: 2 GB read, 0.5 GB written -> rates, totals, full sparkline cell."""
+    history = LinkHistory()
+    history.add(100.0, link())
+    now_counters = link(read_bytes=2 * 10**9, read_transfers=1000, write_bytes=5 * 10**8, write_transfers=250)
+    history.add(101.0, now_counters)
+    v = view(link=now_counters, history=history)
+    lines = squeeze(render(P.bandwidth_panel(v, now=101.0, width=10))).splitlines()
+    assert lines[1:6] == ["│ read 2.00 GB/s total 1.9 GiB, 1,000 transfers │",
+                          "│ █ │",
+                          "│ write 500.00 MB/s total 476.8 MiB, 250 transfers │",
+                          "│ ▂ │",
+                          "│ last 60 s, peak 2.00 GB/s │"]
+    raw = render(P.bandwidth_panel(v, now=101.0, width=10)).splitlines()
+    assert raw[2].startswith("│       " + " " * 9 + "█ ")  # newest cell is the last of 10
+
+
+def test_bandwidth_first_frame_is_measuring() -> None:
+    history = LinkHistory()
+    history.add(5.0, link(read_bytes=64))
+    text = squeeze(render(P.bandwidth_panel(view(link=link(read_bytes=64), history=history), now=5.0, width=4)))
+    assert "read measuring total 64 B, 0 transfers" in text
+
+
+def test_sparkline_scale_and_gaps() -> None:
+    assert sparkline([0, 1, 2, 4, 8, None], top=8) == "▁▁▂▄█ "
+    assert sparkline([None, None]) == "  "
+    assert sparkline([3.0, 6.0, 0.01]) == "▄█▁"
+
+
+def test_history_bins_reset_and_window() -> None:
+    """Rates land in time bins of the last minute; a counter going back restarts the history."""
+    h = LinkHistory(window_s=60.0)
+    h.add(0.0, link())
+    h.add(30.0, link(read_bytes=300))   # 10 B/s over (0, 30]
+    h.add(60.0, link(read_bytes=1500))  # 40 B/s over (30, 60]
+    assert h.series(0, 2, now=60.0) == [10.0, 40.0]
+    assert h.series(0, 4, now=60.0) == [None, 10.0, None, 40.0]
+    assert h.series(0, 1, now=60.0) == [25.0]
+    assert len(h.samples) == 3
+    h.add(61.0, link(read_bytes=1600))
+    assert [t for t, _ in h.samples] == [30.0, 60.0, 61.0]  # older than 60 s dropped
+    h.add(62.0, link(read_bytes=10))  # device recreated
+    assert h.latest() is None and len(h.samples) == 1
+
+
+def test_latency_histogram_rows() -> None:
+    counters = link(read_transfers=15, read_latency_ns=15 * 200, read_hist_07=10, read_hist_08=5)
+    history = LinkHistory()
+    history.add(1.0, counters)
+    text = squeeze(render(P.latency_panel(view(link=counters, history=history), width=10)))
+    assert "read: mean 200 ns, since start" in text
+    assert "128 ns–255 ns ██████████ 10" in text
+    assert "256 ns–511 ns █████ 5" in text
+    assert "write: mean -, since start" in text and "no transfers" in text
+
+
+def test_kv_panel_rates() -> None:
+    host = HostTelemetry(hits=900, misses=100, prefetch_issued=200, prefetch_useful=150, prefetch_late=30,
+                         prefetch_wasted=20, loads=70, offloads=40, evictions=12, stall_ns=12_345_678,
+                         tokens_generated=512, blocks_resident=16, blocks_total=64, hbm_bytes=60 * MiB,
+                         hbm_budget_bytes=128 * MiB, writer_pid=4242)
+    text = squeeze(render(P.kv_panel(view(host=host))))
+    assert "KV cache (writer pid 4242)" in text
+    assert "hit rate 90.0% (900 hits, 100 misses)" in text
+    assert "prefetch 200 issued: 75.0% useful, 15.0% late, 10.0% wasted" in text
+    assert "transfers 70 loads, 40 offloads, 12 evictions" in text
+    assert "stall 12.35 ms over 512 tokens" in text
+    assert "blocks █████░░░░░░░░░░░░░░░ 16/64 resident" in text
+    assert "HBM 60.0 MiB of 128.0 MiB" in text
+
+
+def test_kv_panel_without_shim() -> None:
+    assert "no KV shim attached (host section empty)" in squeeze(render(P.kv_panel(view())))
+
+
+def test_queue_panel() -> None:
+    host = HostTelemetry(dma_sq_depth=3, dma_cq_depth=1, prefetch_queue_depth=7)
+    text = squeeze(render(P.queue_panel(view(fw=firmware(bg_running=1, bg_opcode=0x4400, bg_percent=40),
+                                             host=host))))
+    assert "│ DMA submission 3 │" in text
+    assert "│ DMA completion 1 │" in text
+    assert "│ prefetch queue 7 │" in text
+    assert "│ background op 0x4400 40% │" in text
+
+
+def test_heatmap_cells_and_legend() -> None:
+    """1 GiB in 8x2 cells of 64 MiB: unit 0 (count 100) is hottest, DPA 512 MiB (count 10) warm."""
+    fw = firmware(chmu_enabled=1, chmu_unit_size=4096, chmu_epoch_count=3,
+                  hotlist=[(0, 100), (512 * MiB // 4096, 10)])
+    assert P.heat_cells(fw, GiB, 16) == [100, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0, 0, 0]
+    lines = render(P.heatmap_panel(view(fw=fw), width=8, rows=2)).splitlines()
+    assert lines[1].rstrip("│ ") == "│ █"
+    assert lines[2].rstrip("│ ") == "│ ▒"
+    assert "epoch 3, 2 hot units of 4.0 KiB; cell = 64.0 MiB; hottest DPA 0x0 (100)" in lines[3]
+
+
+def test_heat_levels_log_scale() -> None:
+    assert [P.heat_level(c, 1000) for c in (0, 1, 10, 100, 999, 1000)] == [0, 1, 2, 3, 3, 4]
+    assert P.heat_level(1, 1) == 4
+
+
+def test_heatmap_disabled() -> None:
+    assert "CHMU disabled" in render(P.heatmap_panel(view()))
+
+
+def test_events_and_poison() -> None:
+    fw = firmware(events_info=2, events_fail=1, poison_count=1,
+                  recent_events=[EventEntry(1_700_000_000_123_000_000, 2, "general media: uncorrectable")],
+                  recent_poison=[PoisonEntry(0x4000, 128, 3)])
+    text = squeeze(render(P.events_panel(view(fw=fw))))
+    assert "events: info 2 warn 0 fail 1 fatal 0 dcd 0 poison records 1" in text
+    assert "22:13:20.123 fail general media: uncorrectable" in text
+    assert "poison DPA 0x4000 +128 B injected" in text
+
+
+def test_formatters() -> None:
+    assert [P.fmt_bytes(n) for n in (0, 1023, 1536, 3 * GiB)] == ["0 B", "1023 B", "1.5 KiB", "3.0 GiB"]
+    assert [P.fmt_rate(r) for r in (12, 1.5e3, 2.5e9)] == ["12 B/s", "1.50 kB/s", "2.50 GB/s"]
+    assert [P.fmt_ns(n) for n in (850, 12_300, 4_560_000, 7.89e9)] == ["850 ns", "12.3 µs", "4.56 ms", "7.89 s"]
+    assert P.health_text(0b101) == "maintenance needed, replace hardware"
+
+
+def test_header_and_dashboards() -> None:
+    views = [view(), view("mon1", "stopped", detail="not served (no firmware.pid)")]
+    assert render(header(views, 1, "12:00:00", paused=True, interactive=True), width=200).strip() == (
+        "cxlemu monitor  mon1: stopped (not served (no firmware.pid))  12:00:00  PAUSED  "
+        "[←/→ device · space pause · q quit]")
+    grid = squeeze(render(dashboard_grid(views, 0, 0.0, "12:00:00"), width=140))
+    for title in ("devices", "capacity", "bandwidth", "latency", "KV cache", "queues", "events & poison",
+                  "CHMU hotlist"):
+        assert f" {title} " in grid
+    screen = render(dashboard(views, 0, 0.0, "12:00:00"), width=140)
+    assert "cxlemu monitor  mon0: served" in screen and "capacity" in screen
+
+
+def test_dashboard_for_a_device_never_seen() -> None:
+    absent = DeviceView("ghost", "not found", "no device in /x")
+    text = squeeze(render(dashboard_grid([absent], 0, 0.0, "t"), width=100))
+    assert "ghost is not found: no device in /x; waiting for it to appear" in text
+    assert "capacity" not in text
