@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from driver._cmd_fw import FwCommands
 from driver._cmd_generic import GenericCommands
+from driver._cmd_memdev import MemdevCommands
 from driver.mailbox import MBOX_TIMEOUT_S, MailboxClient
 from emulator.device import DeviceFiles, firmware_pid
 from emulator.regfile import RegisterFile, find_capabilities
@@ -25,7 +27,7 @@ from emulator.spec.errors import DeviceGone, PoisonError
 READY_TIMEOUT_S = 5.0  # Linux waits 60 s for mailbox ready at probe; a local emulator is faster
 
 
-class MemDev(MailboxClient, GenericCommands):
+class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands):
     """An open memory device (like /dev/cxl/memN)."""
 
     def __init__(self, files: DeviceFiles, *, timeout_s: float = MBOX_TIMEOUT_S) -> None:

@@ -11,6 +11,11 @@ if TYPE_CHECKING:
 # Order matters only for attach(): groups that others use attach first.
 GROUPS = [
     "emulator.commands.generic",
+    "emulator.commands.fw",
+    "emulator.commands.identify",
+    "emulator.commands.timestamp",
+    "emulator.commands.logs",
+    "emulator.commands.event_policy",
 ]
 _modules = [importlib.import_module(name) for name in GROUPS]
 
