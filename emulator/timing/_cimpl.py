@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import functools
 import os
-import random
 import statistics
 from typing import Any
+
+import numpy as np
 
 from emulator.timing import linkstate as ls
 from emulator.timing._cdatapath import ffi, lib  # ImportError when not built
@@ -87,16 +88,15 @@ def wait_until(deadline: int) -> None:
 
 
 def build_chase_ring(media: memoryview, base: int, lines: int, seed: int = 1) -> int:
-    """Write a random cyclic permutation of ``lines`` 64-B lines starting at ``base``: each
-    line holds the DPA of the next (little-endian u64).  Random order defeats the
+    """Write a random cyclic permutation of ``lines`` 64-B lines starting at ``base`` (64-B
+    aligned): each line's first u64 holds the DPA of the next.  Random order defeats the
     prefetcher, as in MLC.  Returns the DPA to start the chase at."""
-    order = list(range(lines))
-    random.Random(seed).shuffle(order)
-    for i, line in enumerate(order):
-        nxt = base + order[(i + 1) % lines] * 64
-        off = base + line * 64
-        media[off:off + 8] = nxt.to_bytes(8, "little")
-    return base + order[0] * 64
+    if base % 64:
+        raise ValueError(f"chase ring base must be 64-B aligned, got {base:#x}")
+    order = np.random.default_rng(seed).permutation(lines).astype(np.uint64)
+    words = np.frombuffer(media, dtype=np.uint64, count=lines * 8, offset=base)
+    words[order * 8] = base + np.roll(order, -1) * 64
+    return base + int(order[0]) * 64
 
 
 def trimmed_mean(samples: list[int], keep: float = 0.99) -> float:
