@@ -24,7 +24,7 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -192,11 +192,6 @@ class RegionInfo:
     targets: list[str]          # memdev names in interleave position order
     decoders: list[int]         # decoder index on each target
     order_known: bool           # False when no root-decoder record gives the positions
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["base"] = f"{self.base:#x}"
-        return out
 
 
 def _root_path() -> Path:
