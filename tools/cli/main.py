@@ -14,6 +14,7 @@ from tools.cli._common import CliError
 
 _MODULES = [
     "tools.cli.cmd_device",
+    "tools.cli.cmd_region",
 ]
 
 
