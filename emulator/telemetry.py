@@ -116,18 +116,27 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
 from emulator.spec.errors import CxlemuError
-
 from emulator.spec.registers import TELEMETRY_OFFSET, TELEMETRY_SIZE
 
 __all__ = [
-    "EventEntry", "FirmwareTelemetry", "HostTelemetry", "LOG_NAMES", "PoisonEntry", "TelemetryClaimed",
-    "TelemetryError", "TelemetryReader", "TelemetrySnapshot", "TelemetryWriter", "format_page",
+    "LOG_NAMES",
+    "EventEntry",
+    "FirmwareTelemetry",
+    "HostTelemetry",
+    "PoisonEntry",
+    "TelemetryClaimed",
+    "TelemetryError",
+    "TelemetryReader",
+    "TelemetrySnapshot",
+    "TelemetryWriter",
+    "format_page",
     "layout_table",
 ]
 
@@ -443,7 +452,7 @@ def _pid_alive(pid: int) -> bool:
 def _check_int(section: str, name: str, value: Any, fmt: str) -> int:
     info = np.iinfo(np.dtype(fmt))
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"telemetry {section}.{name} must be an int, got {type(value).__name__}")
+        raise TypeError(f"telemetry {section}.{name} must be an int, got {type(value).__name__}")
     if not info.min <= int(value) <= info.max:
         raise ValueError(f"telemetry {section}.{name}={value} is outside {info.min}..{info.max}")
     return int(value)
@@ -503,7 +512,7 @@ class TelemetryWriter:
         self._claimed = False
         del self._rec, self._seq
 
-    def __enter__(self) -> "TelemetryWriter":
+    def __enter__(self) -> TelemetryWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -584,7 +593,8 @@ def _encode_poison(records: Iterable[PoisonEntry]) -> list[tuple[str, Any]]:
             ("poison_len", len(rows))]
 
 
-_ENCODERS = {"hotlist": _encode_hotlist, "recent_events": _encode_events, "recent_poison": _encode_poison}
+_ENCODERS: dict[str, Callable[[Any], list[tuple[str, Any]]]] = {
+    "hotlist": _encode_hotlist, "recent_events": _encode_events, "recent_poison": _encode_poison}
 
 
 class _Unstable(Exception):
@@ -672,7 +682,7 @@ class TelemetryReader:
             os.sched_yield()
 
 
-def _scalars(rec: np.void, cls: type) -> dict[str, int]:
+def _scalars(rec: np.void, cls: type) -> dict[str, Any]:
     return {f.name: int(rec[f.name]) for f in fields(cls) if f.name not in _COMPOSITE}
 
 

@@ -25,7 +25,7 @@ MiB = 1 << 20
 
 def monitor_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tools.cli.main", "monitor", "--width", "140", *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          check=False, capture_output=True, text=True, timeout=timeout)
 
 
 def frames(stdout: str) -> list[str]:
@@ -76,7 +76,7 @@ class Load:
             self.host.publish(tokens_generated=i, hits=3 * i, misses=i)
             time.sleep(0.002)  # leave the second core to the monitor process
 
-    def __enter__(self) -> "Load":
+    def __enter__(self) -> Load:
         self.thread.start()
         return self
 

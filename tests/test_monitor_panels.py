@@ -1,6 +1,8 @@
 """Pure render functions of the monitor, rendered to text with Console(record=True)."""
 from __future__ import annotations
 
+import io
+
 from rich.console import Console, RenderableType
 
 from emulator.telemetry import EventEntry, FirmwareTelemetry, HostTelemetry, PoisonEntry, TelemetrySnapshot
@@ -14,7 +16,7 @@ GiB, MiB = 1 << 30, 1 << 20
 
 
 def render(renderable: RenderableType, width: int = 100) -> str:
-    console = Console(record=True, width=width, color_system=None, file=open("/dev/null", "w"))
+    console = Console(record=True, width=width, color_system=None, file=io.StringIO())
     console.print(renderable)
     return console.export_text()
 
@@ -31,8 +33,8 @@ def link(**values: int) -> dict[str, int]:
 
 
 def firmware(**values: object) -> FirmwareTelemetry:
-    base = dict(uptime_ns=90 * 10**9, capacity_bytes=GiB, capacity_used_bytes=512 * MiB, media_status=1,
-                temperature_c=41, seq=2, writer_pid=100)
+    base: dict[str, object] = {"uptime_ns": 90 * 10**9, "capacity_bytes": GiB, "capacity_used_bytes": 512 * MiB,
+                               "media_status": 1, "temperature_c": 41, "seq": 2, "writer_pid": 100}
     base.update(values)
     return FirmwareTelemetry(**base)  # type: ignore[arg-type]
 

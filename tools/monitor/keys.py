@@ -31,7 +31,7 @@ class KeyReader:
     def interactive(self) -> bool:
         return self._fd is not None
 
-    def __enter__(self) -> "KeyReader":
+    def __enter__(self) -> KeyReader:
         try:
             fd = self.stream.fileno()
         except (OSError, ValueError, AttributeError):

@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from emulator.telemetry import LOG_NAMES, FirmwareTelemetry, HostTelemetry
+from emulator.telemetry import LOG_NAMES, FirmwareTelemetry
 from emulator.timing import linkstate
 from tools.monitor.history import DIRECTIONS, sparkline
 from tools.monitor.source import DeviceView

@@ -1,0 +1,190 @@
+"""The Prometheus exporter: exposition text from the page, scraped over loopback."""
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from emulator.device import DeviceConfig, Served, serve
+from emulator.spec import registers as R
+from emulator.telemetry import (
+    EventEntry,
+    FirmwareTelemetry,
+    HostTelemetry,
+    TelemetryReader,
+    TelemetrySnapshot,
+    TelemetryWriter,
+)
+from emulator.timing import DataPath, TimingConfig, linkstate
+from tools.exporter import CONTENT_TYPE, render_metrics, start_exporter
+from tools.monitor.source import DeviceView
+
+MiB = 1 << 20
+
+
+def scrape(port: int, path: str = "/metrics") -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+            return resp.status, resp.headers["Content-Type"], resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+
+def samples(text: str) -> dict[str, float]:
+    """'name{labels}' -> value, for every sample line."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def test_render_metrics_exact_text() -> None:
+    """Families with HELP/TYPE once, samples labelled by device, base units."""
+    fw = FirmwareTelemetry(uptime_ns=2_500_000_000, capacity_bytes=MiB, temperature_c=-4, events_warn=2,
+                           hotlist=[(1, 2)], seq=2)
+    host = HostTelemetry(hits=7, stall_ns=1_500_000_000, dma_sq_depth=3, seq=2)
+    views = [DeviceView("a", "served", snapshot=TelemetrySnapshot((1, 0), fw, host)),
+             DeviceView("b\"x", "gone", snapshot=TelemetrySnapshot((1, 0), fw, host))]
+    text = render_metrics(views)
+    assert text.startswith("# HELP cxlemu:device_up 1 while a live firmware serves the device.\n"
+                           "# TYPE cxlemu:device_up gauge\n"
+                           'cxlemu:device_up{device="a"} 1\n'
+                           'cxlemu:device_up{device="b\\"x"} 0\n')
+    got = samples(text)
+    assert got['cxlemu:device_state{device="a",state="served"}'] == 1
+    assert got['cxlemu:device_state{device="a",state="gone"}'] == 0
+    assert got['cxlemu:uptime_seconds{device="a"}'] == 2.5
+    assert got['cxlemu:temperature_celsius{device="a"}'] == -4
+    assert got['cxlemu:event_records{device="a",log="warn"}'] == 2
+    assert got['cxlemu:chmu_hotlist_entries{device="a"}'] == 1
+    assert got['cxlemu:kv_hits_total{device="a"}'] == 7
+    assert got['cxlemu:kv_stall_seconds_total{device="a"}'] == 1.5
+    assert got['cxlemu:queue_depth{device="a",queue="dma_sq"}'] == 3
+    assert not any('device="b\\"x"' in k for k in got if "device_up" not in k and "device_state" not in k)
+    assert "# TYPE cxlemu:kv_hits_total counter" in text
+    assert text.count("# TYPE cxlemu:uptime_seconds gauge") == 1
+
+
+def test_latency_histogram_is_cumulative() -> None:
+    link = linkstate.snapshot(bytes(linkstate.USED_BYTES))
+    link.update(read_transfers=15, read_latency_ns=3000, read_hist_07=10, read_hist_08=5, read_bytes=960)
+    view = DeviceView("a", "served", snapshot=TelemetrySnapshot((1, 0)), link=link)
+    got = samples(render_metrics([view]))
+    le = lambda k: repr((1 << (k + 1)) * 1e-9)
+    assert got[f'cxlemu:link_latency_seconds_bucket{{device="a",direction="read",le="{le(6)}"}}'] == 0
+    assert got[f'cxlemu:link_latency_seconds_bucket{{device="a",direction="read",le="{le(7)}"}}'] == 10
+    assert got[f'cxlemu:link_latency_seconds_bucket{{device="a",direction="read",le="{le(8)}"}}'] == 15
+    assert got['cxlemu:link_latency_seconds_bucket{device="a",direction="read",le="+Inf"}'] == 15
+    assert got['cxlemu:link_latency_seconds_sum{device="a",direction="read"}'] == 3e-6
+    assert got['cxlemu:link_latency_seconds_count{device="a",direction="read"}'] == 15
+    assert got['cxlemu:link_bytes_total{device="a",direction="read"}'] == 960
+
+
+@pytest.fixture
+def loaded(device_name: str) -> Iterator[Served]:
+    """A served timed device after some traffic, with both sections published, then quiet."""
+    timing = TimingConfig(read_latency_ns=200, write_latency_ns=200, read_bandwidth_gbps=4.0, write_bandwidth_gbps=4.0)
+    with serve(DeviceConfig(name=device_name, capacity=256 * MiB, timing=timing)) as served:
+        files = served.files
+        dp = DataPath(files.media, files.poison,
+                      memoryview(files.bar)[R.LINK_STATE_OFFSET:R.LINK_STATE_OFFSET + R.LINK_STATE_SIZE], timing)
+        buf = np.zeros(64 << 10, np.uint8)
+        for i in range(20):
+            dp.write(i * len(buf), buf)
+        for i in range(5):
+            dp.read(i * len(buf), buf)
+        fw = TelemetryWriter(files.bar, "firmware")
+        fw.publish(uptime_ns=3 * 10**9, capacity_bytes=256 * MiB, capacity_used_bytes=20 * 64 << 10,
+                   media_status=1, temperature_c=38, events_info=1,
+                   recent_events=[EventEntry(1, 0, "hello")])
+        with TelemetryWriter(files.bar, "host") as host:
+            host.publish(hits=41, misses=9, prefetch_late=2, tokens_generated=300, blocks_total=16)
+            yield served
+        fw.close()
+
+
+def test_scrape_matches_the_page(loaded: Served) -> None:
+    """Numbers scraped over loopback equal those read from the page directly."""
+    server = start_exporter([loaded.name], "127.0.0.1", 0)
+    try:
+        status, ctype, text = scrape(server.port)
+    finally:
+        server.shutdown()
+    assert (status, ctype) == (200, CONTENT_TYPE)
+    snap = TelemetryReader(loaded.files.bar).snapshot()
+    link = linkstate.snapshot(memoryview(loaded.files.bar)[R.LINK_STATE_OFFSET:])
+    assert snap.firmware is not None and snap.host is not None
+    d = f'device="{loaded.name}"'
+    got = samples(text)
+    assert got[f"cxlemu:device_up{{{d}}}"] == 1
+    assert got[f"cxlemu:capacity_used_bytes{{{d}}}"] == snap.firmware.capacity_used_bytes == 20 * 64 << 10
+    assert got[f"cxlemu:temperature_celsius{{{d}}}"] == snap.firmware.temperature_c == 38
+    assert got[f'cxlemu:event_records{{{d},log="info"}}'] == 1
+    assert got[f"cxlemu:kv_hits_total{{{d}}}"] == snap.host.hits == 41
+    assert got[f"cxlemu:generation_tokens_total{{{d}}}"] == 300
+    assert got[f'cxlemu:link_bytes_total{{{d},direction="write"}}'] == link["write_bytes"] == 20 * 64 << 10
+    assert got[f'cxlemu:link_transfers_total{{{d},direction="read"}}'] == link["read_transfers"] == 5
+    assert got[f'cxlemu:link_latency_seconds_count{{{d},direction="write"}}'] == 20
+    assert got[f'cxlemu:link_latency_seconds_bucket{{{d},direction="write",le="+Inf"}}'] == 20
+
+
+def test_exporter_paths_and_missing_devices(device_name: str) -> None:
+    """Unknown paths 404; a device that does not exist is exported as down, nothing else."""
+    server = start_exporter(lambda: [device_name], "127.0.0.1", 0)
+    try:
+        assert scrape(server.port, "/nope")[0] == 404
+        assert scrape(server.port, "/")[2] == "cxlemu exporter: metrics at /metrics\n"
+        got = samples(scrape(server.port)[2])
+    finally:
+        server.shutdown()
+    assert got == {**{f'cxlemu:device_state{{device="{device_name}",state="{s}"}}': float(s == "not found")
+                      for s in ("served", "stopped", "gone", "not found")},
+                   f'cxlemu:device_up{{device="{device_name}"}}': 0.0}
+    with pytest.raises(OSError):  # the socket is closed after shutdown
+        socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_exporter_cli_serves_until_interrupted(loaded: Served) -> None:
+    """`cxlemu exporter NAME --port P` in another process answers scrapes and exits 0 on SIGINT."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "exporter", loaded.name, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line == f"cxlemu exporter: {loaded.name} at http://127.0.0.1:{port}/metrics (Ctrl-C stops)\n"
+        got = samples(scrape(port)[2])
+        assert got[f'cxlemu:kv_misses_total{{device="{loaded.name}"}}'] == 9
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+
+
+def test_exporter_cli_bad_port_and_busy_port() -> None:
+    bad = subprocess.run([sys.executable, "-m", "tools.cli.main", "exporter", "--port", "70000"],
+                         check=False, capture_output=True, text=True, timeout=60)
+    assert (bad.returncode, bad.stderr) == (2, "cxlemu: error: --port must be 1..65535, got 70000\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        busy = subprocess.run([sys.executable, "-m", "tools.cli.main", "exporter", "--port", str(port)],
+                              check=False, capture_output=True, text=True, timeout=60)
+    assert busy.returncode == 1
+    assert re.fullmatch(rf"cxlemu: error: cannot listen on 127\.0\.0\.1:{port}: .+\n", busy.stderr)

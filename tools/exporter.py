@@ -1,0 +1,240 @@
+"""Prometheus exporter: the telemetry page as metrics, scraped over HTTP.
+
+``cxlemu exporter [NAME ...] --port PORT`` (or ``start_exporter`` from ``cxlemu serve
+--metrics-port``) answers ``GET /metrics`` in the text exposition format 0.0.4. Every scrape reads
+the devices' pages afresh (the same read-only path as the monitor), so numbers are as current as
+the writers' last publish. Names follow vLLM's and LMCache's style (``vllm:num_requests_running``,
+``lmcache:num_hit_tokens``): a ``cxlemu:`` prefix, base units (bytes, seconds), ``_total`` on
+counters, and a ``device`` label on every sample.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+from emulator.telemetry import LOG_NAMES
+from emulator.timing import linkstate
+from tools.monitor.source import STATES, DeviceSet, DeviceView
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+Sample = tuple[str, dict[str, str], float]  # (name suffix, labels, value)
+
+# name: (type, help, field of the firmware section)
+_FIRMWARE_GAUGES = {
+    "uptime_seconds": ("gauge", "Time since the firmware started.", "uptime_ns"),
+    "capacity_bytes": ("gauge", "Size of the DPA space.", "capacity_bytes"),
+    "capacity_used_bytes": ("gauge", "DPA bytes holding data.", "capacity_used_bytes"),
+    "media_status": ("gauge", "Memory Device Status MEDIA_STATUS: 0 not ready, 1 ready, 2 error, 3 disabled.",
+                     "media_status"),
+    "health_status": ("gauge", "Get Health Info health status bits (0 = healthy).", "health_status"),
+    "temperature_celsius": ("gauge", "Device temperature.", "temperature_c"),
+    "life_used_percent": ("gauge", "Device life used, percent.", "life_used_pct"),
+    "poison_records": ("gauge", "Records in the poison list.", "poison_count"),
+    "background_op_running": ("gauge", "1 while a background command runs.", "bg_running"),
+    "background_op_percent": ("gauge", "Percent complete of the background command.", "bg_percent"),
+    "chmu_enabled": ("gauge", "1 when the hotness monitoring unit counts accesses.", "chmu_enabled"),
+    "chmu_epochs_total": ("counter", "Hotness monitoring epochs completed.", "chmu_epoch_count"),
+}
+# name: (type, help, field of the host/KV section)
+_HOST_METRICS = {
+    "kv_hits_total": ("counter", "KV block lookups resident in the accelerator.", "hits"),
+    "kv_misses_total": ("counter", "KV block lookups not resident.", "misses"),
+    "kv_loads_total": ("counter", "KV blocks copied device to accelerator.", "loads"),
+    "kv_offloads_total": ("counter", "KV blocks copied accelerator to device.", "offloads"),
+    "kv_prefetch_issued_total": ("counter", "KV prefetches started.", "prefetch_issued"),
+    "kv_prefetch_useful_total": ("counter", "Prefetched KV blocks used after arriving.", "prefetch_useful"),
+    "kv_prefetch_late_total": ("counter", "Prefetched KV blocks needed before arriving.", "prefetch_late"),
+    "kv_prefetch_wasted_total": ("counter", "Prefetched KV blocks evicted unused.", "prefetch_wasted"),
+    "kv_evictions_total": ("counter", "KV blocks evicted from the accelerator.", "evictions"),
+    "generation_tokens_total": ("counter", "Tokens generated.", "tokens_generated"),
+    "kv_blocks_resident": ("gauge", "KV blocks resident in the accelerator.", "blocks_resident"),
+    "kv_blocks_total": ("gauge", "KV block slots in the accelerator arena.", "blocks_total"),
+    "hbm_kv_bytes": ("gauge", "Accelerator bytes holding KV.", "hbm_bytes"),
+    "hbm_kv_budget_bytes": ("gauge", "Accelerator bytes allowed for KV.", "hbm_budget_bytes"),
+}
+_LINK_COUNTERS = {
+    "link_bytes_total": ("Bytes moved over the link.", "bytes", 1.0),
+    "link_transfers_total": ("Timed transfers over the link.", "transfers", 1.0),
+    "link_busy_seconds_total": ("Time the link was occupied.", "busy_ns", 1e-9),
+    "link_errors_total": ("Transfers refused (range or poison).", "errors", 1.0),
+}
+
+
+class _Families:
+    """Samples grouped per metric family: the format wants each family's samples together."""
+
+    def __init__(self) -> None:
+        self.meta: dict[str, tuple[str, str]] = {}
+        self.samples: dict[str, list[Sample]] = {}
+
+    def add(self, name: str, kind: str, help_text: str, value: float, suffix: str = "",
+            **labels: str) -> None:
+        self.meta.setdefault(name, (kind, help_text))
+        self.samples.setdefault(name, []).append((suffix, labels, value))
+
+    def text(self) -> str:
+        lines = []
+        for name, (kind, help_text) in self.meta.items():
+            full = f"cxlemu:{name}"
+            lines += [f"# HELP {full} {help_text}", f"# TYPE {full} {kind}"]
+            lines += [f"{full}{suffix}{_labels(labels)} {_number(value)}"
+                      for suffix, labels, value in self.samples[name]]
+        return "\n".join(lines) + "\n"
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    esc = {k: v.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n") for k, v in labels.items()}
+    return "{" + ",".join(f'{k}="{v}"' for k, v in esc.items()) + "}"
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def _device_metrics(fam: _Families, view: DeviceView) -> None:
+    d = view.name
+    fam.add("device_up", "gauge", "1 while a live firmware serves the device.", int(view.up), device=d)
+    for state in STATES:
+        fam.add("device_state", "gauge", "Device state (one series per state, 1 for the current one).",
+                int(view.state == state), device=d, state=state)
+    snap = view.snapshot
+    if snap is None or view.state in ("gone", "not found"):
+        return  # last-seen values of a vanished device would read as current
+    if snap.firmware is not None:
+        fw = snap.firmware
+        for name, (kind, help_text, fld) in _FIRMWARE_GAUGES.items():
+            scale = 1e-9 if fld == "uptime_ns" else 1
+            fam.add(name, kind, help_text, getattr(fw, fld) * scale, device=d)
+        for log in LOG_NAMES:
+            fam.add("event_records", "gauge", "Records held in each event log.", getattr(fw, f"events_{log}"),
+                    device=d, log=log)
+        fam.add("chmu_hotlist_entries", "gauge", "Entries on the CHMU hotlist.", len(fw.hotlist), device=d)
+    if snap.host is not None:
+        host = snap.host
+        for name, (kind, help_text, fld) in _HOST_METRICS.items():
+            fam.add(name, kind, help_text, getattr(host, fld), device=d)
+        fam.add("kv_stall_seconds_total", "counter", "Time compute waited for KV.", host.stall_ns * 1e-9, device=d)
+        for queue, fld in (("dma_sq", "dma_sq_depth"), ("dma_cq", "dma_cq_depth"), ("prefetch", "prefetch_queue_depth")):
+            fam.add("queue_depth", "gauge", "Entries waiting in each queue.", getattr(host, fld), device=d, queue=queue)
+    if view.link is not None:
+        _link_metrics(fam, d, view.link)
+
+
+def _link_metrics(fam: _Families, d: str, link: dict[str, int]) -> None:
+    for direction in linkstate.DIRECTIONS:
+        for name, (help_text, fld, scale) in _LINK_COUNTERS.items():
+            fam.add(name, "counter", help_text, link[f"{direction}_{fld}"] * scale, device=d, direction=direction)
+        help_text = "Transfer latency (completion - request), from the log2-ns histogram."
+        cumulative = 0
+        for k in range(linkstate.HIST_BUCKETS - 1):  # bucket k: [2^k, 2^(k+1)) ns
+            cumulative += link[f"{direction}_hist_{k:02d}"]
+            fam.add("link_latency_seconds", "histogram", help_text, cumulative, "_bucket",
+                    device=d, direction=direction, le=repr((1 << (k + 1)) * 1e-9))
+        fam.add("link_latency_seconds", "histogram", help_text, link[f"{direction}_transfers"], "_bucket",
+                device=d, direction=direction, le="+Inf")
+        fam.add("link_latency_seconds", "histogram", help_text, link[f"{direction}_latency_ns"] * 1e-9, "_sum",
+                device=d, direction=direction)
+        fam.add("link_latency_seconds", "histogram", help_text, link[f"{direction}_transfers"], "_count",
+                device=d, direction=direction)
+    fam.add("copy_bytes_total", "counter", "Bytes copied inside the device.", link["copy_bytes"], device=d)
+
+
+def render_metrics(views: Iterable[DeviceView]) -> str:
+    """The exposition text (format 0.0.4) for these device views. Pure: no I/O."""
+    fam = _Families()
+    for view in views:
+        _device_metrics(fam, view)
+    return fam.text() if fam.meta else "\n"
+
+
+Names = Iterable[str] | Callable[[], Iterable[str]] | None
+
+
+class ExporterServer(HTTPServer):
+    """An HTTP server answering /metrics from the telemetry pages of some devices."""
+
+    def __init__(self, names: Names, host: str, port: int) -> None:
+        self._names = names
+        self._fixed = DeviceSet(None if names is None or callable(names) else list(names))
+        self._sets: dict[tuple[str, ...], DeviceSet] = {}
+        self._lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+        super().__init__((host, port), _Handler)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def metrics(self) -> str:
+        """Read every device's page now and render the exposition text."""
+        with self._lock:  # DeviceSet keeps mappings and history: one scrape at a time
+            devices = self._fixed
+            if callable(self._names):
+                devices = self._fixed = _resized(self._fixed, list(self._names()))
+            return render_metrics(devices.poll())
+
+    def shutdown(self) -> None:
+        """Stop serving, close the socket and unmap the devices."""
+        if self.thread is not None:
+            super().shutdown()
+            self.thread.join()
+            self.thread = None
+        self.server_close()
+        with self._lock:
+            self._fixed.close()
+
+
+def _resized(current: DeviceSet, names: list[str]) -> DeviceSet:
+    """A DeviceSet for `names` that keeps the mappings of names it already watched."""
+    if current.fixed == names:
+        return current
+    fresh = DeviceSet(names)
+    for name, source in current.sources.items():
+        if name in names:
+            fresh.sources[name] = source
+        else:
+            source.close()
+    return fresh
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ExporterServer
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0] == "/metrics":
+            self._send(200, self.server.metrics(), CONTENT_TYPE)
+        elif self.path == "/":
+            self._send(200, "cxlemu exporter: metrics at /metrics\n", "text/plain; charset=utf-8")
+        else:
+            self._send(404, f"no page {self.path}: metrics are at /metrics\n", "text/plain; charset=utf-8")
+
+    def _send(self, code: int, body: str, content_type: str) -> None:
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes every few seconds would flood stderr; stay quiet like node_exporter."""
+
+
+def start_exporter(names: Names = None, host: str = "127.0.0.1", port: int = 0) -> ExporterServer:
+    """Serve /metrics in a daemon thread; returns the server (``.port``, ``.shutdown()``).
+
+    ``names``: device names, a callable returning them (re-evaluated each scrape), or None for
+    every device under the runtime dir. ``port=0`` picks a free port. Raises OSError when the
+    address cannot be bound."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be 0..65535, got {port}")
+    server = ExporterServer(names, host, port)
+    server.thread = threading.Thread(target=server.serve_forever, name="cxlemu-exporter", daemon=True)
+    server.thread.start()
+    return server
