@@ -120,7 +120,8 @@ def _device_metrics(fam: _Families, view: DeviceView) -> None:
         for name, (kind, help_text, fld) in _HOST_METRICS.items():
             fam.add(name, kind, help_text, getattr(host, fld), device=d)
         fam.add("kv_stall_seconds_total", "counter", "Time compute waited for KV.", host.stall_ns * 1e-9, device=d)
-        for queue, fld in (("dma_sq", "dma_sq_depth"), ("dma_cq", "dma_cq_depth"), ("prefetch", "prefetch_queue_depth")):
+        queues = (("dma_sq", "dma_sq_depth"), ("dma_cq", "dma_cq_depth"), ("prefetch", "prefetch_queue_depth"))
+        for queue, fld in queues:
             fam.add("queue_depth", "gauge", "Entries waiting in each queue.", getattr(host, fld), device=d, queue=queue)
     if view.link is not None:
         _link_metrics(fam, d, view.link)

@@ -192,7 +192,8 @@ def kv_panel(view: DeviceView) -> Panel:
     table.add_column(no_wrap=True)
     table.add_row("hit rate", f"{fmt_pct(host.hits, lookups)}  ({host.hits:,} hits, {host.misses:,} misses)")
     table.add_row("prefetch", f"{issued:,} issued: {fmt_pct(host.prefetch_useful, issued)} useful, "
-                              f"{fmt_pct(host.prefetch_late, issued)} late, {fmt_pct(host.prefetch_wasted, issued)} wasted")
+                              f"{fmt_pct(host.prefetch_late, issued)} late, "
+                              f"{fmt_pct(host.prefetch_wasted, issued)} wasted")
     table.add_row("transfers", f"{host.loads:,} loads, {host.offloads:,} offloads, {host.evictions:,} evictions")
     table.add_row("stall", f"{fmt_ns(host.stall_ns)} over {host.tokens_generated:,} tokens")
     table.add_row("blocks", f"{bar(host.blocks_resident / host.blocks_total if host.blocks_total else 0, 20)} "
