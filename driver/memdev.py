@@ -15,9 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from driver._cmd_events import EventCommands
 from driver._cmd_fw import FwCommands
 from driver._cmd_generic import GenericCommands
 from driver._cmd_memdev import MemdevCommands
+from driver._cmd_poison import PoisonCommands
 from driver.mailbox import MBOX_TIMEOUT_S, MailboxClient
 from emulator.device import DeviceFiles, firmware_pid
 from emulator.regfile import RegisterFile, find_capabilities
@@ -27,7 +29,7 @@ from emulator.spec.errors import DeviceGone, PoisonError
 READY_TIMEOUT_S = 5.0  # Linux waits 60 s for mailbox ready at probe; a local emulator is faster
 
 
-class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands):
+class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCommands, PoisonCommands):
     """An open memory device (like /dev/cxl/memN)."""
 
     def __init__(self, files: DeviceFiles, *, timeout_s: float = MBOX_TIMEOUT_S) -> None:

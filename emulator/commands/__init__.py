@@ -16,6 +16,8 @@ GROUPS = [
     "emulator.commands.timestamp",
     "emulator.commands.logs",
     "emulator.commands.event_policy",
+    "emulator.commands.events",
+    "emulator.commands.poison",
 ]
 _modules = [importlib.import_module(name) for name in GROUPS]
 
