@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from driver.hdm import DecoderError, DecoderState, HdmDecoders
 from emulator.device import list_devices, open_bar, runtime_dir
 from emulator.hdm import (
@@ -113,29 +115,65 @@ class Region:
         if size < 0 or hpa < self.base or hpa + size > self.base + self.size:
             raise ValueError(f"[{hpa:#x}, +{size:#x}) is outside the region [{self.base:#x}, +{self.size:#x})")
 
-    def _pieces(self, hpa: int, size: int) -> Iterator[tuple[int, int, int, int]]:
-        """(position, dpa, offset in the caller's buffer, length) per chunk the range touches."""
-        self._check_range(hpa, size)
+    def _pieces(self, start: int, end: int, origin: int) -> Iterator[tuple[int, int, int, int]]:
+        """(position, dpa, offset in the caller's buffer, length) per chunk in HPA offsets
+        [start, end); the caller's buffer begins at offset `origin`."""
         w = self.window
-        chunk = self.size if w.ways == 1 else w.granularity
-        off, end = hpa - self.base, hpa - self.base + size
+        off = start
         while off < end:
-            n = min(chunk - off % chunk, end - off)
+            n = min(w.granularity - off % w.granularity, end - off)
             pos = interleave_position(off, w.ig, w.iw)
-            yield pos, self._dpa_start[pos] + dpa_offset(off, w.ig, w.iw), off - (hpa - self.base), n
+            yield pos, self._dpa_start[pos] + dpa_offset(off, w.ig, w.iw), off - origin, n
             off += n
+
+    def _split(self, hpa: int, size: int) -> tuple[int, int, int, int]:
+        """HPA offsets (start, body start, body end, end): the body is whole interleave rounds."""
+        self._check_range(hpa, size)
+        start = hpa - self.base
+        end = start + size
+        round_bytes = self.ways * self.granularity
+        body_start = min(-(-start // round_bytes) * round_bytes, end)
+        body_end = max(end // round_bytes * round_bytes, body_start)
+        return start, body_start, body_end, end
+
+    def _body(self, body_start: int, body_end: int) -> Iterator[tuple[int, int, int]]:
+        """(position, first DPA, rounds) of each target's contiguous share of whole rounds.
+
+        Chunk p of consecutive rounds sits at consecutive DPA on target p, so a span of whole
+        rounds is one transfer per target plus a (rounds, ways, G) reshuffle on the host.
+        """
+        w = self.window
+        rounds = (body_end - body_start) // (w.ways * w.granularity)
+        if rounds == 0:
+            return
+        first_round = dpa_offset(body_start, w.ig, w.iw)  # the same for every position of a round
+        for pos in range(w.ways):
+            yield pos, self._dpa_start[pos] + first_round, rounds
 
     def read(self, hpa: int, size: int) -> bytes:
         """Read `size` bytes at `hpa`; a poisoned line raises the target's PoisonError."""
-        out = bytearray(size)
-        for pos, dpa, at, n in self._pieces(hpa, size):
-            out[at:at + n] = self.targets[pos].read(dpa, n)
-        return bytes(out)
+        start, body_start, body_end, end = self._split(hpa, size)
+        out = np.empty(size, dtype=np.uint8)
+        for pos, dpa, at, n in self._pieces(start, body_start, start):
+            out[at:at + n] = np.frombuffer(self.targets[pos].read(dpa, n), dtype=np.uint8)
+        for pos, dpa, at, n in self._pieces(body_end, end, start):
+            out[at:at + n] = np.frombuffer(self.targets[pos].read(dpa, n), dtype=np.uint8)
+        body = out[body_start - start:body_end - start].reshape(-1, self.ways, self.granularity)
+        for pos, dpa, rounds in self._body(body_start, body_end):
+            share = self.targets[pos].read(dpa, rounds * self.granularity)
+            body[:, pos, :] = np.frombuffer(share, dtype=np.uint8).reshape(rounds, self.granularity)
+        return out.tobytes()
 
     def write(self, hpa: int, data: Any) -> None:
-        view = memoryview(data).cast("B")
-        for pos, dpa, at, n in self._pieces(hpa, len(view)):
-            self.targets[pos].write(dpa, view[at:at + n])
+        src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        start, body_start, body_end, end = self._split(hpa, src.size)
+        for pos, dpa, at, n in self._pieces(start, body_start, start):
+            self.targets[pos].write(dpa, src[at:at + n])
+        for pos, dpa, at, n in self._pieces(body_end, end, start):
+            self.targets[pos].write(dpa, src[at:at + n])
+        body = src[body_start - start:body_end - start].reshape(-1, self.ways, self.granularity)
+        for pos, dpa, _rounds in self._body(body_start, body_end):
+            self.targets[pos].write(dpa, np.ascontiguousarray(body[:, pos, :]).reshape(-1))
 
     def __repr__(self) -> str:
         return (f"Region({self.name!r}, base={self.base:#x}, size={self.size:#x}, ways={self.ways}, "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import random
 import threading
 from collections.abc import Iterator
 
@@ -184,31 +185,48 @@ def test_region_arguments_are_checked(devices: list[FakeMemDev]) -> None:
         Region(devices[1:2], base=BASE, size=SZ_256M, granularity=256)
 
 
+# Granularity per ways: every IW with a mix of IG, so the whole-round path and the partial-round path
+# both see several shapes.
+GRANULARITY_FOR_WAYS = {1: 256, 2: 512, 3: 512, 4: 1024, 6: 256, 8: 4096, 12: 2048, 16: 16384}
+
+
 @pytest.fixture(scope="module")
-def three_way() -> Iterator[tuple[Region, list[FakeMemDev]]]:
-    devs = [FakeMemDev(SZ_256M) for _ in range(3)]
-    with firmware_thread(devs):
-        region = program_region(devs, base=BASE, size=3 * SZ_256M, granularity=512)
-    yield region, devs
+def regions() -> Iterator[dict[int, tuple[Region, list[FakeMemDev]]]]:
+    """One region per interleave ways over fresh 256 MiB devices."""
+    made = {}
+    for ways, gran in GRANULARITY_FOR_WAYS.items():
+        devs = [FakeMemDev(SZ_256M) for _ in range(ways)]
+        with firmware_thread(devs):
+            made[ways] = (program_region(devs, base=BASE, size=ways * SZ_256M, granularity=gran), devs)
+    yield made
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(offset=st.integers(0, 64 * 1024), data=st.binary(min_size=1, max_size=5000))
-def test_three_way_region_matches_round_robin_reference(three_way: tuple[Region, list[FakeMemDev]], offset: int,
-                                                        data: bytes) -> None:
-    """Every byte lands where dealing 512-B chunks round-robin over 3 devices puts it."""
-    region, devs = three_way
-    region.write(BASE + offset, data)
-    assert region.read(BASE + offset, len(data)) == data
-    chunk, pos, next_dpa = 0, 0, [0, 0, 0]
-    while chunk + 512 <= offset:  # walk the chunks before the write
-        next_dpa[pos] += 512
-        chunk += 512
-        pos = pos + 1 if pos < 2 else 0
-    for i, byte in enumerate(data):
-        at = offset + i
-        while at >= chunk + 512:
-            next_dpa[pos] += 512
-            chunk += 512
-            pos = pos + 1 if pos < 2 else 0
-        assert devs[pos].media[next_dpa[pos] + at - chunk] == byte
+def check_against_dealt_chunks(devs: list[FakeMemDev], gran: int, offset: int, data: bytes) -> None:
+    """Deal G-byte chunks round-robin from HPA offset 0 (no division, no modulo) and compare each
+    chunk the write touched with the media of the device it was dealt to."""
+    chunk, pos, next_dpa = 0, 0, [0] * len(devs)
+    end = offset + len(data)
+    while chunk < end:
+        lo, hi = max(chunk, offset), min(chunk + gran, end)
+        if lo < hi:
+            dpa = next_dpa[pos] + lo - chunk
+            assert devs[pos].read(dpa, hi - lo) == data[lo - offset:hi - offset], (pos, chunk)
+        next_dpa[pos] += gran
+        chunk += gran
+        pos = pos + 1 if pos + 1 < len(devs) else 0
+
+
+@pytest.mark.parametrize("ways", sorted(GRANULARITY_FOR_WAYS))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_region_matches_round_robin_reference(regions: dict[int, tuple[Region, list[FakeMemDev]]], ways: int,
+                                              data: st.DataObject) -> None:
+    """Every byte of a write lands where dealing chunks round-robin puts it, and reads back."""
+    region, devs = regions[ways]
+    gran = region.granularity
+    offset = data.draw(st.integers(0, 4 * ways * gran), label="offset")
+    length = data.draw(st.integers(1, 3 * ways * gran + 100), label="length")
+    payload = random.Random(data.draw(st.integers(0, 2**32), label="seed")).randbytes(length)
+    region.write(BASE + offset, payload)
+    assert region.read(BASE + offset, length) == payload
+    check_against_dealt_chunks(devs, gran, offset, payload)
