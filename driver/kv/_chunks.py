@@ -1,15 +1,18 @@
-"""Device chunk ownership: reference counts and the chained-hash index for prefix sharing.
+"""Device chunk ownership on the firmware model's block pool: references and prefix sharing.
 
-A chunk id names ``chunk_bytes`` of device media. Several sequences (of one batch, or of later
-generations on the same device) may point at one chunk when their KV there is identical; the
-chunk is freed when the last reference goes. Free ids are handed out lowest first, so the chunks
-of one layer of one sequence, allocated together, are consecutive and move as one extent.
+A chunk id names ``chunk_bytes`` of device media and is a block of
+``firmware_model.block_pool.BlockPool`` (vLLM's design: ref counts, an intrusive free queue,
+a chained-hash prefix cache whose freed blocks stay findable until reused). Several sequences,
+of one batch or of later generations on the same device, point at one chunk when their KV there
+is identical; a chunk with a hash is never rewritten (the writer takes a fresh chunk: copy on
+write), so a hash always describes the bytes under it. A fresh pool hands out ids in order, so
+the chunks of one layer of one sequence, allocated together, are consecutive on the media and
+move as one DMA extent.
 """
 from __future__ import annotations
 
-import heapq
-
 from emulator.spec.errors import CxlemuError
+from firmware_model.block_pool import BlockHash, BlockPool, NoFreeBlocksError
 
 __all__ = ["ChunkPool", "DeviceFull"]
 
@@ -19,65 +22,49 @@ class DeviceFull(CxlemuError):
 
 
 class ChunkPool:
-    """Reference-counted chunk ids with a hash -> chunk index."""
+    """Chunk ids over a ``BlockPool``."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
-            raise ValueError(f"a chunk pool needs at least one chunk, got {capacity}")
+            raise DeviceFull(f"the device holds no KV chunk: chunk larger than its capacity")
+        self.pool = BlockPool(capacity)
         self.capacity = capacity
-        self._free = list(range(capacity))  # already a heap
-        self._refs: dict[int, int] = {}
-        self._hash_of: dict[int, bytes] = {}
-        self._by_hash: dict[bytes, int] = {}
 
     def alloc(self, n: int) -> list[int]:
-        """``n`` fresh chunks with one reference each (lowest ids first)."""
-        if n > len(self._free):
-            raise DeviceFull(f"device KV space exhausted: need {n} more chunks, {len(self._free)} of "
-                             f"{self.capacity} free; use a larger device or fewer tokens")
-        out = [heapq.heappop(self._free) for _ in range(n)]
-        for c in out:
-            self._refs[c] = 1
-        return out
+        """``n`` fresh chunks with one reference each."""
+        try:
+            return [b.block_id for b in self.pool.get_new_blocks(n)]
+        except NoFreeBlocksError as exc:
+            raise DeviceFull(f"device KV space exhausted ({exc}); use a larger device or fewer "
+                             "tokens") from None
 
     def incref(self, chunk: int) -> None:
-        self._refs[chunk] += 1
+        self.pool.touch([self.pool.blocks[chunk]])
 
     def decref(self, chunk: int) -> None:
-        """Drop one reference; the last one frees the chunk and forgets its hash."""
-        left = self._refs[chunk] - 1
-        if left:
-            self._refs[chunk] = left
-            return
-        del self._refs[chunk]
-        self.unregister(chunk)
-        heapq.heappush(self._free, chunk)
+        """Drop one reference; at zero the chunk is free but stays findable by its hash."""
+        self.pool.free_blocks([self.pool.blocks[chunk]])
 
     def refs(self, chunk: int) -> int:
-        return self._refs.get(chunk, 0)
+        return self.pool.blocks[chunk].ref_cnt
 
     def lookup(self, key: bytes) -> int | None:
-        return self._by_hash.get(key)
+        block = self.pool.get_cached_block(BlockHash(key))
+        return None if block is None else block.block_id
 
-    def register(self, chunk: int, key: bytes) -> None:
-        """Publish ``chunk`` under ``key``; a chunk is registered under one key at most."""
-        assert chunk not in self._hash_of, f"chunk {chunk} already has a hash"
-        self._hash_of[chunk] = key
-        self._by_hash.setdefault(key, chunk)
-
-    def unregister(self, chunk: int) -> None:
-        key = self._hash_of.pop(chunk, None)
-        if key is not None and self._by_hash.get(key) == chunk:
-            del self._by_hash[key]
+    def register(self, chunk: int, key: bytes) -> int:
+        """Publish ``chunk`` under ``key``; returns the chunk that holds the key afterwards."""
+        return self.pool.cache_full_block(self.pool.blocks[chunk], BlockHash(key)).block_id
 
     def hashed(self, chunk: int) -> bool:
-        return chunk in self._hash_of
+        return self.pool.blocks[chunk].block_hash is not None
 
     @property
     def used(self) -> int:
-        return len(self._refs)
+        """Chunks with at least one reference."""
+        return self.pool.get_num_used_blocks()
 
     @property
     def shared(self) -> int:
         """Chunks referenced more than once (the prefix-sharing saving, in chunks)."""
-        return sum(1 for r in self._refs.values() if r > 1)
+        return sum(1 for b in self.pool.blocks if b.ref_cnt > 1)

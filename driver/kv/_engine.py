@@ -320,13 +320,13 @@ class ResidencyEngine:
                     self.counters["shared_chunks"] += 1
                 self.counters["dedup_write_bytes"] += data.size
                 return False
-        if cur >= 0 and pool.refs(cur) > 1:  # copy-on-write: the others keep the old bytes
+        if cur >= 0 and (pool.refs(cur) > 1 or pool.hashed(cur)):
+            # copy on write: others (or later prefix hits) keep the old bytes under the old hash
+            self.counters["cow_copies"] += pool.refs(cur) > 1
             self._decref(cur)
-            self.counters["cow_copies"] += 1
             cur = -1
         elif cur >= 0:
-            pool.unregister(cur)  # rewritten in place: its old key no longer describes it
-            self._forget_pending(cur)
+            self._forget_pending(cur)  # private, unpublished: rewritten in place
         if cur < 0:
             cur = pool.alloc(1)[0]
             st.table[b, j] = cur
@@ -440,7 +440,8 @@ class ResidencyEngine:
         redo_host = redo.view(torch.uint8).reshape(-1).numpy()
         for c, off in bad:
             host[off:off + lay.chunk_bytes] = redo_host[off:off + lay.chunk_bytes]
-            self.store.write([Extent(c, 1, off)], host).wait()  # a write clears the poison
+            self.store.scrub(c)  # same bytes back in place: its hash and every sharer stay valid
+            self.store.write([Extent(c, 1, off)], host).wait()
         self.counters["recomputed_chunks"] += len(bad)
 
     # ------------------------------------------------------------------------- bookkeeping
@@ -474,8 +475,8 @@ class ResidencyEngine:
                 if self._pending_key_of.get(chunk) != key:
                     continue  # rewritten or freed since: that later write publishes it
                 self._forget_pending(chunk)
-                if self.pool is not None and self.pool.refs(chunk):
-                    self.pool.register(chunk, key)
+                if self.pool is not None and self.pool.refs(chunk) and not self.pool.hashed(chunk):
+                    self.pool.register(chunk, key)  # an equal chunk may hold the key: fine, both valid
         st.writes = keep
 
     def _wait_writes(self, st: _Layer) -> None:
@@ -493,7 +494,14 @@ class ResidencyEngine:
 
     def close(self) -> None:
         """Wait for every transfer, free every frame, drop every device chunk reference."""
-        self._drain_loads()
+        for st in self.layers:
+            if st.load is not None:  # nobody needs these bytes any more: discard, even if it failed
+                try:
+                    st.load.transfer.wait()
+                except (DmaError, PoisonError):
+                    pass
+                self.staging.put(st.load.buf)
+                st.load = None
         for st in self.layers:
             if st.frame is not None:
                 self.mover.release(st.frame)

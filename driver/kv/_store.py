@@ -10,7 +10,6 @@ way SGLang's HiCache ships a delay / failure injector for its tests.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
@@ -63,6 +62,9 @@ class BlockStore(Protocol):
 
     def write(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer: ...
 
+    def scrub(self, chunk: int) -> int:
+        """Clear poison in ``chunk`` before it is rewritten; returns the lines cleared."""
+
     def close(self) -> None: ...
 
 
@@ -113,6 +115,9 @@ class MemoryBlockStore:
             self.bytes_written += n
         return CompletedTransfer()
 
+    def scrub(self, chunk: int) -> int:
+        return 0
+
     def close(self) -> None:
         self._media = np.zeros(0, dtype=np.uint8)
 
@@ -152,7 +157,7 @@ class FaultInjectingStore:
 
     * ``fail_next_reads(n)``: the next ``n`` reads fail with ``DmaError`` (transient: a retry works);
     * ``poison(chunk)``: every read touching ``chunk`` fails with ``PoisonError`` until the chunk is
-      written again (a write clears poison, as on CXL media);
+      scrubbed (as Clear Poison does on the device);
     * ``read_delay_s``: each read starts that much later (for copy / compute race tests).
     """
 
@@ -195,9 +200,12 @@ class FaultInjectingStore:
         return self.inner.read(extents, host)
 
     def write(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer:
-        for e in extents:
-            self._poisoned.difference_update(range(e.chunk, e.chunk + e.count))
         return self.inner.write(extents, host)
+
+    def scrub(self, chunk: int) -> int:
+        cleared = int(chunk in self._poisoned)
+        self._poisoned.discard(chunk)
+        return cleared + self.inner.scrub(chunk)
 
     def close(self) -> None:
         self.inner.close()
@@ -214,9 +222,3 @@ def wait_all(transfers: Sequence[Transfer]) -> None:
     if first is not None:
         raise first
 
-
-def sleep_until(t: float) -> None:
-    """Sleep to a ``time.perf_counter`` instant (used by delayed stores in tests)."""
-    dt = t - time.perf_counter()
-    if dt > 0:
-        time.sleep(dt)

@@ -1,0 +1,110 @@
+"""CxlCache on a real (in-process) cxlemu device: KV really lives in the device's media and comes
+back through its DMA engine; poisoned media is recovered without changing a token."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList  # noqa: E402
+
+from driver.kv import CxlCache, KVLayout, KVLoadError  # noqa: E402
+from driver.kv.testing import padded_batch, tiny_llama  # noqa: E402
+
+NEW = 10
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return tiny_llama(layers=4, hidden=64, heads=4, kv_heads=2)
+
+
+def frame_bytes(batch: int, tokens: int) -> int:
+    return KVLayout(batch=batch, kv_heads=2, head_dim=16, itemsize=4, block_tokens=1).frame_bytes(tokens)
+
+
+def run(model, ids, mask, cache, processors=()):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
+                              past_key_values=cache, logits_processor=LogitsProcessorList(processors))
+
+
+@pytest.fixture(scope="module")
+def batch(model):
+    ids, mask = padded_batch([16, 11, 14])
+    return ids, mask, run(model, ids, mask, DynamicCache())
+
+
+def test_private_device_tokens_and_media(model, batch) -> None:
+    """No device given: a private one is served, KV bytes land in its media, tokens are equal,
+    and the device is gone after close()."""
+    from emulator.device import list_devices
+
+    ids, mask, ref = batch
+    cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 25), policy="hotness", block_tokens=4)
+    out = run(model, ids, mask, cache)
+    stats = cache.stats()
+    name = cache.device_name
+    assert name in list_devices()
+    store = cache._engine.store
+    assert store.datapath.counters()["read_bytes"] == stats["bytes_loaded"] > 0
+    cache.close()
+    assert torch.equal(out, ref)
+    assert name not in list_devices()
+
+
+def test_named_device(model, batch, served) -> None:
+    """device=<name> opens a served device; closing the cache leaves the device up."""
+    from emulator.device import list_devices
+
+    ids, mask, ref = batch
+    cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 25), device=served.name, block_tokens=5)
+    out = run(model, ids, mask, cache)
+    assert cache.stats()["loads"] > 0
+    cache.close()
+    assert torch.equal(out, ref)
+    assert served.name in list_devices()
+
+
+class PoisonAt(LogitsProcessor):
+    """At decode step ``step``, poison the first chunk of the first offloaded layer."""
+
+    def __init__(self, cache: CxlCache, step: int) -> None:
+        self.cache, self.step, self.calls, self.poisoned = cache, step, 0, None
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        if self.calls == self.step:
+            engine = self.cache._engine
+            layer = next(st for st in engine.layers if st.frame is None and st.load is None)
+            chunk = int(layer.table[0, 0])
+            self.poisoned = (layer.index, chunk)
+            engine.store.memdev.inject_poison(engine.store.dpa(chunk) + 128)
+        return scores
+
+
+def test_poisoned_chunk_is_recomputed(model, batch) -> None:
+    """A poisoned device chunk fails its load and every retry; it is recomputed from the recorded
+    tokens, scrubbed and rewritten: the tokens do not change and the poison is gone."""
+    ids, mask, ref = batch
+    cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 25), block_tokens=4, model=model, max_retries=2)
+    hook = PoisonAt(cache, step=4)
+    out = run(model, ids, mask, cache, [hook])
+    stats = cache.stats()
+    store = cache._engine.store
+    _, chunk = hook.poisoned
+    assert store.memdev.first_poisoned(store.dpa(chunk), store.chunk_bytes) is None
+    cache.close()
+    assert torch.equal(out, ref)
+    assert stats["load_retries"] == 2
+    assert stats["recomputed_chunks"] == 1
+
+
+def test_poison_without_model_is_a_clear_error(model, batch) -> None:
+    """Without model= there are no tokens to recompute from: a typed error says what to pass."""
+    ids, mask, _ = batch
+    cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 25), block_tokens=4, max_retries=1)
+    with pytest.raises(KVLoadError, match="pass model= to CxlCache"):
+        run(model, ids, mask, cache, [PoisonAt(cache, step=3)])
+    cache.close()
