@@ -73,7 +73,7 @@ class DmaRequest:
 
     direction: str
     nbytes: int
-    priority: int
+    priority: Any  # anything orderable; lower first
     tag: Any
     done: simpy.Event
     submitted_at: float
@@ -106,7 +106,7 @@ class DmaEngine:
         self.bytes_done = {d: 0 for d in DIRECTIONS}
         self.transfers_done = {d: 0 for d in DIRECTIONS}
         self.max_queue_depth = 0
-        self._queue: list[tuple[int, int, DmaRequest]] = []
+        self._queue: list[tuple[Any, int, DmaRequest]] = []
         self._free_channels = list(range(channels))
         self._in_flight = 0
         self._queued = 0
@@ -121,7 +121,7 @@ class DmaEngine:
     def in_flight(self) -> int:
         return self._in_flight
 
-    def submit(self, direction: str, nbytes: int, *, priority: int = 0, tag: Any = None) -> DmaRequest:
+    def submit(self, direction: str, nbytes: int, *, priority: Any = 0, tag: Any = None) -> DmaRequest:
         """Queue a transfer; it starts at once if a channel is free. Raises QueueFullError."""
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'read' or 'write', got {direction!r}")

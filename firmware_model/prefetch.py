@@ -1,0 +1,205 @@
+"""Prefetch queue: host hints turned into DMA ahead of need, triggered by compute progress.
+
+The host says what it will compute ("sequence S computes layer L at step t, reading these
+blocks") with :meth:`PrefetchQueue.hint`, and reports progress with :meth:`progress` when it
+reaches a point. Progress — not a timer — triggers the transfers: when S reaches point p, every
+hinted point up to p + ``window`` is issued. The window comes from :func:`window_points`: just
+enough points of compute to hide one point's transfer; a larger window only holds blocks early
+and pushes out useful ones.
+
+Accounting, per prefetched block:
+
+* **useful** — it arrived before the compute that needed it;
+* **late** — it was still queued or in flight when needed (the compute waited for it);
+* **wasted** — it arrived but left (eviction, sequence end) unused, or arrived after its
+  sequence was cancelled;
+* **cancelled** — still queued when its sequence ended or was preempted: it never transfers.
+
+Duplicate hints for a block already resident, queued or in flight are counted and dropped.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import asdict, dataclass, field
+
+from firmware_model.dma import DmaEngine, DmaRequest, QueueFullError, TransferCost
+
+__all__ = ["PrefetchQueue", "PrefetchStats", "window_points"]
+
+
+def window_points(cost: TransferCost, bytes_per_point: int, compute_ns_per_point: float,
+                  max_window: int = 64) -> int:
+    """How many progress points ahead to prefetch: ceil(transfer time / compute time), >= 1.
+
+    One point's transfer (latency + bytes / bandwidth, scaled) must finish within the compute of
+    the points before it. If the link cannot move a point's bytes in one point's compute, no
+    window hides it; the result is then capped at ``max_window`` and the compute will stall.
+    """
+    if compute_ns_per_point <= 0:
+        return max_window
+    transfer = cost.duration_ns("read", bytes_per_point)
+    return max(1, min(max_window, math.ceil(transfer / compute_ns_per_point)))
+
+
+@dataclass
+class PrefetchStats:
+    issued: int = 0
+    useful: int = 0
+    late: int = 0
+    wasted: int = 0
+    cancelled: int = 0
+    deduplicated: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(eq=False)
+class _Pending:
+    key: Hashable
+    seq: Hashable
+    request: DmaRequest | None = None
+    arrived: bool = False
+    demanded: bool = False  # needed while still in flight (counted late)
+
+
+@dataclass
+class _SeqHints:
+    points: dict[int, list[tuple[int, tuple[Hashable, ...]]]] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)  # heap of hinted points not yet issued
+    reached: int = -1
+
+
+class PrefetchQueue:
+    """Issues hinted blocks through a :class:`DmaEngine` when progress comes within the window.
+
+    ``is_resident(key)`` tells whether a block is already in the cache; ``on_arrival(key)`` is
+    called when a prefetched block lands (the cache inserts it; return False if it could not).
+    """
+
+    def __init__(self, dma: DmaEngine, *, block_bytes: int, window: int, layers: int,
+                 is_resident: Callable[[Hashable], bool],
+                 on_arrival: Callable[[Hashable], bool]) -> None:
+        if block_bytes <= 0 or window < 0 or layers < 1:
+            raise ValueError(f"need block_bytes > 0, window >= 0, layers >= 1; got {block_bytes}, {window}, {layers}")
+        self.dma = dma
+        self.block_bytes = block_bytes
+        self.window = window
+        self.layers = layers
+        self.is_resident = is_resident
+        self.on_arrival = on_arrival
+        self.stats = PrefetchStats()
+        self._seqs: dict[Hashable, _SeqHints] = {}
+        self._pending: dict[Hashable, _Pending] = {}  # key -> queued, in flight, or arrived unused
+
+    def point(self, step: int, layer: int) -> int:
+        """Position of (step, layer) in a sequence's compute order."""
+        return step * self.layers + layer
+
+    def hint(self, seq: Hashable, step: int, layer: int, blocks: Iterable[Hashable], priority: int = 0) -> None:
+        """Sequence ``seq`` will compute ``layer`` at ``step``, reading ``blocks``."""
+        hints = self._seqs.setdefault(seq, _SeqHints())
+        p = self.point(step, layer)
+        if p not in hints.points:
+            heapq.heappush(hints.order, p)
+        hints.points.setdefault(p, []).append((priority, tuple(blocks)))
+        if p <= hints.reached + self.window:
+            self._issue_due(seq, hints)
+
+    def progress(self, seq: Hashable, step: int, layer: int) -> None:
+        """``seq`` reached (step, layer): issue every hinted point within the window."""
+        hints = self._seqs.setdefault(seq, _SeqHints())
+        hints.reached = max(hints.reached, self.point(step, layer))
+        self._issue_due(seq, hints)
+
+    def demand(self, key: Hashable) -> DmaRequest | None:
+        """The compute reads ``key`` now. Returns the request to wait for if the prefetch is late."""
+        pending = self._pending.get(key)
+        if pending is None:
+            return None
+        if pending.arrived:
+            del self._pending[key]
+            self.stats.useful += 1
+            return None
+        if not pending.demanded:
+            pending.demanded = True
+            self.stats.late += 1
+        return pending.request
+
+    def evicted(self, key: Hashable) -> None:
+        """The cache dropped ``key``; a prefetched block never used is wasted."""
+        pending = self._pending.get(key)
+        if pending is not None and pending.arrived:
+            del self._pending[key]
+            self.stats.wasted += 1
+
+    def end_sequence(self, seq: Hashable) -> None:
+        """``seq`` ended or was preempted: drop its hints, cancel what has not started."""
+        self._seqs.pop(seq, None)
+        for key, pending in list(self._pending.items()):
+            if pending.seq != seq:
+                continue
+            if pending.arrived:
+                self.stats.wasted += 1
+                del self._pending[key]
+            elif pending.request is not None and self.dma.cancel(pending.request):
+                self.stats.cancelled += 1
+                del self._pending[key]
+            else:
+                pending.seq = _CANCELLED  # in flight: it will land and be counted wasted
+
+    preempt = end_sequence
+
+    def _issue_due(self, seq: Hashable, hints: _SeqHints) -> None:
+        """Issue every hinted point up to reached + window, earliest point first."""
+        while hints.order and hints.order[0] <= hints.reached + self.window:
+            p = hints.order[0]
+            entries = sorted(hints.points[p], key=lambda x: x[0])
+            for i, (priority, blocks) in enumerate(entries):
+                for j, key in enumerate(blocks):
+                    if not self._issue_one(seq, key, (priority, p)):  # DMA queue full: retry later
+                        hints.points[p] = [(priority, blocks[j:])] + entries[i + 1:]
+                        return
+            heapq.heappop(hints.order)
+            del hints.points[p]
+
+    def _issue_one(self, seq: Hashable, key: Hashable, priority: tuple[int, int]) -> bool:
+        if key in self._pending or self.is_resident(key):
+            self.stats.deduplicated += 1
+            return True
+        try:
+            request = self.dma.submit("read", self.block_bytes, priority=priority, tag=key)
+        except QueueFullError:
+            return False
+        pending = _Pending(key, seq, request)
+        request.done.callbacks.append(lambda _ev, pe=pending: self._arrived(pe))
+        self._pending[key] = pending
+        self.stats.issued += 1
+        return True
+
+    def _arrived(self, pending: _Pending) -> None:
+        if pending.seq is _CANCELLED:
+            self.stats.wasted += 1
+            del self._pending[pending.key]
+            return
+        landed = self.on_arrival(pending.key)
+        if pending.demanded or not landed:
+            del self._pending[pending.key]  # late: already accounted; not landed: nowhere to go
+            if not landed and not pending.demanded:
+                self.stats.wasted += 1
+            return
+        pending.arrived = True
+
+    def landed(self, key: Hashable) -> bool:
+        """True while ``key`` arrived by prefetch and has not been used yet (keep it resident)."""
+        pending = self._pending.get(key)
+        return pending is not None and pending.arrived
+
+    def outstanding(self) -> int:
+        """Blocks queued, in flight, or arrived and not yet used."""
+        return len(self._pending)
+
+
+_CANCELLED = object()

@@ -1,0 +1,157 @@
+"""Prefetch queue bound to compute progress, its replay, and the telemetry snapshot."""
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from firmware_model.dma import DmaEngine, TransferCost
+from firmware_model.prefetch import PrefetchQueue, window_points
+from firmware_model.replay import Access, replay
+from firmware_model.telemetry import FIELDS, Counters, TelemetrySnapshot
+
+COST = TransferCost(read_latency_ns=100, read_bandwidth_gbps=1, block_bytes=400)  # 500 ns per block
+
+
+class Harness:
+    """A prefetch queue over a DMA engine and a plain resident set, recording arrival times."""
+
+    def __init__(self, window: int = 1, channels: int = 1) -> None:
+        self.env = simpy.Environment()
+        self.dma = DmaEngine(self.env, COST, channels=channels)
+        self.resident: set = set()
+        self.arrivals: list[tuple[str, float]] = []
+        self.pq = PrefetchQueue(self.dma, block_bytes=400, window=window, layers=4,
+                                is_resident=self.resident.__contains__, on_arrival=self._arrive)
+
+    def _arrive(self, key) -> bool:
+        self.resident.add(key)
+        self.arrivals.append((key, self.env.now))
+        return True
+
+    def at(self, t: float, fn) -> None:
+        def proc():
+            yield self.env.timeout(t - self.env.now)
+            fn()
+        self.env.process(proc())
+
+
+def test_window_is_transfer_time_over_compute_time() -> None:
+    """ceil((latency + bytes / bandwidth) / compute), at least 1, capped."""
+    assert window_points(COST, 400, 200) == 3  # 500 / 200
+    assert window_points(COST, 400, 500) == 1
+    assert window_points(COST, 400, 10_000) == 1
+    assert window_points(COST, 4000, 10, max_window=8) == 8
+    assert window_points(COST, 400, 0, max_window=5) == 5
+
+
+def test_prefetch_issued_at_a_progress_point_completes_at_the_asserted_time() -> None:
+    """Hint for layer 2; reaching layer 1 (window 1) at t=1000 issues it; it lands at 1500."""
+    h = Harness(window=1)
+    h.pq.hint("s", step=0, layer=2, blocks=["k"])
+    h.at(300, lambda: h.pq.progress("s", 0, 0))
+    h.at(1000, lambda: h.pq.progress("s", 0, 1))
+    h.env.run()
+    assert h.arrivals == [("k", 1500)] and h.env.now == 1500
+    assert h.pq.stats.issued == 1
+    assert h.pq.demand("k") is None and h.pq.stats.useful == 1
+
+
+def test_progress_of_another_sequence_does_not_trigger() -> None:
+    """Triggers are per sequence: progress of t does not issue s's hints."""
+    h = Harness(window=2)
+    h.pq.hint("s", step=1, layer=0, blocks=["k"])  # point 4
+    h.pq.progress("t", 5, 3)
+    h.pq.progress("s", 0, 1)  # point 1: 4 > 1 + 2
+    assert h.pq.stats.issued == 0
+    h.pq.progress("s", 0, 2)
+    assert h.pq.stats.issued == 1
+
+
+def test_cancelled_prefetch_never_completes() -> None:
+    """Sequence end: the queued transfer is cancelled, the in-flight one lands as wasted."""
+    h = Harness(window=0)
+    h.pq.hint("s", 0, 0, ["a", "b"])
+    h.pq.progress("s", 0, 0)
+    h.at(100, lambda: h.pq.end_sequence("s"))
+    h.env.run()
+    assert h.env.now == 500 and h.arrivals == []
+    s = h.pq.stats
+    assert (s.issued, s.cancelled, s.wasted, s.useful) == (2, 1, 1, 0)
+    assert h.pq.outstanding() == 0
+
+
+def test_late_prefetch_is_counted_late_once() -> None:
+    """Needed while in flight: late (the caller waits on the request); not useful afterwards."""
+    h = Harness(window=0)
+    h.pq.hint("s", 0, 0, ["a"])
+    h.pq.progress("s", 0, 0)
+    waited: list[float] = []
+
+    def compute():
+        yield h.env.timeout(200)
+        req = h.pq.demand("a")
+        assert req is not None and h.pq.demand("a") is req
+        yield req.done
+        waited.append(h.env.now)
+
+    h.env.process(compute())
+    h.env.run()
+    assert waited == [500] and h.arrivals == [("a", 500)]
+    assert (h.pq.stats.late, h.pq.stats.useful) == (1, 0) and h.pq.outstanding() == 0
+
+
+def test_duplicates_priorities_and_waste_on_eviction() -> None:
+    """Resident or pending blocks are not re-issued; lower priority first; evicted unused = wasted."""
+    h = Harness(window=0)
+    h.resident.add("r")
+    h.pq.hint("s", 0, 0, ["x"], priority=2)
+    h.pq.hint("s", 0, 0, ["y", "r"], priority=1)
+    h.pq.hint("s", 0, 0, ["x"], priority=0)
+    h.pq.progress("s", 0, 0)
+    h.env.run()
+    assert h.arrivals == [("x", 500), ("y", 1000)]  # priority 0 x first, then y; r and the 2nd x dropped
+    assert (h.pq.stats.issued, h.pq.stats.deduplicated) == (2, 2)
+    h.pq.evicted("y")
+    assert h.pq.stats.wasted == 1 and h.pq.demand("y") is None and h.pq.stats.useful == 0
+
+
+def test_prefetch_replay_on_a_hand_computed_trace() -> None:
+    """Window 2 (1000 ns transfer / 500 ns compute): both first reads are late, both re-reads hit."""
+    cost = TransferCost(read_bandwidth_gbps=1, block_bytes=1000)
+    trace = [Access(0, "a", 0, 0), Access(0, "b", 0, 1), Access(1, "a", 0, 0), Access(1, "b", 0, 1)]
+    r = replay(trace, "lru", 4, cost=cost, compute_ns=500, prefetch=True)
+    assert (r.hits, r.misses, r.stall_ns, r.sim_ns) == (2, 2, 1500, 3500)
+    assert r.prefetch == {"issued": 2, "useful": 0, "late": 2, "wasted": 0, "cancelled": 0,
+                          "deduplicated": 2, "window": 2}
+    demand = replay(trace, "lru", 4, cost=cost, compute_ns=500)
+    assert (demand.hits, demand.stall_ns, demand.sim_ns) == (2, 2000, 4000)
+
+
+def test_prefetch_replay_hides_transfers_behind_compute() -> None:
+    """With compute long enough, every block after the first few arrives before it is needed."""
+    cost = TransferCost(read_latency_ns=50, read_bandwidth_gbps=10, block_bytes=1000)  # 150 ns
+    trace = [Access(t, ("blk", t, layer), 0, layer) for t in range(10) for layer in range(4)]
+    r = replay(trace, "lru", 8, cost=cost, compute_ns=200, prefetch=True)
+    assert r.prefetch["late"] == 1 and r.prefetch["useful"] == 39 and r.stall_ns == 150
+    assert r.hits == 39 and r.opt_hits == 0  # all-new blocks: demand fill cannot hit at all
+
+
+def test_telemetry_snapshot_folds_in_live_state() -> None:
+    """One frozen snapshot of plain ints; pack/unpack round-trips through u64s."""
+    h = Harness(window=0)
+    h.pq.hint("s", 0, 0, ["a", "b"])
+    h.pq.progress("s", 0, 0)
+    h.env.run(until=600)
+    counters = Counters()
+    counters.hits, counters.misses, counters.stall_ns = 3, 1, 250.7
+    counters.transfer("write", 4096)
+    snap = counters.snapshot(h.env.now, dma=h.dma, prefetch=h.pq)
+    d = snap.to_dict()
+    assert d["time_ns"] == 600 and d["hits"] == 3 and d["stall_ns"] == 250
+    assert (d["bytes_read"], d["bytes_written"], d["transfers_written"]) == (400, 4096, 1)
+    assert (d["dma_in_flight"], d["dma_queued"], d["prefetch_issued"], d["prefetch_outstanding"]) == (1, 0, 2, 2)
+    assert all(type(v) is int for v in d.values()) and tuple(d) == FIELDS
+    assert TelemetrySnapshot.unpack(snap.pack()) == snap and len(snap.pack()) == 8 * len(FIELDS)
+    assert snap.hit_ratio == 0.75
+    with pytest.raises(ValueError, match="hits must be an int"):
+        TelemetrySnapshot(hits=-1)
