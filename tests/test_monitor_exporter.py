@@ -127,6 +127,7 @@ def test_scrape_matches_the_page(loaded: Served) -> None:
     d = f'device="{loaded.name}"'
     got = samples(text)
     assert got[f"cxlemu:device_up{{{d}}}"] == 1
+    assert got[f"cxlemu:telemetry_updated_timestamp_seconds{{{d}}}"] == snap.firmware.updated_ns * 1e-9
     assert got[f"cxlemu:capacity_used_bytes{{{d}}}"] == snap.firmware.capacity_used_bytes == 20 * 64 << 10
     assert got[f"cxlemu:temperature_celsius{{{d}}}"] == snap.firmware.temperature_c == 38
     assert got[f'cxlemu:event_records{{{d},log="info"}}'] == 1

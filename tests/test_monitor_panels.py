@@ -212,3 +212,22 @@ def test_dashboard_for_a_device_never_seen() -> None:
     text = squeeze(render(dashboard_grid([absent], 0, 0.0, "t"), width=100))
     assert "ghost is not found: no device in /x; waiting for it to appear" in text
     assert "capacity" not in text
+
+
+def test_stale_telemetry_is_flagged() -> None:
+    """A served device whose firmware stopped publishing (hung runner) says how old the page is."""
+    stale = squeeze(render(P.device_table([view(telemetry_age_s=12.4)], 0), width=140))
+    assert "firmware pid 100; telemetry 12 s old" in stale
+    fresh = squeeze(render(P.device_table([view(telemetry_age_s=0.2)], 0), width=140))
+    assert "telemetry" not in fresh
+    gone = view(state="gone", telemetry_age_s=60.0, detail="device files removed")
+    assert not gone.stale
+
+
+def test_reader_notes_are_shown() -> None:
+    v = view()
+    assert v.snapshot is not None
+    v.snapshot.notes = ["no KV shim has published telemetry", "host section unreadable: writer 7 stopped mid-update"]
+    assert render(P.notes_line(v)).strip() == (
+        "no KV shim has published telemetry; host section unreadable: writer 7 stopped mid-update")
+    assert "writer 7 stopped mid-update" in squeeze(render(dashboard_grid([v], 0, 0.0, "t"), width=200))

@@ -115,6 +115,8 @@ def _device_metrics(fam: _Families, view: DeviceView) -> None:
             fam.add("event_records", "gauge", "Records held in each event log.", getattr(fw, f"events_{log}"),
                     device=d, log=log)
         fam.add("chmu_hotlist_entries", "gauge", "Entries on the CHMU hotlist.", len(fw.hotlist), device=d)
+        fam.add("telemetry_updated_timestamp_seconds", "gauge", "Unix time of the firmware's last publish.",
+                fw.updated_ns * 1e-9, device=d)
     if snap.host is not None:
         host = snap.host
         for name, (kind, help_text, fld) in _HOST_METRICS.items():

@@ -67,7 +67,7 @@ def dashboard_grid(views: list[DeviceView], selected: int, now: float, clock: st
     if not views:
         return Group(header(views, 0, clock), _no_devices())
     view = views[selected]
-    devices = Panel(P.device_table(views, selected), title="devices")
+    devices = Panel(Group(P.device_table(views, selected), P.notes_line(view)), title="devices")
     if view.snapshot is None:
         return Group(header(views, selected, clock), devices, _absent(view))
     cols = Table.grid(expand=True)
@@ -88,7 +88,8 @@ def dashboard(views: list[DeviceView], selected: int, now: float, clock: str, *,
         return root
     view = views[selected]
     top = [Layout(header(views, selected, clock, paused=paused, interactive=interactive), size=1),
-           Layout(Panel(P.device_table(views, selected), title="devices"), size=len(views) + 5)]
+           Layout(Panel(Group(P.device_table(views, selected), P.notes_line(view)), title="devices"),
+                  size=len(views) + 6)]
     if view.snapshot is None:
         root.split_column(*top, Layout(_absent(view)))
         return root

@@ -78,6 +78,19 @@ def _title(view: DeviceView, what: str) -> str:
     return what if view.up else f"{what} (last seen)"
 
 
+def _detail(view: DeviceView) -> Text:
+    if view.stale:
+        assert view.telemetry_age_s is not None
+        return Text(f"{view.detail}; telemetry {view.telemetry_age_s:.0f} s old", style="yellow")
+    return Text(view.detail)
+
+
+def notes_line(view: DeviceView) -> Text:
+    """What the telemetry reader could not read, as one dim line (empty when all is well)."""
+    notes = view.snapshot.notes if view.snapshot else []
+    return Text("; ".join(notes), style="dim") if notes else Text()
+
+
 def device_table(views: list[DeviceView], selected: int) -> Table:
     """One row per device: state, media status, health, temperature, uptime."""
     table = Table(show_edge=False, pad_edge=False, box=box.SIMPLE_HEAD)
@@ -90,7 +103,7 @@ def device_table(views: list[DeviceView], selected: int) -> Table:
             MEDIA_STATUS.get(fw.media_status, "?") if fw else "-",
             health_text(fw.health_status) if fw else "-",
             f"{fw.temperature_c} °C" if fw else "-",
-            fmt_ns(fw.uptime_ns) if fw else "-", view.detail)
+            fmt_ns(fw.uptime_ns) if fw else "-", _detail(view))
     return table
 
 

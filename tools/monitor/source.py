@@ -27,6 +27,7 @@ from emulator.timing import linkstate
 from tools.monitor.history import LinkHistory
 
 STATES = ("served", "stopped", "gone", "not found")
+STALE_AFTER_S = 5.0  # the firmware publishes ~10 times a second
 
 
 @dataclass
@@ -41,6 +42,12 @@ class DeviceView:
     history: LinkHistory = field(default_factory=LinkHistory)
     capacity_bytes: int = 0  # from config.json, for when the firmware has not published yet
     pid: int | None = None
+    telemetry_age_s: float | None = None  # since the firmware last published; None: never
+
+    @property
+    def stale(self) -> bool:
+        """Served, but the firmware has not published for a while: hung or overloaded."""
+        return self.up and self.telemetry_age_s is not None and self.telemetry_age_s > STALE_AFTER_S
 
     @property
     def up(self) -> bool:
@@ -97,13 +104,21 @@ class DeviceSource:
             detail = "device files removed" if self._seen else f"no device in {dev.runtime_dir()}"
             return DeviceView(self.name, state, detail, self._last, history=self.history)
         if inode != self._inode:
-            self._attach(path, inode)
+            try:
+                self._attach(path, inode)
+            except OSError as exc:  # removed between the stat and the open
+                self.close()
+                return DeviceView(self.name, "gone" if self._seen else "not found",
+                                  f"cannot map bar: {exc.strerror}", self._last, history=self.history)
         self._seen = True
         view = DeviceView(self.name, *self._state(path), history=self.history,
                           capacity_bytes=self._capacity(path))
         view.pid = _pid_file_pid(path)
         assert self._reader is not None and self._bar is not None
         view.snapshot = self._last = self._reader.snapshot()
+        fw = view.snapshot.firmware
+        if fw is not None and fw.updated_ns:
+            view.telemetry_age_s = max(0.0, (time.time_ns() - fw.updated_ns) / 1e9)
         view.link = _link_counters(self._bar)
         if view.link is not None:
             self.history.add(now, view.link)
