@@ -36,16 +36,28 @@ from emulator.hdm import (
     DecoderSettings,
     dpa_offset,
     dpa_ranges,
+    hpa_offset,
     ig_from_granularity,
     interleave_position,
     iw_from_ways,
 )
 from emulator.spec.component_regs import HDM_DECODER_ALIGN
-from emulator.spec.errors import ConfigError
+from emulator.spec.errors import ConfigError, PoisonError
 
 ROOT_WINDOW_BASE = 1 << 40   # 1 TiB: above any DRAM a test host has, like QEMU's cxl-fmw windows
 ROOT_WINDOW_SIZE = 1 << 44   # 16 TiB
 _ROOT_FILE = "cxl_root.json"
+
+
+class RegionPoisonError(PoisonError):
+    """A region read touched a poisoned line: where it is in HPA and on which target (like the HPA and
+    DPA that Linux's cxl_poison trace event reports)."""
+
+    def __init__(self, dpa: int, hpa: int, position: int) -> None:
+        super().__init__(dpa)
+        self.hpa = hpa
+        self.position = position
+        self.args = (f"poisoned line at HPA {hpa:#x} (target {position}, DPA {dpa:#x}): read returned no data",)
 
 
 class RegionTarget(Protocol):
@@ -155,14 +167,23 @@ class Region:
         start, body_start, body_end, end = self._split(hpa, size)
         out = np.empty(size, dtype=np.uint8)
         for pos, dpa, at, n in self._pieces(start, body_start, start):
-            out[at:at + n] = np.frombuffer(self.targets[pos].read(dpa, n), dtype=np.uint8)
+            out[at:at + n] = self._read_target(pos, dpa, n)
         for pos, dpa, at, n in self._pieces(body_end, end, start):
-            out[at:at + n] = np.frombuffer(self.targets[pos].read(dpa, n), dtype=np.uint8)
+            out[at:at + n] = self._read_target(pos, dpa, n)
         body = out[body_start - start:body_end - start].reshape(-1, self.ways, self.granularity)
         for pos, dpa, rounds in self._body(body_start, body_end):
-            share = self.targets[pos].read(dpa, rounds * self.granularity)
-            body[:, pos, :] = np.frombuffer(share, dtype=np.uint8).reshape(rounds, self.granularity)
+            share = self._read_target(pos, dpa, rounds * self.granularity)
+            body[:, pos, :] = share.reshape(rounds, self.granularity)
         return out.tobytes()
+
+    def _read_target(self, pos: int, dpa: int, size: int) -> np.ndarray:
+        try:
+            data = self.targets[pos].read(dpa, size)
+        except PoisonError as exc:
+            w = self.window
+            hpa = self.base + hpa_offset(exc.dpa - self._dpa_start[pos], pos, w.ig, w.iw)
+            raise RegionPoisonError(exc.dpa, hpa, pos) from exc
+        return np.frombuffer(data, dtype=np.uint8)
 
     def write(self, hpa: int, data: Any) -> None:
         src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
@@ -391,7 +412,7 @@ def remove_region(name: str) -> None:
 
 
 __all__ = [
-    "ROOT_WINDOW_BASE", "ROOT_WINDOW_SIZE", "Region", "RegionInfo", "RegionTarget", "create_region",
+    "ROOT_WINDOW_BASE", "ROOT_WINDOW_SIZE", "Region", "RegionInfo", "RegionPoisonError", "RegionTarget", "create_region",
     "destroy_region", "find_region", "list_regions", "open_region", "program_region", "remove_region",
     "root_lock",
 ]

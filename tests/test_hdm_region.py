@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from driver.hdm import DecoderError, DecoderTimeout, HdmDecoders
-from driver.region import Region, destroy_region, program_region
+from driver.region import Region, RegionPoisonError, destroy_region, program_region
 from emulator.component import HdmDecoderBlock, init_component_registers
 from emulator.hdm import DecoderSettings
-from emulator.spec.errors import ConfigError
+from emulator.spec.errors import ConfigError, PoisonError
 from emulator.spec.registers import BAR_SIZE
 
 SZ_256M = 256 << 20
@@ -35,8 +35,12 @@ class FakeMemDev:
         init_component_registers(self.bar)
         self.firmware = HdmDecoderBlock(self.bar, capacity)
         self.media = mmap.mmap(-1, capacity)
+        self.poisoned: set[int] = set()  # DPAs of poisoned 64-B lines
 
     def read(self, dpa: int, size: int) -> bytes:
+        for line in range(dpa // 64 * 64, dpa + size, 64):
+            if line in self.poisoned:
+                raise PoisonError(line)
         return self.media[dpa:dpa + size]
 
     def write(self, dpa: int, data: bytes | memoryview) -> None:
@@ -143,6 +147,21 @@ def test_two_way_region_places_chunks_alternately(devices: list[FakeMemDev]) -> 
     assert b.read(0, 256) == data[156:412]
     assert a.read(256, 256) == data[412:668]
     assert region.translate(BASE + 3 * 256 + 5) == (1, 256 + 5)
+
+
+POISON_HPA = BASE + (8 * 3 + 2) * 512 + 0x40  # DPA 0x1040 on position 2: DPA chunk 8 -> HPA chunk 8 * 3 + 2
+
+
+@pytest.mark.parametrize("start, length", [(POISON_HPA - 64, 128), (BASE, 32 * 3 * 512)],
+                         ids=["partial-round", "whole-rounds"])
+def test_poisoned_line_is_reported_at_its_hpa(devices: list[FakeMemDev], start: int, length: int) -> None:
+    region = program_region(devices, base=BASE, size=3 * SZ_256M, granularity=512)
+    devices[2].poisoned.add(0x1040)
+    with pytest.raises(RegionPoisonError) as caught:
+        region.read(start, length)
+    assert (caught.value.hpa, caught.value.dpa, caught.value.position) == (POISON_HPA, 0x1040, 2)
+    assert str(caught.value) == f"poisoned line at HPA {POISON_HPA:#x} (target 2, DPA 0x1040): read returned no data"
+    assert region.read(POISON_HPA + 64, 64) == bytes(64)
 
 
 def test_region_dpa_follows_earlier_decoders(devices: list[FakeMemDev]) -> None:
