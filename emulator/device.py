@@ -259,18 +259,16 @@ def bind_media(files: DeviceFiles) -> str | None:
     """Bind the media to the configured NUMA node; returns a one-line notice when it cannot.
 
     The effective node is recorded in the device directory (`numa_node`) for `cxlemu list`."""
-    try:
-        from emulator import numa
-    except ImportError:  # LEAD-TEMP: until emulator/numa.py lands
-        (files.path / "numa_node").write_text("0\n")
-        return None
+    from emulator import numa
+
     notice = numa.bind(files.media, files.config.numa_node)
-    node = files.config.numa_node if notice is None and files.config.numa_node is not None else 0
-    (files.path / "numa_node").write_text(f"{node}\n")
+    node = numa.numa_node_of(files.media)
+    (files.path / "numa_node").write_text(f"{-1 if node is None else node}\n")
     return notice
 
 
 def numa_node(name: str) -> int | None:
+    """The node the device's media lives on as its server found it (-1: unknown)."""
     try:
         return int((device_path(name) / "numa_node").read_text())
     except (OSError, ValueError):

@@ -52,10 +52,7 @@ def build_config(args: argparse.Namespace) -> Any:
         if args.preset:
             from emulator import presets
 
-            try:
-                timing = presets.load(args.preset).timing
-            except KeyError:
-                raise CliError(f"unknown preset {args.preset!r}: choose one of {', '.join(presets.names())}") from None
+            timing = presets.load(args.preset).timing
         overrides = {k: v for k, v in {
             "read_latency_ns": args.read_latency_ns, "write_latency_ns": args.write_latency_ns,
             "read_bandwidth_gbps": args.bandwidth_gbps, "write_bandwidth_gbps": args.bandwidth_gbps,
