@@ -13,8 +13,13 @@ import sys
 from tools.cli._common import CliError
 
 _MODULES = [
+    "tools.cli.cmd_presets",
+    "tools.cli.cmd_bench",
+    "tools.cli.cmd_trace",
+    "tools.cli.cmd_monitor",
     "tools.cli.cmd_device",
     "tools.cli.cmd_region",
+    "tools.cli.cmd_demo",
 ]
 
 
