@@ -13,11 +13,13 @@ is returned for the caller's event loop.
 """
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any
 
 from emulator.spec.errors import ConfigError, PoisonError
 from emulator.timing import linkstate
+from emulator.timing._buffers import host_view
 from emulator.timing._pyimpl import E_POISON, E_RANGE, PyCore
 from emulator.timing.clock import Clock, SimClock, SimpyClock
 from emulator.timing.config import LinkParams, TimingConfig
@@ -35,29 +37,6 @@ def c_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def host_view(buf: Any, *, writable: bool) -> memoryview:
-    """A flat byte view of a host buffer: bytes-likes, numpy arrays, CPU torch tensors
-    (through ``.numpy()``).  Non-contiguous or read-only-where-written buffers are refused."""
-    if not isinstance(buf, (bytes, bytearray, memoryview)) and hasattr(buf, "numpy") \
-            and hasattr(buf, "is_contiguous"):
-        if getattr(getattr(buf, "device", None), "type", "cpu") != "cpu":
-            raise ValueError("host buffer is a tensor on an accelerator: copy it to (pinned) CPU "
-                             "memory first, or pass a CPU tensor")
-        buf = buf.detach().numpy()
-    try:
-        mv = memoryview(buf)
-    except TypeError:
-        raise TypeError(f"host buffer must support the buffer protocol (bytes, bytearray, numpy "
-                        f"array, CPU torch tensor), got {type(buf).__name__}") from None
-    if not mv.c_contiguous:
-        raise ValueError("host buffer must be C-contiguous: use numpy.ascontiguousarray or "
-                         "tensor.contiguous()")
-    if writable and mv.readonly:
-        raise ValueError(f"host buffer of type {type(buf).__name__} is read-only; a read needs a "
-                         "writable one (bytearray, numpy array)")
-    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
 
 
 class DataPath:
@@ -118,27 +97,38 @@ class DataPath:
         raise RuntimeError(f"data path returned unknown code {rc}")
 
     @staticmethod
-    def _dpa(dpa: int, what: str) -> int:
-        if isinstance(dpa, bool) or not isinstance(dpa, int) or dpa < 0:
+    def _dpa(dpa: Any, what: str) -> int:
+        """The slow path of DPA checking: numpy integers accepted, bools and negatives not."""
+        try:
+            value = operator.index(dpa)
+        except TypeError:
+            value = -1
+        if isinstance(dpa, bool) or value < 0:
             raise ValueError(f"{what}: DPA must be an int >= 0, got {dpa!r}")
-        return dpa
+        return value
 
     # -- the API --------------------------------------------------------------------------
+    # read/write are the hot path (one call per KV block, per pointer-chase hop from Python):
+    # the buffer goes straight to the core, which falls back to host_view() for a clear error.
     def read(self, dpa: int, out: Any, *, wait: bool = True) -> int:
         """Fill ``out`` from media at ``dpa``; returns the completion time (ns).  With
         ``wait=False`` a real-time call returns at once (after the copy): the caller must not
         consider the data arrived before ``wait_until(completion)`` (the DMA engine's use)."""
-        mv = host_view(out, writable=True)
-        dpa = self._dpa(dpa, "read")
-        return self._check(self._core.transfer(linkstate.DIR_READ, dpa, mv, self._now(), wait),
-                           "read", dpa, mv.nbytes)
+        if dpa.__class__ is not int or dpa < 0:
+            dpa = self._dpa(dpa, "read")
+        rc = self._core.transfer(0, dpa, out, -1 if self.clock is None else self._now(), wait)
+        if rc < 0:
+            self._check(rc, "read", dpa, host_view(out, writable=True).nbytes)
+        return rc
 
     def write(self, dpa: int, src: Any, *, wait: bool = True) -> int:
         """Write ``src`` to media at ``dpa`` (poisoned lines may be written); returns completion."""
-        mv = host_view(src, writable=False)
-        dpa = self._dpa(dpa, "write")
-        return self._check(self._core.transfer(linkstate.DIR_WRITE, dpa, mv, self._now(), wait),
-                           "write", dpa, mv.nbytes)
+        if dpa.__class__ is not int or dpa < 0:
+            dpa = self._dpa(dpa, "write")
+        rc = self._core.transfer(1, dpa, src, -1 if self.clock is None else self._now(), wait)
+        if rc < 0:
+            self._check(rc, "write", dpa, host_view(src, writable=False).nbytes)
+        return rc
 
     def copy(self, src_dpa: int, dst_dpa: int, n: int, *, wait: bool = True) -> int:
         """Device-internal copy (overlap allowed, memmove semantics); returns completion."""
@@ -185,6 +175,33 @@ class DataPath:
         """Bytes, transfers, busy and latency ns, errors and the log2 latency histogram per
         direction, ``link_free_ns``, device-internal copies (see ``linkstate.snapshot``)."""
         return linkstate.snapshot(self._link)
+
+    @classmethod
+    def for_device(cls, files: Any, *, config: TimingConfig | None = None, impl: str = "auto",
+                   clock: Clock | None = None) -> DataPath:
+        """The data path of a device: its media, poison bitmap and the link-state page of
+        its BAR (``emulator.device.DeviceFiles`` or anything with those mmaps and ``config``).
+        Every host that opens the device this way shares its one link."""
+        from emulator.spec.registers import LINK_STATE_OFFSET, LINK_STATE_SIZE
+
+        link = memoryview(files.bar)[LINK_STATE_OFFSET:LINK_STATE_OFFSET + LINK_STATE_SIZE]
+        return cls(files.media, files.poison, link, config or files.config.timing,
+                   impl=impl, clock=clock)
+
+    def close(self) -> None:
+        """Release the views of media, poison bitmap and BAR (so their mmaps can close)."""
+        core, self._core = self._core, None
+        if core is not None:
+            core.close()
+        for view in (self.media, self.poison_bits, self._link):
+            if view is not None:
+                view.release()
+
+    def __enter__(self) -> DataPath:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"DataPath(impl={self.impl!r}, size={self.size:#x}, config={self.config})"

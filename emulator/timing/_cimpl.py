@@ -13,9 +13,11 @@ from typing import Any
 import numpy as np
 
 from emulator.timing import linkstate as ls
+from emulator.timing._buffers import host_view
 from emulator.timing._cdatapath import ffi, lib  # ImportError when not built
 from emulator.timing.config import LinkParams
 
+_from_buffer, _read, _write, _U8 = ffi.from_buffer, lib.cxl_read, lib.cxl_write, "uint8_t[]"
 _CALIBRATE_LAT_NS = 1000
 _CALIBRATE_HOPS = 1000
 _CALIBRATE_ROUNDS = 9
@@ -48,16 +50,25 @@ class CCore:
         self._keep.append(cdata)
         return cdata
 
+    def close(self) -> None:
+        for cdata in self._keep:
+            ffi.release(cdata)
+        self._keep.clear()
+
     @property
     def err_dpa(self) -> int:
         return int(self._err[0])
 
-    def transfer(self, d: int, dpa: int, host: memoryview, now: int, wait: bool) -> int:
-        if d == ls.DIR_READ:
-            buf = ffi.from_buffer("uint8_t[]", host, require_writable=True)
-            return lib.cxl_read(self.dp, dpa, buf, host.nbytes, now, wait, self._err)
-        return lib.cxl_write(self.dp, dpa, ffi.from_buffer("uint8_t[]", host), host.nbytes,
-                             now, wait, self._err)
+    def transfer(self, d: int, dpa: int, host: Any, now: int, wait: bool) -> int:
+        """Any C-contiguous buffer goes to C as is; anything else through ``host_view``
+        (torch tensors, or a clear error for a buffer that cannot be used)."""
+        try:
+            buf = _from_buffer(_U8, host, require_writable=d == 0)
+        except (TypeError, ValueError, BufferError):
+            buf = _from_buffer(_U8, host_view(host, writable=d == 0), require_writable=d == 0)
+        if d == 0:
+            return _read(self.dp, dpa, buf, len(buf), now, wait, self._err)
+        return _write(self.dp, dpa, buf, len(buf), now, wait, self._err)
 
     def copy(self, src: int, dst: int, n: int, now: int, wait: bool) -> int:
         return lib.cxl_copy(self.dp, src, dst, n, now, wait, self._err)

@@ -9,9 +9,12 @@ from __future__ import annotations
 import threading
 import time
 
+from typing import Any
+
 import numpy as np
 
 from emulator.timing import linkstate as ls
+from emulator.timing._buffers import host_view
 from emulator.timing.config import LinkParams
 
 E_RANGE, E_POISON = -1, -2
@@ -47,6 +50,9 @@ class PyCore:
         self.params = params
         self.comp_ns = comp_ns
         self.err_dpa = 0
+
+    def close(self) -> None:
+        self.poison = None
 
     # -- validation ---------------------------------------------------------------------
     def first_poison(self, dpa: int, n: int) -> int | None:
@@ -97,8 +103,9 @@ class PyCore:
         return ((dpa + n + mask) & ~mask) - (dpa & ~mask)
 
     # -- transfers ----------------------------------------------------------------------
-    def transfer(self, d: int, dpa: int, host: memoryview, now: int, wait: bool) -> int:
+    def transfer(self, d: int, dpa: int, buf: Any, now: int, wait: bool) -> int:
         """Read (d=0: media→host) or write (d=1: host→media); now < 0 means real time."""
+        host = host_view(buf, writable=d == ls.DIR_READ)
         n = host.nbytes
         rc = self._validate(d, dpa, n, check_poison=(d == ls.DIR_READ))
         if rc:

@@ -1,0 +1,107 @@
+"""The probes run end to end (private and served devices) and report what they measured;
+speed itself is asserted only in benchmarks, never here."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from emulator.timing import DataPath, TimingConfig
+from tools.bench import bandwidth, latency, overhead
+from tools.cli import cmd_bench
+from tools.cli.main import main
+
+
+def run_json(capsys, argv):
+    assert main(argv) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+def test_latency_probe_on_a_private_device(capsys):
+    out = run_json(capsys, ["bench", "latency", "--read-latency-ns", "200", "--bandwidth-gbps", "16",
+                            "--working-set", "1M", "--hops", "1000", "--rounds", "1", "--json"])
+    assert out["private"] and out["timing"]["read_latency_ns"] == 200
+    assert out["configured_ns"] == 204.0  # 200 ns + one 64-B transaction at 16 GB/s
+    assert out["hops"] == 1000 and out["working_set"] == 1 << 20
+    assert out["device_ns"] > 0 and out["local_ns"] > 0
+
+
+def test_latency_probe_on_a_served_device_restores_its_media(capsys, served):
+    from driver import MemDev
+
+    pattern = np.arange(1 << 20, dtype=np.uint8)
+    with MemDev.open(served.name) as md:
+        md.write_untimed(0x100000, pattern)
+        out = run_json(capsys, ["bench", "latency", served.name, "--dpa", "0x100000",
+                                "--working-set", "1M", "--hops", "1000", "--rounds", "1", "--json"])
+        assert out["device"] == served.name and not out["private"]
+        assert np.array_equal(np.frombuffer(md.read_untimed(0x100000, 1 << 20), np.uint8), pattern)
+
+
+def test_bandwidth_probe_reports_each_mode(capsys):
+    out = run_json(capsys, ["bench", "bandwidth", "--bandwidth-gbps", "4", "--size", "64K",
+                            "--seconds", "0.05", "--region", "1M", "--json"])
+    assert [r["mode"] for r in out["results"]] == ["read", "write", "mixed"]
+    assert [r["configured_gbps"] for r in out["results"]] == [4, 4, 8]
+    assert all(r["bytes"] > 0 and r["size"] == 65536 for r in out["results"])
+
+
+def test_bandwidth_counts_every_byte_on_the_link():
+    """The bytes the probe reports are the bytes the link accounted."""
+    dp = DataPath(bytearray(1 << 20), None, bytearray(4096), TimingConfig(read_bandwidth_gbps=8))
+    moved, t0, t1 = bandwidth.stream(dp, "read", 64 << 10, 0, 1 << 20, seconds=0.02)
+    assert moved == dp.counters()["read_bytes"] and t1 > t0
+
+
+def test_configured_bandwidth_per_mode():
+    dp = DataPath(bytearray(4096), None, bytearray(4096),
+                  TimingConfig(read_bandwidth_gbps=6, write_bandwidth_gbps=2, time_scale=2))
+    assert [bandwidth.configured_gbps(dp, m) for m in bandwidth.MODES] == [3, 1, 2]
+
+
+def test_two_processes_share_one_link(capsys, served):
+    out = run_json(capsys, ["bench", "bandwidth", served.name, "--mode", "read", "--size", "64K",
+                            "--seconds", "0.1", "--processes", "2", "--region", "1M", "--json"])
+    (r,) = out["results"]
+    assert r["processes"] == 2 and r["bytes"] > 0
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["bench", "latency", "mem0", "--preset", "asic"], "either a device NAME or private-device timing"),
+    (["bench", "latency", "--read-latency-ns", "-5"], "read_latency_ns must be >= 0"),
+    (["bench", "latency", "--impl", "py", "--working-set", "1M"], "chases pointers in C"),
+    (["bench", "latency", "--working-set", "1G"], "inside the media"),
+    (["bench", "bandwidth", "--processes", "0"], "--processes and --channels must be >= 1"),
+    (["bench", "latency", "nosuchdev"], "no device named 'nosuchdev'"),
+])
+def test_bad_probe_arguments_are_one_line_exit_2(capsys, argv, message):
+    assert main(argv) in (1, 2)
+    err = capsys.readouterr().err
+    assert err.startswith("cxlemu: error:") and message in err and err.count("\n") == 1
+
+
+def test_overhead_probe_measures_both_paths():
+    result = overhead.measure("c", sizes=[64 << 10])
+    (row,) = result.copy
+    assert row["size"] == 64 << 10 and row["numpy_ns"] > 0 and row["timed_nil_link_ratio"] > 0
+    assert set(result.per_transfer_ns) == {
+        "datapath_read_untimed_ns", "dma_submit_wait_untimed_ns",
+        "datapath_read_timed_nil_link_ns", "dma_submit_wait_timed_nil_link_ns"}
+
+
+def test_bench_registry_is_open_for_more_benchmarks():
+    assert cmd_bench.BENCH_MODULES[:2] == ["tools.bench.latency", "tools.bench.bandwidth"]
+
+
+def test_rendered_tables_carry_the_numbers():
+    from rich.console import Console
+
+    r = latency.LatencyResult(working_set=1 << 20, hops=1000, local_ns=90.0, device_ns=340.5,
+                              added_ns=250.5, configured_ns=250.0, error_pct=0.2, local_p50_ns=88,
+                              local_p99_ns=120, device_p50_ns=338, device_p99_ns=372,
+                              added_p50_ns=250, added_p99_ns=252, p99_jitter_pct=0.8)
+    console = Console(record=True, width=120)
+    console.print(latency.render("mem0", r))
+    text = console.export_text()
+    assert "250.5" in text and "error 0.20 %" in text and "p99 jitter 0.80 %" in text

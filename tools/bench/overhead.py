@@ -1,0 +1,127 @@
+"""`cxlemu bench overhead`: what the emulator itself costs.
+
+- Copy efficiency: a timed read on an unthrottled link (latency 0, bandwidth 0 = untimed, and
+  latency 0 with a link so fast its time is nil, which runs every clock read, reservation and
+  counter of the timed path) against ``numpy.copyto`` of the same bytes from the same media.
+  Ratio = numpy time / data-path time (1.0 = free).  Medians over repetitions, interleaved.
+- Per-transfer cost: one 64-B transfer from Python, submit to completion: ``DataPath.read``,
+  and ``DmaEngine.submit(...).wait()`` on an untimed link (completes inline) and on the timed
+  zero-latency link (goes through a channel thread).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from emulator.dma import Descriptor, DmaEngine
+from emulator.timing import DataPath, TimingConfig
+
+COPY_SIZES = [64 << 10, 256 << 10, 1 << 20, 2 << 20, 8 << 20]
+#: Latency 0 and a link so fast that 8 MiB occupies it for 0.08 ns: the timed path, no delay.
+NIL_LINK = TimingConfig(read_bandwidth_gbps=1e8, write_bandwidth_gbps=1e8)
+
+
+@dataclass(frozen=True)
+class OverheadResult:
+    copy: list[dict[str, Any]]
+    per_transfer_ns: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _median_ns(fn: Any, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - t0)
+    return float(statistics.median(times))
+
+
+def copy_efficiency(media: Any, size: int, impl: str, reps: int = 30) -> dict[str, Any]:
+    """numpy time / data-path time for one read of ``size`` bytes (untimed and nil-link)."""
+    link = bytearray(4096)
+    paths = {"untimed": DataPath(media, None, link, TimingConfig(), impl=impl),
+             "timed_nil_link": DataPath(media, None, link, NIL_LINK, impl=impl)}
+    src = np.frombuffer(media, dtype=np.uint8, count=size)
+    dst = np.ones(size, dtype=np.uint8)
+    row: dict[str, Any] = {"size": size}
+    numpy_ns = []
+    path_ns: dict[str, list[float]] = {k: [] for k in paths}
+    for _ in range(3):  # interleave so drift hits all alike
+        numpy_ns.append(_median_ns(lambda: np.copyto(dst, src), reps))
+        for k, dp in paths.items():
+            path_ns[k].append(_median_ns(lambda dp=dp: dp.read(0, dst), reps))
+    row["numpy_ns"] = min(numpy_ns)
+    for k, dp in paths.items():
+        row[f"{k}_ns"] = min(path_ns[k])
+        row[f"{k}_ratio"] = row["numpy_ns"] / row[f"{k}_ns"]
+        dp.close()
+    del src
+    return row
+
+
+def per_transfer(media: Any, impl: str, reps: int = 20_000) -> dict[str, float]:
+    link = bytearray(4096)
+    out = bytearray(64)
+    res: dict[str, float] = {}
+    for label, cfg in (("untimed", TimingConfig()), ("timed_nil_link", NIL_LINK)):
+        dp = DataPath(media, None, link, cfg, impl=impl)
+        res[f"datapath_read_{label}_ns"] = _median_ns(lambda dp=dp: dp.read(0, out), reps)
+        with DmaEngine(dp, channels=1) as eng:
+            desc = [Descriptor("read", 0, out, 0, 64)]
+            res[f"dma_submit_wait_{label}_ns"] = _median_ns(lambda: eng.submit(desc).wait(), reps // 10)
+        dp.close()
+    return res
+
+
+def measure(impl: str = "auto", sizes: list[int] | None = None) -> OverheadResult:
+    sizes = sizes or COPY_SIZES
+    media = bytearray(max(sizes))
+    media[:] = b"\x5a" * len(media)
+    rows = [copy_efficiency(media, s, impl) for s in sizes]
+    return OverheadResult(copy=rows, per_transfer_ns=per_transfer(media, impl))
+
+
+def render(r: OverheadResult) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+
+    t = Table(title="copy efficiency: numpy.copyto time / DataPath.read time (1.0 = no overhead)")
+    for col in ("size", "numpy µs", "untimed µs", "ratio", "timed nil-link µs", "ratio"):
+        t.add_column(col, justify="right")
+    for row in r.copy:
+        t.add_row(f"{row['size'] >> 10} KiB", f"{row['numpy_ns'] / 1e3:.1f}",
+                  f"{row['untimed_ns'] / 1e3:.1f}", f"{row['untimed_ratio']:.3f}",
+                  f"{row['timed_nil_link_ns'] / 1e3:.1f}", f"{row['timed_nil_link_ratio']:.3f}")
+    p = Table(title="one 64-B transfer from Python, submit to completion (median)")
+    p.add_column("path")
+    p.add_column("ns", justify="right")
+    for k, v in r.per_transfer_ns.items():
+        p.add_row(k, f"{v:.0f}")
+    return Group(t, p)
+
+
+def register(bench: Any) -> None:
+    p = bench.add_parser("overhead", help="the emulator's own cost: copy efficiency, per-transfer time")
+    p.add_argument("--impl", choices=("auto", "c", "py"), default="auto")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_overhead)
+
+
+def cmd_overhead(args: Any) -> int:
+    from tools.cli._common import print_json
+
+    result = measure(args.impl)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        from rich.console import Console
+
+        Console().print(render(result))
+    return 0
