@@ -16,7 +16,7 @@ import pytest
 
 from emulator.device import DeviceConfig, DeviceFiles, Served, device_path, serve
 from emulator.spec import registers as R
-from emulator.telemetry import TelemetryWriter
+from emulator.telemetry import EventEntry, PoisonEntry, TelemetryReader, TelemetryWriter
 from emulator.timing import DataPath, TimingConfig
 from tools.monitor.source import DeviceSet, DeviceSource
 
@@ -35,21 +35,28 @@ def frames(stdout: str) -> list[str]:
 
 
 def publish_firmware_section(served: Served) -> TelemetryWriter:
-    """What the firmware runner does each loop (until it does so itself): publish section (a)
-    from the firmware's state, from the runner thread, every 50 ms."""
+    """What the firmware runner should do (until it does so itself): a service, run in the
+    runner thread, publishing section (a) from the firmware's state every 100 ms."""
     fw = served.firmware
     writer = TelemetryWriter(served.files.bar, "firmware")
     last = [0]
 
     def service(now_ns: int) -> None:
-        if now_ns - last[0] < 50_000_000:
+        if now_ns - last[0] < 100_000_000:
             return
         last[0] = now_ns
         running, percent, opcode, _ = fw.background_status
-        writer.publish(uptime_ns=now_ns - fw.boot_ns, timestamp_ns=fw.timestamp_ns(),
-                       capacity_bytes=fw.config.capacity,
-                       media_status=fw.regs.get_field(R.MEMDEV_STATUS, "MEDIA_STATUS"),
-                       bg_running=int(running), bg_percent=percent, bg_opcode=opcode)
+        info, warn, fail, fatal, dcd = fw.events.counts()
+        records = fw.poison.records
+        writer.publish(
+            uptime_ns=now_ns - fw.boot_ns, timestamp_ns=fw.timestamp_ns(), capacity_bytes=fw.config.capacity,
+            media_status=fw.regs.get_field(R.MEMDEV_STATUS, "MEDIA_STATUS"),
+            health_status=fw.health.health_status(), temperature_c=fw.health.temperature,
+            life_used_pct=fw.health.life_used, poison_count=len(records),
+            events_info=info, events_warn=warn, events_fail=fail, events_fatal=fatal, events_dcd=dcd,
+            bg_running=int(running), bg_opcode=opcode, bg_percent=percent,
+            recent_events=[EventEntry(ts, log, text) for ts, log, text in list(fw.events.recent)[:16]],
+            recent_poison=[PoisonEntry(r.dpa, r.length, int(r.source)) for r in records[:16]])
 
     fw.services.append(service)
     return writer
@@ -111,7 +118,7 @@ def test_frames_under_load_show_counters_moving(timed: Served) -> None:
         assert f"cxlemu monitor {served.name}: served (firmware pid {os.getpid()})" in shot
         writes.append(int(re.findall(r"([\d,]+) transfers", shot)[1].replace(",", "")))
         tokens.append(int(re.search(r"over ([\d,]+) tokens", shot)[1].replace(",", "")))
-        up = re.search(rf"{served.name} served ready ok 0 °C ([\d.]+) (ms|s) ", shot)
+        up = re.search(rf"{served.name} served ready ok 35 °C ([\d.]+) (ms|s) ", shot)
         assert up is not None, shot
         uptimes.append(float(up[1]) * (1e-3 if up[2] == "ms" else 1.0))
     assert writes[0] < writes[1] < writes[2]
@@ -195,3 +202,26 @@ def test_monitor_cli_rejects_bad_arguments() -> None:
         result = monitor_cli(*args)
         assert result.returncode == 2
         assert result.stderr.strip() == f"cxlemu: error: {message}"
+
+
+def test_frames_show_poison_and_events(served: Served) -> None:
+    """Poison injected through the mailbox and a data-path hit on it show up in the next frame."""
+    from driver import MemDev
+
+    publish_firmware_section(served)
+    with MemDev.open(served.name) as md:
+        md.inject_poison(0x1000)
+        md.inject_poison(0x8000)
+    served.firmware.poison.report_hit(0x1000)  # what the data path reports on a poisoned read
+    reader = TelemetryReader(served.files.bar)
+    deadline = time.monotonic() + 30
+    while (fw := reader.snapshot().firmware) is None or fw.events_fail < 1:  # the runner publishes every 100 ms
+        assert time.monotonic() < deadline, "firmware never published the event"
+        time.sleep(0.01)
+    reader.close()
+    result = monitor_cli(served.name, "--frames", "1")
+    assert result.returncode == 0, result.stderr
+    shot = frames(result.stdout)[0]
+    assert "events: info 0 warn 0 fail 1 fatal 0 dcd 0 poison records 2" in shot
+    assert "00:00:00.000 fail media media_ecc_error at 0x1000 (host_read)" in shot  # no Set Timestamp yet
+    assert "poison DPA 0x1000 +64 B injected" in shot and "poison DPA 0x8000 +64 B injected" in shot

@@ -270,13 +270,12 @@ def events_panel(view: DeviceView, limit: int = 6) -> Panel:
     for name in LOG_NAMES:
         counts.append(f"{name} {getattr(fw, f'events_{name}')}  ", style=LOG_STYLE[name])
     counts.append(f"poison records {fw.poison_count}", style="red" if fw.poison_count else "")
-    table = Table.grid(padding=(0, 1))
-    for _ in range(3):
-        table.add_column(no_wrap=True)
+    rows = [counts]  # one line per entry; long summaries are cut at the panel's edge
     for ev in fw.recent_events[:limit]:
         log = LOG_NAMES[ev.log] if ev.log < len(LOG_NAMES) else str(ev.log)
-        table.add_row(fmt_timestamp(ev.timestamp_ns), Text(log, style=LOG_STYLE.get(log, "")), ev.text)
+        rows.append(Text.assemble(f"{fmt_timestamp(ev.timestamp_ns)} ", (f"{log:<6}", LOG_STYLE.get(log, "")),
+                                  f" {ev.text}", no_wrap=True, overflow="ellipsis"))
     for p in fw.recent_poison[:limit]:
-        table.add_row(Text("poison", style="red"), f"DPA {p.dpa:#x} +{fmt_bytes(p.length)}",
-                      POISON_SOURCES.get(p.source, str(p.source)))
-    return Panel(Group(counts, table), title=_title(view, "events & poison"))
+        rows.append(Text.assemble(("poison", "red"), f"       DPA {p.dpa:#x} +{fmt_bytes(p.length)} "
+                                  f"{POISON_SOURCES.get(p.source, str(p.source))}", no_wrap=True))
+    return Panel(Group(*rows), title=_title(view, "events & poison"))
