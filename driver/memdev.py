@@ -2,7 +2,7 @@
 
     with MemDev.open("mem0") as md:
         info = md.identify_memdev()
-        md.write(0x1000, b"hello")
+        md.write(0x1000, b"hello")          # timed: pays the device's latency and bandwidth
         data = md.read(0x1000, 5)
 
 Typed command wrappers come from the mixins in `driver/_cmd_*.py`; each returns a dataclass and
@@ -24,7 +24,8 @@ from driver.mailbox import MBOX_TIMEOUT_S, MailboxClient
 from emulator.device import DeviceFiles, firmware_pid
 from emulator.regfile import RegisterFile, find_capabilities
 from emulator.spec import registers as R
-from emulator.spec.errors import DeviceGone, PoisonError
+from emulator.spec.errors import DeviceGone
+from emulator.timing import DataPath
 
 READY_TIMEOUT_S = 5.0  # Linux waits 60 s for mailbox ready at probe; a local emulator is faster
 
@@ -38,6 +39,7 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
         self.bar = files.bar
         self.media = np.frombuffer(files.media, dtype=np.uint8)
         self._poison = np.frombuffer(files.poison, dtype=np.uint8)
+        self.datapath = DataPath.for_device(files)
         regs = RegisterFile(files.bar)
         super().__init__(regs, files.path / "mbox.lock", files.name, timeout_s=timeout_s,
                          alive=lambda: firmware_pid(files.name) is not None)
@@ -70,10 +72,33 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
         return self.regs.get_field(R.MEMDEV_STATUS, "MEDIA_STATUS")
 
     # media ------------------------------------------------------------------------------------
-    def _check_range(self, dpa: int, size: int) -> None:
-        if dpa < 0 or size < 0 or dpa + size > self.config.capacity:
-            raise ValueError(f"range [{dpa:#x}, {dpa + size:#x}) is outside the device's "
-                             f"{self.config.capacity:#x} bytes of DPA space")
+    # Every access goes through the device's timed data path (emulator.timing): it pays the
+    # link's latency and bandwidth, shares the link with every other host of the device, and
+    # fails on poisoned lines before copying a byte. The untimed calls are for setup/inspection.
+    def read(self, dpa: int, size: int) -> bytes:
+        """Timed read of `size` bytes at `dpa`; PoisonError if it touches a poisoned line."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"size must be an int >= 0, got {size!r}")
+        out = bytearray(size)
+        self.datapath.read(dpa, out)
+        return bytes(out)
+
+    def read_into(self, dpa: int, out: Any) -> int:
+        """Timed read filling `out` (bytearray, numpy array, CPU tensor); returns completion ns."""
+        return self.datapath.read(dpa, out)
+
+    def write(self, dpa: int, data: Any) -> int:
+        """Timed write of a bytes-like / numpy / CPU tensor at `dpa`; returns completion ns."""
+        return self.datapath.write(dpa, data)
+
+    def read_untimed(self, dpa: int, size: int) -> bytes:
+        """Read without the link's cost (setup, inspection); poison still fails the read."""
+        out = bytearray(size)
+        self.datapath.read_untimed(dpa, out)
+        return bytes(out)
+
+    def write_untimed(self, dpa: int, data: Any) -> None:
+        self.datapath.write_untimed(dpa, data)
 
     def first_poisoned(self, dpa: int, size: int) -> int | None:
         """DPA of the first poisoned 64-B line in [dpa, dpa+size), or None."""
@@ -84,26 +109,11 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
         hit = np.flatnonzero(lines[first % 8: first % 8 + (last - first + 1)])
         return None if hit.size == 0 else (first + int(hit[0])) * 64
 
-    def read_untimed(self, dpa: int, size: int) -> bytes:
-        """Read media without the link's cost (setup, inspection); poison still fails the read."""
-        self._check_range(dpa, size)
-        bad = self.first_poisoned(dpa, size)
-        if bad is not None:
-            raise PoisonError(bad)
-        return self.media[dpa:dpa + size].tobytes()
-
-    def write_untimed(self, dpa: int, data: Any) -> None:
-        buf = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-        self._check_range(dpa, buf.size)
-        self.media[dpa:dpa + buf.size] = buf
-
-    read = read_untimed
-    write = write_untimed
-
     def close(self) -> None:
         self.close_mailbox()
         self.media = np.zeros(0, np.uint8)
         self._poison = np.zeros(0, np.uint8)
+        self.datapath = None  # type: ignore[assignment]  (drops its views of the mmaps)
         self.files.close()
 
     def __enter__(self) -> "MemDev":
