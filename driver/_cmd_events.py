@@ -12,10 +12,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.spec.opcodes import Opcode
-from emulator.spec.payloads_events import (CLEAR_EVENT_RECORDS, CLEAR_EVENTS_FLAG_CLEAR_ALL, EVENT_HEADER,
-                                           EVENT_HEADER_SIZE, EVENT_LOG_NAMES, EVENT_RECORD_SIZE,
-                                           GET_EVENT_RECORDS_IN, GET_EVENT_RECORDS_OUT, GET_EVENTS_FLAG_MORE,
-                                           GET_EVENTS_FLAG_OVERFLOW, RECORD_LAYOUTS, SEVERITY_MASK, EventLog)
+from emulator.spec.payloads_events import (
+    CLEAR_EVENT_RECORDS,
+    CLEAR_EVENTS_FLAG_CLEAR_ALL,
+    EVENT_HEADER,
+    EVENT_HEADER_SIZE,
+    EVENT_LOG_NAMES,
+    EVENT_RECORD_SIZE,
+    GET_EVENT_RECORDS_IN,
+    GET_EVENT_RECORDS_OUT,
+    GET_EVENTS_FLAG_MORE,
+    GET_EVENTS_FLAG_OVERFLOW,
+    RECORD_LAYOUTS,
+    SEVERITY_MASK,
+    EventLog,
+)
 
 MAX_HANDLES_PER_CLEAR = 0xFF  # the handle count is one byte
 

@@ -17,11 +17,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.spec.opcodes import Opcode
-from emulator.spec.payloads_poison import (CLEAR_POISON, DPA_RANGE, INJECT_POISON, MEDIA_ERROR_RECORD,
-                                           POISON_FLAG_MORE, POISON_FLAG_OVERFLOW, POISON_FLAG_SCAN_RUNNING,
-                                           POISON_LINE, POISON_LIST_LIMIT, POISON_LIST_OUT, SCAN_FLAG_NO_EVENT_LOG,
-                                           SCAN_MEDIA, SCAN_MEDIA_CAPS_OUT, SCAN_RESULTS_FLAG_MORE,
-                                           SCAN_RESULTS_FLAG_STOPPED, SCAN_RESULTS_OUT, SOURCE_MASK, PoisonSource)
+from emulator.spec.payloads_poison import (
+    CLEAR_POISON,
+    DPA_RANGE,
+    INJECT_POISON,
+    MEDIA_ERROR_RECORD,
+    POISON_FLAG_MORE,
+    POISON_FLAG_OVERFLOW,
+    POISON_FLAG_SCAN_RUNNING,
+    POISON_LINE,
+    POISON_LIST_LIMIT,
+    POISON_LIST_OUT,
+    SCAN_FLAG_NO_EVENT_LOG,
+    SCAN_MEDIA,
+    SCAN_MEDIA_CAPS_OUT,
+    SCAN_RESULTS_FLAG_MORE,
+    SCAN_RESULTS_FLAG_STOPPED,
+    SCAN_RESULTS_OUT,
+    SOURCE_MASK,
+    PoisonSource,
+)
 
 Progress = Callable[[int], None]
 

@@ -24,11 +24,22 @@ from dataclasses import dataclass, field
 from emulator.regfile import RegisterFile
 from emulator.spec import registers as R
 from emulator.spec.layout import u24
-from emulator.spec.payloads_events import (EVENT_HEADER, EVENT_LOG_SIZES, EVENT_RECORD_SIZE,
-                                           FIRMWARE_ERROR, FIRMWARE_ERROR_UUID, GENERAL_MEDIA,
-                                           GENERAL_MEDIA_UUID, MEMORY_MODULE, MEMORY_MODULE_UUID,
-                                           PHYS_ADDR_VOLATILE, SEVERITY_MASK, EventLog, MemoryEventType,
-                                           TransactionType)
+from emulator.spec.payloads_events import (
+    EVENT_HEADER,
+    EVENT_LOG_SIZES,
+    EVENT_RECORD_SIZE,
+    FIRMWARE_ERROR,
+    FIRMWARE_ERROR_UUID,
+    GENERAL_MEDIA,
+    GENERAL_MEDIA_UUID,
+    MEMORY_MODULE,
+    MEMORY_MODULE_UUID,
+    PHYS_ADDR_VOLATILE,
+    SEVERITY_MASK,
+    EventLog,
+    MemoryEventType,
+    TransactionType,
+)
 from emulator.spec.retcodes import RetCode
 
 _HANDLE_OFFSET = EVENT_HEADER.offsets["handle"]
@@ -134,12 +145,12 @@ class EventLogs:
         summary = f"memory module event {device_event_type} (health {health_status:#x}, {temperature} C)"
         return self.add(log, header(MEMORY_MODULE_UUID.bytes, int(log), flags) + body, summary)
 
-    def firmware_error(self, opcode: int, exc: BaseException) -> int | None:
+    def firmware_error(self, opcode: int, exc: BaseException) -> None:
         """`Firmware.error_hooks` entry: a handler that raised becomes a failure-log record."""
         text = f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")[:_ERROR_TEXT_BYTES]
         body = FIRMWARE_ERROR.pack(opcode=opcode & 0xFFFF, text=text)
-        return self.add(EventLog.FAILURE, header(FIRMWARE_ERROR_UUID.bytes, EventLog.FAILURE) + body,
-                        f"firmware error in {opcode:#06x}: {type(exc).__name__}")
+        self.add(EventLog.FAILURE, header(FIRMWARE_ERROR_UUID.bytes, EventLog.FAILURE) + body,
+                 f"firmware error in {opcode:#06x}: {type(exc).__name__}")
 
     # host commands ------------------------------------------------------------------------------
     def get(self, log: int, max_records: int) -> EventBatch:

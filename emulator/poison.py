@@ -24,16 +24,25 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from emulator.spec.payloads_events import (DESCRIPTOR_POISON_LIST_OVERFLOW, DESCRIPTOR_UNCORRECTABLE,
-                                           EventLog, MemoryEventType, TransactionType)
-from emulator.spec.payloads_poison import (INJECT_POISON_LIMIT, POISON_LINE, POISON_LIST_LIMIT,
-                                           PoisonSource)
+from emulator.spec.payloads_events import (
+    DESCRIPTOR_POISON_LIST_OVERFLOW,
+    DESCRIPTOR_UNCORRECTABLE,
+    EventLog,
+    MemoryEventType,
+    TransactionType,
+)
+from emulator.spec.payloads_poison import (
+    INJECT_POISON_LIMIT,
+    POISON_LINE,
+    POISON_LIST_LIMIT,
+    PoisonSource,
+)
 from emulator.spec.retcodes import RetCode
 
 if TYPE_CHECKING:
     from emulator.firmware import Firmware
 
-_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+_POPCOUNT = np.array([i.bit_count() for i in range(256)], dtype=np.uint8)
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,7 @@ class PoisonRecord:
 class PoisonList:
     """The device's poison list and bitmap. Methods returning RetCode are the mailbox's view."""
 
-    def __init__(self, fw: "Firmware", *, limit: int = POISON_LIST_LIMIT,
+    def __init__(self, fw: Firmware, *, limit: int = POISON_LIST_LIMIT,
                  inject_limit: int = INJECT_POISON_LIMIT) -> None:
         self._fw = fw  # media and bitmap are read through fw: Firmware.close() drops its views
         self.capacity = fw.config.capacity

@@ -16,8 +16,14 @@ from emulator.mailbox import dispatch
 from emulator.regfile import RegisterFile
 from emulator.spec import registers as R
 from emulator.spec.opcodes import Opcode
-from emulator.spec.payloads_events import (DESCRIPTOR_UNCORRECTABLE, EVENT_LOG_SIZES, FLAG_MAINTENANCE_NEEDED,
-                                           EventLog, MemoryEventType, TransactionType)
+from emulator.spec.payloads_events import (
+    DESCRIPTOR_UNCORRECTABLE,
+    EVENT_LOG_SIZES,
+    FLAG_MAINTENANCE_NEEDED,
+    EventLog,
+    MemoryEventType,
+    TransactionType,
+)
 from emulator.spec.retcodes import RetCode
 
 GENERAL_MEDIA = uuid.UUID("fbcd0a77-c260-417f-85a9-088b1621eba6").bytes
@@ -97,7 +103,7 @@ def test_memory_module_record_at_spec_offsets(fw: Firmware) -> None:
 def test_get_returns_as_many_as_fit_and_flags_more(fw: Firmware) -> None:
     for i in range(20):
         fw.events.general_media(EventLog.WARNING, i * 64)
-    rc, out = dispatch(fw, Opcode.GET_EVENT_RECORDS, bytes([EventLog.WARNING]))
+    out = dispatch(fw, Opcode.GET_EVENT_RECORDS, bytes([EventLog.WARNING]))[1]
     assert len(out) == 0x20 + 15 * 0x80 and out[0] == 0x2  # (2048 - 32) // 128 records, "more"
     assert handles_of(out) == list(range(1, 16))
     assert dispatch(fw, Opcode.GET_EVENT_RECORDS, bytes([EventLog.WARNING]))[1] == out  # get removes nothing

@@ -2,6 +2,7 @@
 through the real handlers, with a small list limit so overflow and split-on-clear happen often."""
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Iterator
 
@@ -106,7 +107,7 @@ def test_list_and_bitmap_follow_the_model(fw: Firmware, script: list[tuple]) -> 
                 fw.poison.add_latent(line * 64, len(span) * 64)
             bad |= set(span)
         records = fw.poison.records
-        assert all(a.end <= b.dpa for a, b in zip(records, records[1:]))  # sorted, disjoint
+        assert all(a.end <= b.dpa for a, b in itertools.pairwise(records))  # sorted, disjoint
         assert len(records) <= LIMIT
         assert listed_lines(fw.poison) == listed and listed <= bad
         assert fw.poison.overflowed == overflowed

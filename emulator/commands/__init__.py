@@ -18,6 +18,8 @@ GROUPS = [
     "emulator.commands.event_policy",
     "emulator.commands.events",
     "emulator.commands.poison",
+    "emulator.commands.scan",
+    "emulator.commands.sanitize",
 ]
 _modules = [importlib.import_module(name) for name in GROUPS]
 

@@ -13,17 +13,23 @@ from emulator.events import EventLogs
 from emulator.firmware import attach_state
 from emulator.mailbox import Effect, command
 from emulator.spec.opcodes import Opcode
-from emulator.spec.payloads_events import (CLEAR_EVENT_RECORDS, CLEAR_EVENTS_FLAG_CLEAR_ALL,
-                                           GET_EVENT_RECORDS_IN, GET_EVENT_RECORDS_OUT,
-                                           GET_EVENTS_FLAG_MORE, GET_EVENTS_FLAG_OVERFLOW,
-                                           MAX_RECORDS_PER_GET, EventLog)
+from emulator.spec.payloads_events import (
+    CLEAR_EVENT_RECORDS,
+    CLEAR_EVENTS_FLAG_CLEAR_ALL,
+    GET_EVENT_RECORDS_IN,
+    GET_EVENT_RECORDS_OUT,
+    GET_EVENTS_FLAG_MORE,
+    GET_EVENTS_FLAG_OVERFLOW,
+    MAX_RECORDS_PER_GET,
+    EventLog,
+)
 from emulator.spec.retcodes import RetCode
 
 if TYPE_CHECKING:
     from emulator.firmware import Firmware
 
 
-def attach(fw: "Firmware") -> None:
+def attach(fw: Firmware) -> None:
     logs = EventLogs(fw.regs, fw.timestamp_ns)
     attach_state(fw, "events", logs)
     fw.error_hooks.append(logs.firmware_error)
@@ -37,7 +43,7 @@ def _log_type(value: int) -> EventLog | None:
 
 
 @command(Opcode.GET_EVENT_RECORDS, "Get Event Records", in_len=GET_EVENT_RECORDS_IN.size, needs_media=True)
-def get_event_records(fw: "Firmware", payload: memoryview) -> tuple[RetCode, bytes]:
+def get_event_records(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     log = _log_type(GET_EVENT_RECORDS_IN.unpack(payload)["log"])
     if log is None:
         return RetCode.INVALID_INPUT, b""  # QEMU cxl_event_get_records
@@ -53,7 +59,7 @@ def get_event_records(fw: "Firmware", payload: memoryview) -> tuple[RetCode, byt
 
 @command(Opcode.CLEAR_EVENT_RECORDS, "Clear Event Records", in_len=None, min_len=CLEAR_EVENT_RECORDS.size,
          effects=Effect.IMMEDIATE_LOG_CHANGE)
-def clear_event_records(fw: "Firmware", payload: memoryview) -> tuple[RetCode, bytes]:
+def clear_event_records(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     head = CLEAR_EVENT_RECORDS.unpack(payload)
     count = head["handle_count"]
     if len(payload) != CLEAR_EVENT_RECORDS.size + 2 * count:

@@ -11,17 +11,25 @@ from emulator.firmware import attach_state
 from emulator.mailbox import Effect, command
 from emulator.poison import PoisonList, PoisonRecord
 from emulator.spec.opcodes import Opcode
-from emulator.spec.payloads_poison import (CLEAR_POISON, DPA_RANGE, INJECT_POISON,
-                                           MAX_POISON_RECORDS_PER_GET, MEDIA_ERROR_RECORD, POISON_FLAG_MORE,
-                                           POISON_FLAG_OVERFLOW, POISON_FLAG_SCAN_RUNNING, POISON_LINE,
-                                           POISON_LIST_OUT)
+from emulator.spec.payloads_poison import (
+    CLEAR_POISON,
+    DPA_RANGE,
+    INJECT_POISON,
+    MAX_POISON_RECORDS_PER_GET,
+    MEDIA_ERROR_RECORD,
+    POISON_FLAG_MORE,
+    POISON_FLAG_OVERFLOW,
+    POISON_FLAG_SCAN_RUNNING,
+    POISON_LINE,
+    POISON_LIST_OUT,
+)
 from emulator.spec.retcodes import RetCode
 
 if TYPE_CHECKING:
     from emulator.firmware import Firmware
 
 
-def attach(fw: "Firmware") -> None:
+def attach(fw: Firmware) -> None:
     attach_state(fw, "poison", PoisonList(fw))
 
 
@@ -31,7 +39,7 @@ def encode_records(records: list[PoisonRecord]) -> bytes:
                     for r in records)
 
 
-def check_range(fw: "Firmware", address: int, lines: int) -> RetCode | None:
+def check_range(fw: Firmware, address: int, lines: int) -> RetCode | None:
     """A DPA range input (Get Poison List, Scan Media): aligned start, inside the DPA space."""
     if address % POISON_LINE:
         return RetCode.INVALID_INPUT  # QEMU: "64 byte alignment required"
@@ -41,7 +49,7 @@ def check_range(fw: "Firmware", address: int, lines: int) -> RetCode | None:
 
 
 @command(Opcode.GET_POISON_LIST, "Get Poison List", in_len=DPA_RANGE.size, needs_media=True)
-def get_poison_list(fw: "Firmware", payload: memoryview) -> tuple[RetCode, bytes]:
+def get_poison_list(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     q = DPA_RANGE.unpack(payload)
     refused = check_range(fw, q["address"], q["length"])
     if refused is not None:
@@ -57,12 +65,12 @@ def get_poison_list(fw: "Firmware", payload: memoryview) -> tuple[RetCode, bytes
 
 @command(Opcode.INJECT_POISON, "Inject Poison", in_len=INJECT_POISON.size, needs_media=True,
          effects=Effect.IMMEDIATE_DATA_CHANGE)
-def inject_poison(fw: "Firmware", payload: memoryview) -> tuple[RetCode, bytes]:
+def inject_poison(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     return fw.poison.inject(INJECT_POISON.unpack(payload)["address"]), b""
 
 
 @command(Opcode.CLEAR_POISON, "Clear Poison", in_len=CLEAR_POISON.size, needs_media=True,
          effects=Effect.IMMEDIATE_DATA_CHANGE)
-def clear_poison(fw: "Firmware", payload: memoryview) -> tuple[RetCode, bytes]:
+def clear_poison(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     p = CLEAR_POISON.unpack(payload)
     return fw.poison.clear(p["address"], p["data"]), b""

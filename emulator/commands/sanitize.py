@@ -1,0 +1,79 @@
+"""Sanitize (CXL r3.1 §8.2.9.9.5.1): erase all user data, in the background, media disabled.
+
+    Sanitize ──▶ media disabled (the dispatcher answers Media Disabled to media commands)
+             ──▶ job, per slice: zero a chunk of media and its poison bits
+             ──▶ last slice: zero the LSA, forget the poison list, discard event records
+             ──▶ media enabled, return Success
+
+Zeroing punches holes in the media file (`madvise(MADV_REMOVE)`: the pages read back as zeros in
+every process mapping them, and a sparse device stays sparse); where the filesystem cannot, it
+writes zeros. Rewriting every line also removes all poison. The job paces itself at the device's
+write bandwidth when one is configured (a real sanitize overwrites the whole media), else runs
+as fast as the work goes. It cannot be aborted: the spec keeps media disabled after a sanitize
+that did not finish, so stopping half-way would only leave the device unusable.
+"""
+from __future__ import annotations
+
+import mmap
+from typing import TYPE_CHECKING
+
+from emulator.commands.scan import paced_slices
+from emulator.firmware import BackgroundJob
+from emulator.mailbox import Effect, command
+from emulator.spec.opcodes import Opcode
+from emulator.spec.payloads_poison import POISON_LINE
+from emulator.spec.retcodes import RetCode
+
+if TYPE_CHECKING:
+    from emulator.firmware import Firmware
+
+SLICE_BYTES = 32 << 20  # one slice zeroes this much media: a few ms even when writing zeros
+_LINES_PER_BITMAP_BYTE = 8
+
+
+@command(Opcode.SANITIZE, "Sanitize", in_len=0, needs_media=True,
+         effects=Effect.IMMEDIATE_DATA_CHANGE | Effect.SECURITY_STATE_CHANGE | Effect.BACKGROUND_OPERATION)
+def sanitize(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
+    fw.media_disabled = True
+    fw.start_background(Opcode.SANITIZE, _sanitize(fw), abortable=False)
+    return RetCode.BACKGROUND_COMMAND_STARTED, b""
+
+
+def _ns_per_byte(fw: Firmware) -> float:
+    gbps = fw.config.timing.write_bandwidth_gbps  # 1 GB/s is 1 byte per ns
+    return fw.config.timing.time_scale / gbps if gbps else 0.0
+
+
+def _sanitize(fw: Firmware) -> BackgroundJob:
+    capacity = fw.config.capacity
+    for lo, hi in paced_slices(capacity, _ns_per_byte(fw), SLICE_BYTES, granule=mmap.PAGESIZE):
+        _zero_slice(fw, lo, hi)
+        yield 100 * hi // capacity
+    fw.lsa[:] = 0
+    fw.poison.reset()
+    fw.events.discard_all()
+    fw.media_disabled = False  # only a sanitize that completed re-enables the media (§8.2.9.9.5.1)
+    return RetCode.SUCCESS
+
+
+def _zero_slice(fw: Firmware, lo: int, hi: int) -> None:
+    """Zero media [lo, hi) and clear its lines' poison bits. Slices start and end on page
+    boundaries or at the capacity (a multiple of 256 MiB): whole pages and bitmap bytes."""
+    if hi <= lo:
+        return
+    page = mmap.PAGESIZE
+    a, b = -(-lo // page) * page, hi // page * page  # whole pages inside [lo, hi)
+    punched = False
+    if b > a:
+        try:
+            fw.files.media.madvise(mmap.MADV_REMOVE, a, b - a)
+            punched = True
+        except (OSError, ValueError, AttributeError):
+            punched = False  # not tmpfs / no hole punching here: write the zeros instead
+    if punched:
+        fw.media[lo:a] = 0
+        fw.media[b:hi] = 0
+    else:
+        fw.media[lo:hi] = 0
+    per_byte = POISON_LINE * _LINES_PER_BITMAP_BYTE
+    fw.poison_bits[lo // per_byte:hi // per_byte] = 0

@@ -1,0 +1,112 @@
+"""Sanitize: media disabled while it runs (every media command refused), progress in slices, and
+afterwards media, LSA, poison and events all gone, media enabled again."""
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from emulator.device import DeviceConfig, DeviceFiles
+from emulator.firmware import Firmware
+from emulator.mailbox import COMMANDS, dispatch
+from emulator.spec import registers as R
+from emulator.spec.opcodes import Opcode
+from emulator.spec.payloads_events import EventLog
+from emulator.spec.retcodes import RetCode
+
+CAPACITY = 256 << 20
+
+
+@pytest.fixture
+def fw(device_name: str) -> Iterator[Firmware]:
+    """A firmware with no runner: the sanitize job advances only when the test steps it."""
+    files = DeviceFiles.create(DeviceConfig(name=device_name, capacity=CAPACITY, lsa_size=4096))
+    f = Firmware(files)
+    yield f
+    f.close()
+    files.destroy()
+
+
+def well_formed(opcode: int) -> bytes:
+    """A payload of the length the table asks for (the handler may still refuse its content)."""
+    cmd = COMMANDS[opcode]
+    return bytes(cmd.in_len if cmd.in_len is not None else cmd.min_len)
+
+
+def dirty(fw: Firmware) -> None:
+    fw.media[:4096] = 0xA5
+    fw.media[CAPACITY - 64:] = 0x5A
+    fw.media[100 << 20:(100 << 20) + 64] = 1
+    fw.lsa[:] = 0xEE
+    dispatch(fw, Opcode.INJECT_POISON, struct.pack("<Q", 0x2000))
+    fw.poison.add_latent(CAPACITY - 128, 64)
+    fw.events.general_media(EventLog.FAILURE, 0x2000)
+    fw.events.memory_module(EventLog.INFO, 0)
+
+
+def test_progress_in_slices_and_everything_erased(fw: Firmware) -> None:
+    dirty(fw)
+    assert dispatch(fw, Opcode.SANITIZE, b"") == (RetCode.BACKGROUND_COMMAND_STARTED, b"")
+    assert fw.media_disabled and fw.regs.get_field(R.MEMDEV_STATUS, "MEDIA_STATUS") == R.MEDIA_DISABLED
+    percents = []
+    while fw.step_background():
+        percents.append(fw.background_status[1])
+    # 256 MiB in 32 MiB slices; the register holds 99 until the job returns, then 100
+    assert percents == [12, 25, 37, 50, 62, 75, 87, 99, 100]
+    assert fw.background_status == (False, 100, Opcode.SANITIZE, RetCode.SUCCESS)
+    assert not fw.media_disabled
+    assert np.count_nonzero(fw.media) == 0 and np.count_nonzero(fw.lsa) == 0
+    assert np.count_nonzero(fw.poison_bits) == 0 and fw.poison.records == []
+    assert fw.events.counts() == (0, 0, 0, 0, 0)
+    assert fw.regs.get_field(R.DEVICE_STATUS, "EVENT_STATUS") == 0
+
+
+def test_every_media_command_is_refused_while_it_runs(fw: Firmware) -> None:
+    assert dispatch(fw, Opcode.SANITIZE, b"")[0] == RetCode.BACKGROUND_COMMAND_STARTED
+    fw.step_background()
+    media = [op for op, cmd in COMMANDS.items() if cmd.needs_media]
+    assert {Opcode.GET_EVENT_RECORDS, Opcode.GET_POISON_LIST, Opcode.INJECT_POISON, Opcode.CLEAR_POISON,
+            Opcode.GET_SCAN_MEDIA_CAPABILITIES, Opcode.SCAN_MEDIA, Opcode.GET_SCAN_MEDIA_RESULTS,
+            Opcode.SANITIZE} <= set(media)
+    for op in media:
+        # a background command meets the Busy rule first (§8.2.8.4; QEMU checks in that order)
+        want = RetCode.BUSY if COMMANDS[op].background else RetCode.MEDIA_DISABLED
+        assert dispatch(fw, op, well_formed(op)) == (want, b""), hex(op)
+    assert dispatch(fw, Opcode.IDENTIFY, b"")[0] == RetCode.SUCCESS  # not a media command
+    clear_none = struct.pack("<BBB3x", EventLog.INFO, 0, 0)
+    assert dispatch(fw, Opcode.CLEAR_EVENT_RECORDS, clear_none) == (RetCode.SUCCESS, b"")
+    while fw.step_background():
+        pass
+    assert dispatch(fw, Opcode.GET_POISON_LIST, struct.pack("<QQ", 0, 1))[0] == RetCode.SUCCESS
+
+
+def test_sanitize_cannot_be_aborted(fw: Firmware) -> None:
+    assert dispatch(fw, Opcode.SANITIZE, b"")[0] == RetCode.BACKGROUND_COMMAND_STARTED
+    fw.step_background()
+    assert dispatch(fw, Opcode.REQUEST_BACKGROUND_ABORT, b"") == (RetCode.REQUEST_ABORT_NOT_SUPPORTED, b"")
+    assert fw.background_running and fw.media_disabled
+    while fw.step_background():
+        pass
+    assert fw.background_status[3] == RetCode.SUCCESS and not fw.media_disabled
+
+
+def test_sanitize_end_to_end_through_the_driver(served: Any, memdev: Any) -> None:
+    """A host that maps the media itself sees zeros afterwards; poisoned lines read again."""
+    md = memdev
+    md.write(0, b"\x77" * 8192)
+    md.write(CAPACITY - 4096, b"\x66" * 4096)
+    assert md.send(Opcode.SET_LSA, struct.pack("<II", 0, 0) + b"\x99" * 512)[0] == RetCode.SUCCESS
+    md.inject_poison(0x1000)
+    served.firmware.events.general_media(EventLog.WARNING, 0x1000)
+    seen: list[int] = []
+    md.sanitize(progress=seen.append)
+    assert seen[-1] == 100 and seen == sorted(seen)
+    assert np.count_nonzero(md.media) == 0
+    assert md.read(0x1000, 64) == bytes(64)  # no longer poisoned
+    rc, lsa = md.send(Opcode.GET_LSA, struct.pack("<II", 0, 512))
+    assert rc == RetCode.SUCCESS and lsa == bytes(512)
+    assert md.get_poison_list().records == [] and md.get_event_records("warning").records == []
+    assert md.media_status == R.MEDIA_READY
