@@ -103,7 +103,10 @@ class PoisonCommands:
         return dpa, length // POISON_LINE
 
     def _line(self, dpa: int) -> int:
-        return self._dpa_range(dpa, POISON_LINE)[0]
+        capacity = self.config.capacity
+        if dpa < 0 or dpa % POISON_LINE or dpa + POISON_LINE > capacity:
+            raise ValueError(f"DPA {dpa:#x} must be a multiple of 64 below the device's {capacity:#x} bytes")
+        return dpa
 
     # poison -----------------------------------------------------------------------------------
     def get_poison_list(self, dpa: int = 0, length: int | None = None) -> PoisonList:

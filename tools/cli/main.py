@@ -20,6 +20,8 @@ _MODULES = [
     "tools.cli.cmd_device",
     "tools.cli.cmd_region",
     "tools.cli.cmd_demo",
+    "tools.cli.cmd_events",
+    "tools.cli.cmd_poison",
 ]
 
 
