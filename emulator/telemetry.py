@@ -114,6 +114,7 @@ does not hold and fences would be needed; cxlemu targets x86-64 hosts.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -449,8 +450,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+@functools.cache
+def _iinfo(fmt: str) -> np.iinfo:
+    return np.iinfo(np.dtype(fmt))
+
+
 def _check_int(section: str, name: str, value: Any, fmt: str) -> int:
-    info = np.iinfo(np.dtype(fmt))
+    info = _iinfo(fmt)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"telemetry {section}.{name} must be an int, got {type(value).__name__}")
     if not info.min <= int(value) <= info.max:
@@ -556,11 +562,25 @@ class TelemetryWriter:
 
 
 def _column(name: str, values: list[int], limit: int, fmt: str) -> np.ndarray:
-    """`values` checked against `fmt` and zero-padded to the `limit` slots of an array field."""
+    """`values` checked against `fmt` and zero-padded to the `limit` slots of an array field.
+    Checked as one array: a 256-entry hotlist costs microseconds, not a Python loop."""
     if len(values) > limit:
         raise ValueError(f"telemetry firmware.{name} holds at most {limit} entries, got {len(values)}")
     out = np.zeros(limit, dtype=fmt)
-    out[:len(values)] = [_check_int("firmware", name, v, fmt) for v in values]
+    if not values:
+        return out
+    bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, (int, np.integer))), None)
+    if bad is not None:
+        raise TypeError(f"telemetry firmware.{name} entries must be ints, got {type(bad).__name__}")
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "iu":  # ints beyond any numpy integer: compare as Python ints
+        arr = np.asarray(values, dtype=object)
+    info = _iinfo(fmt)
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < info.min or hi > info.max:
+        raise ValueError(f"telemetry firmware.{name} entry {lo if lo < info.min else hi} is outside "
+                         f"{info.min}..{info.max}")
+    out[:len(values)] = arr
     return out
 
 
@@ -656,7 +676,10 @@ class TelemetryReader:
             notes.append("firmware has not published telemetry yet" if name == "firmware"
                          else "no KV shim has published telemetry")
             return None
-        rec = np.frombuffer(raw, self._layout(name).dtype)[0]
+        dtype = self._layout(name).dtype
+        # Plain Python ints, lists and bytes: callers get no numpy scalars.
+        rec = {name: v.tolist() if isinstance(v, np.ndarray) else v
+               for name, v in zip(dtype.names, np.frombuffer(raw, dtype).tolist()[0])}
         return _decode_firmware(rec) if name == "firmware" else _decode_host(rec)
 
     @staticmethod
@@ -682,22 +705,22 @@ class TelemetryReader:
             os.sched_yield()
 
 
-def _scalars(rec: np.void, cls: type) -> dict[str, Any]:
-    return {f.name: int(rec[f.name]) for f in fields(cls) if f.name not in _COMPOSITE}
+_FIRMWARE_SCALARS = [f.name for f in fields(FirmwareTelemetry) if f.name not in _COMPOSITE]
+_HOST_SCALARS = [f.name for f in fields(HostTelemetry)]
 
 
-def _decode_firmware(rec: np.void) -> FirmwareTelemetry:
-    fw = FirmwareTelemetry(**_scalars(rec, FirmwareTelemetry))
-    n = min(int(rec["hotlist_len"]), HOTLIST_MAX)  # clamp: a bad page must not crash the reader
-    fw.hotlist = [(int(u), int(c)) for u, c in zip(rec["hot_unit"][:n], rec["hot_count"][:n])]
-    n = min(int(rec["events_len"]), EVENTS_MAX)
-    fw.recent_events = [EventEntry(int(t), int(g), bytes(x).decode(errors="replace"))
+def _decode_firmware(rec: dict[str, Any]) -> FirmwareTelemetry:
+    fw = FirmwareTelemetry(**{name: rec[name] for name in _FIRMWARE_SCALARS})
+    n = min(rec["hotlist_len"], HOTLIST_MAX)  # clamp: a bad page must not crash the reader
+    fw.hotlist = list(zip(rec["hot_unit"][:n], rec["hot_count"][:n]))
+    n = min(rec["events_len"], EVENTS_MAX)
+    fw.recent_events = [EventEntry(t, g, x.decode(errors="replace"))
                         for t, g, x in zip(rec["event_ts"][:n], rec["event_log"][:n], rec["event_text"][:n])]
-    n = min(int(rec["poison_len"]), POISON_MAX)
-    fw.recent_poison = [PoisonEntry(int(d), int(ln), int(s)) for d, ln, s in
+    n = min(rec["poison_len"], POISON_MAX)
+    fw.recent_poison = [PoisonEntry(d, ln, src) for d, ln, src in
                         zip(rec["poison_dpa"][:n], rec["poison_length"][:n], rec["poison_source"][:n])]
     return fw
 
 
-def _decode_host(rec: np.void) -> HostTelemetry:
-    return HostTelemetry(**_scalars(rec, HostTelemetry))
+def _decode_host(rec: dict[str, Any]) -> HostTelemetry:
+    return HostTelemetry(**{name: rec[name] for name in _HOST_SCALARS})

@@ -80,6 +80,8 @@ def test_firmware_round_trip_with_lists() -> None:
     assert fw.recent_events[1].text == "é" * 24  # cut at 48 bytes on a character boundary
     assert fw.recent_poison == [PoisonEntry(0x1000, 64, 3)]
     assert (fw.seq, fw.writer_pid) == (2, os.getpid())
+    plain = [fw.uptime_ns, *fw.hotlist[0], fw.recent_events[0].timestamp_ns, fw.recent_poison[0].dpa]
+    assert all(type(v) is int for v in plain)  # plain ints, not numpy scalars
     assert fw.updated_ns > 0
 
 
@@ -116,6 +118,9 @@ def test_host_dataclass_round_trip(snapshot: HostTelemetry) -> None:
     ({"seq": 5}, "has no field 'seq'"),
     ({"uptime_ns": -1}, "uptime_ns=-1 is outside 0..18446744073709551615"),
     ({"hotlist": [(1, 1)] * 257}, "hotlist holds at most 256 entries, got 257"),
+    ({"hotlist": [(1, 2**32)]}, "hotlist entry 4294967296 is outside 0..4294967295"),
+    ({"hotlist": [(2**64, 1)]}, "hotlist entry 18446744073709551616 is outside 0..18446744073709551615"),
+    ({"recent_poison": [PoisonEntry(-64, 64)]}, "recent_poison entry -64 is outside 0..18446744073709551615"),
     ({"recent_events": [EventEntry(0, 9, "x")]}, "event log 9 is not one of 0..4"),
 ])
 def test_bad_publish_is_refused_before_the_write(kwargs: dict, message: str) -> None:
@@ -133,6 +138,10 @@ def test_publish_refuses_a_non_integer() -> None:
     writer = TelemetryWriter(bar, "firmware")
     with pytest.raises(TypeError, match="firmware.media_status must be an int, got float"):
         writer.publish(media_status=1.5)
+    with pytest.raises(TypeError, match="firmware.hotlist entries must be ints, got float"):
+        writer.publish(hotlist=[(1.5, 1)])
+    with pytest.raises(TypeError, match="firmware.hotlist entries must be ints, got bool"):
+        writer.publish(hotlist=[(5, 1), (True, 1)])
     assert _seq(bar, "firmware") == 0
 
 
