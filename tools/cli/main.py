@@ -18,6 +18,7 @@ _MODULES = [
     "tools.cli.cmd_trace",
     "tools.cli.cmd_monitor",
     "tools.cli.cmd_device",
+    "tools.cli.cmd_memdev",
     "tools.cli.cmd_region",
     "tools.cli.cmd_demo",
     "tools.cli.cmd_events",

@@ -1,0 +1,82 @@
+"""`cxlemu identify | health | partition | timestamp | lsa | fw ...` against an in-process device."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tools.cli.main import main
+
+
+def cli(capsys, *argv: str) -> tuple[int, object, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    out = json.loads(captured.out) if code == 0 and captured.out.lstrip().startswith(("{", "[")) else captured.out
+    return code, out, captured.err
+
+
+def test_identify_partition_health(served, capsys):
+    code, ident, _ = cli(capsys, "identify", served.name)
+    assert code == 0
+    assert ident["memdev"] == served.name and ident["total_bytes"] == 256 << 20
+    assert ident["fw_revision"] == served.files.config.fw_revision
+    code, part, _ = cli(capsys, "partition", served.name)
+    assert (code, part["active_volatile_bytes"], part["active_persistent_bytes"]) == (0, 256 << 20, 0)
+    code, health, _ = cli(capsys, "health", served.name)
+    assert code == 0
+    h = health["health"]
+    assert (h["temperature"], h["life_used_percent"], h["media_normal"], h["ext_temperature"]) == (35, 0, True, "normal")
+    code, text, _ = cli(capsys, "health", served.name, "--human")
+    assert code == 0 and "temperature" in text and "35" in text
+
+
+def test_timestamp_set_and_get(served, capsys):
+    code, ts, _ = cli(capsys, "timestamp", served.name)
+    assert (code, ts["timestamp_ns"]) == (0, 0)
+    code, ts, _ = cli(capsys, "timestamp", served.name, "--set", "1000000000000000000")
+    assert code == 0 and ts["timestamp_ns"] >= 10**18
+    assert cli(capsys, "timestamp", served.name, "--set", "soon")[0] == 2
+
+
+def test_lsa_write_and_read(served, capsys):
+    code, res, _ = cli(capsys, "lsa", served.name, "--offset", "0x10", "--write", "deadbeef")
+    assert (code, res["written"]) == (0, 4)
+    code, res, _ = cli(capsys, "lsa", served.name, "--offset", "16", "--length", "6")
+    assert (code, res["data"]) == (0, "deadbeef0000")
+    code, _, err = cli(capsys, "lsa", served.name, "--offset", str(128 << 10), "--length", "1")
+    assert code == 2 and err.startswith("cxlemu: error:") and "LSA" in err
+    assert cli(capsys, "lsa", served.name, "--write", "zz")[0] == 2
+
+
+def test_fw_pack_update_activate(served, capsys, tmp_path):
+    body = tmp_path / "body.bin"
+    body.write_bytes(bytes(range(256)) * 30)
+    pkg = tmp_path / "fw.pkg"
+    code, res, _ = cli(capsys, "fw", "pack", "--revision", "9.9.9", "--body", str(body), "-o", str(pkg))
+    assert code == 0 and res["size"] == 64 + 7680 == pkg.stat().st_size
+    code, res, _ = cli(capsys, "fw", "update", served.name, str(pkg))
+    assert (code, res["slot"], res["revision"]) == (0, 2, "9.9.9")
+    code, res, _ = cli(capsys, "fw", "activate", served.name, "--slot", "2")
+    assert (code, res["active_slot"], res["firmware_version"]) == (0, 2, "9.9.9")
+    code, info, _ = cli(capsys, "fw", "info", served.name)
+    assert code == 0 and info["revisions"] == [served.files.config.fw_revision, "9.9.9"]
+    assert cli(capsys, "identify", served.name)[1]["fw_revision"] == "9.9.9"
+
+
+@pytest.mark.parametrize("argv, code, words", [
+    (["fw", "activate", "{name}", "--slot", "2"], 1, "0x0b FW Invalid Slot"),  # slot 2 is empty
+    (["fw", "pack", "--revision", "x" * 17, "-o", "/dev/null"], 2, "1-16 ASCII"),
+    (["fw", "update", "{name}", "/nonexistent/fw.pkg"], 2, "cannot read"),
+    (["identify", "no-such-device"], 2, "no device named"),
+])
+def test_bad_input_is_one_line(served, capsys, argv, code, words):
+    got, _, err = cli(capsys, *(a.format(name=served.name) for a in argv))
+    assert got == code
+    assert err.count("\n") == 1 and err.startswith("cxlemu: error:") and words in err
+
+
+def test_a_package_failing_authentication_is_a_device_error(served, capsys, tmp_path):
+    bad = tmp_path / "bad.pkg"
+    bad.write_bytes(b"\x00" * 5000)
+    code, _, err = cli(capsys, "fw", "update", served.name, str(bad))
+    assert code == 1 and "FW Authentication Failed" in err
