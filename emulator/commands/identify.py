@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING
 from emulator.firmware import attach_state
 from emulator.health import Alert, AlertConfig, HealthState
 from emulator.mailbox import COMMANDS, Effect, command
+from emulator.spec import payloads_events as E
 from emulator.spec import payloads_memdev as P
 from emulator.spec import registers as R
 from emulator.spec.layout import u24
 from emulator.spec.opcodes import Opcode
+from emulator.spec.payloads_poison import INJECT_POISON_LIMIT, POISON_LIST_LIMIT
 from emulator.spec.retcodes import RetCode
 from emulator.timing import linkstate as L
 
@@ -28,11 +30,11 @@ log = logging.getLogger(__name__)
 CAPACITY_UNIT = 256 << 20  # §8.2.9.9.1.1: capacities are multiples of 256 MiB
 HEALTH_PERIOD_NS = 100_000_000  # the firmware re-evaluates health ten times a second
 
-# Event log capacities (records) and poison-list limits that Identify Memory Device reports. The
-# event and poison groups own the logs and the list; these are the sizes they are built with.
-EVENT_LOG_SIZES = {"info": 64, "warning": 64, "failure": 64, "fatal": 64, "dynamic_capacity": 8}
-POISON_LIST_MAX_RECORDS = 256   # QEMU CXL_POISON_LIST_LIMIT
-INJECT_POISON_LIMIT = 0         # 0: injection is limited only by the list (QEMU)
+# What Identify Memory Device reports about the logs and lists other groups own: the event logs'
+# capacities (records, emulator.events) and the poison list's limits (emulator.poison).
+EVENT_LOG_SIZES = dict(zip(("info", "warning", "failure", "fatal", "dynamic_capacity"), E.EVENT_LOG_SIZES))
+POISON_LIST_MAX_RECORDS = POISON_LIST_LIMIT
+assert len(EVENT_LOG_SIZES) == len(E.EventLog)
 
 
 def attach(fw: Firmware) -> None:
@@ -170,8 +172,6 @@ def emit_alert_event(fw: Firmware, alert: Alert) -> None:
     events = getattr(fw, "events", None)
     if events is None:  # a firmware built without the event logs
         return
-    from emulator.spec import payloads_events as E
-
     kind = {"life_used": E.DeviceEventType.LIFE_USED_CHANGE,
             "temperature": E.DeviceEventType.TEMPERATURE_CHANGE}.get(alert.what, E.DeviceEventType.HEALTH_STATUS_CHANGE)
     critical = alert.level == P.LEVEL_CRITICAL
