@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from emulator.hdm import IG_MAX, WAYS_BY_IW, DecoderSettings
+from emulator.hdm import IG_MAX, WAYS_BY_IW, DecoderSettings, hpa_to_dpa
 from emulator.regfile import RegisterFile
 from emulator.spec import component_regs as C
 from emulator.spec.registers import Reg
@@ -100,6 +100,10 @@ class HdmDecoderBlock:
         if not self.regs.get_field(C.HDM_GLOBAL_CTRL, "HDM_DECODER_ENABLE"):
             return []
         return [latched.settings for latched in self._latched if latched is not None]
+
+    def hpa_to_dpa(self, hpa: int) -> int | None:
+        """The DPA this device serves `hpa` at, or None when no enabled, committed decoder maps it."""
+        return hpa_to_dpa(self.decoders(), hpa)
 
     @property
     def committed_count(self) -> int:

@@ -1,6 +1,7 @@
 """`cxlemu region create | list | destroy` and driver.region's named regions, on served devices."""
 from __future__ import annotations
 
+import io
 import json
 import signal
 import subprocess
@@ -10,10 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from driver import MemDev
 from driver.region import ROOT_WINDOW_BASE, list_regions, open_region
 from emulator.device import DeviceConfig, destroy, firmware_pid, serve
+from tools.cli.cmd_region import region_table
 from tools.cli.main import main
 
 SZ_256M = 256 << 20
@@ -49,6 +52,14 @@ def test_create_list_use_destroy(pair: tuple[str, str], capsys: pytest.CaptureFi
     assert second["mappings"] == [{"position": 0, "memdev": a, "decoder": 1}]
     listed = cli(capsys, "region", "list")[1]
     assert [r for r in listed if {m["memdev"] for m in r["mappings"]} & {a, b}] == [made, second]
+
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(region_table([made, second]))
+    rows = [line for line in console.export_text().splitlines() if "region" in line and "MiB" in line]
+    assert [[cell.strip() for cell in row.split("│")[1:-1]] for row in rows] == [
+        ["region0", f"{ROOT_WINDOW_BASE:#x}", "512 MiB", "2", "1024", f"{b}.decoder0, {a}.decoder0"],
+        ["region1", f"{ROOT_WINDOW_BASE + 2 * SZ_256M:#x}", "256 MiB", "1", "256", f"{a}.decoder1"],
+    ]
 
     with open_region("region0") as region:
         region.write(ROOT_WINDOW_BASE + 1000, b"x" * 24 + b"across two devices")

@@ -92,8 +92,10 @@ def test_commit_sets_committed_and_decodes_once_enabled(dev: tuple[Host, HdmDeco
     hdm.service()
     assert host.ctrl(0) == 2 | 1 << 4 | COMMIT | COMMITTED | 1 << 12
     assert hdm.decoders() == []  # HDM Decoder Enable still clear
+    assert hdm.hpa_to_dpa(16 * SZ_256M) is None
     host.enable()
     assert hdm.decoders() == [DecoderSettings(base=16 * SZ_256M, size=2 * SZ_256M, ig=2, iw=1)]
+    assert hdm.hpa_to_dpa(16 * SZ_256M + 3 * 1024 + 7) == 1024 + 7  # chunk 3 of 1 KiB: 2nd on position 1
 
 
 def test_commit_out_of_order_sets_error_until_commit_is_cleared(dev: tuple[Host, HdmDecoderBlock]) -> None:

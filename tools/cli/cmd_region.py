@@ -81,14 +81,8 @@ def cmd_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    from driver.region import list_regions
-
-    records = [region_record(info) for info in list_regions()]
-    if not args.human:
-        print_json(records)
-        return 0
-    from rich.console import Console
+def region_table(records: list[dict[str, Any]]) -> Any:
+    """The `--human` rendering of `region list` records (a rich Table; pure, for tests)."""
     from rich.table import Table
 
     table = Table(title="cxlemu regions")
@@ -98,7 +92,19 @@ def cmd_list(args: argparse.Namespace) -> int:
         memdevs = ", ".join(f"{m['memdev']}.decoder{m['decoder']}" for m in r["mappings"])
         table.add_row(str(r["region"]), f"{r['resource']:#x}", f"{r['size'] >> 20} MiB", str(r["interleave_ways"]),
                       str(r["interleave_granularity"]), memdevs if r["order_known"] else f"{memdevs} (order unknown)")
-    Console().print(table)
+    return table
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from driver.region import list_regions
+
+    records = [region_record(info) for info in list_regions()]
+    if args.human:
+        from rich.console import Console
+
+        Console().print(region_table(records))
+    else:
+        print_json(records)
     return 0
 
 
