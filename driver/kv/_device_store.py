@@ -9,12 +9,14 @@ engine retries and then recovers from.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from driver.kv._store import Extent
+from driver.kv._chunks import ChunkPool
+from driver.kv._store import Extent, configure_chunks
 from emulator.dma import Descriptor, DmaEngine, DmaHandle
 from emulator.spec import registers as R
 from emulator.spec.errors import ConfigError, DmaError
@@ -54,10 +56,10 @@ class DeviceBlockStore:
         self.dma = DmaEngine(self.datapath, channels=channels)
         self.chunk_bytes = 0
         self.capacity_chunks = 0
+        self.pool: ChunkPool | None = None
 
     def configure(self, chunk_bytes: int) -> None:
-        self.chunk_bytes = chunk_bytes
-        self.capacity_chunks = self.size // chunk_bytes
+        configure_chunks(self, chunk_bytes, self.size)
 
     def _descs(self, direction: str, extents: Sequence[Extent], host: np.ndarray) -> list[Descriptor]:
         cb = self.chunk_bytes
@@ -89,31 +91,65 @@ class DeviceBlockStore:
         self.dma.close()
 
 
-class _OwnedStore(DeviceBlockStore):
-    """A store that also closes the MemDev (and stops the private device) it was opened with."""
+class _SharedStore:
+    """One store per device per process, shared by every cache on that device: they share its
+    chunk pool (so prefix sharing spans generations) and never overlap on the media."""
 
-    def __init__(self, memdev: Any, stack: contextlib.ExitStack, **kw: Any) -> None:
-        super().__init__(memdev, **kw)
-        self._stack = stack
+    def __init__(self, store: DeviceBlockStore, stack: contextlib.ExitStack) -> None:
+        self.store = store
+        self.stack = stack
+        self.users = 0
+
+
+_OPEN: dict[str, _SharedStore] = {}
+_LOCK = threading.Lock()
+
+
+class _StoreHandle:
+    """A cache's reference to a shared device store; ``close`` drops it, the last one closes."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._shared: _SharedStore | None = _OPEN[name]
+
+    def __getattr__(self, attr: str) -> Any:
+        shared = self.__dict__.get("_shared")
+        if shared is None:
+            raise AttributeError(attr)
+        return getattr(shared.store, attr)
 
     def close(self) -> None:
+        with _LOCK:
+            shared, self._shared = self._shared, None
+            if shared is None:
+                return
+            shared.users -= 1
+            if shared.users:
+                return
+            del _OPEN[self.name]
         try:
-            super().close()
+            shared.store.close()
         finally:
-            self._stack.close()
+            shared.stack.close()
 
 
-def open_device_store(name: str | None, capacity: int, private_name: str) -> tuple[DeviceBlockStore, None, str]:
-    """Open device ``name``, or serve a private in-process device when ``name`` is None."""
+def open_device_store(name: str | None, capacity: int, private_name: str) -> tuple[Any, str]:
+    """A handle on device ``name``'s store, or on a private in-process device when None."""
     from driver.memdev import MemDev
     from emulator.device import DeviceConfig, serve
 
-    stack = contextlib.ExitStack()
-    try:
-        if name is None:
-            name = stack.enter_context(serve(DeviceConfig(name=private_name, capacity=capacity))).name
-        md = stack.enter_context(MemDev.open(name))
-        return _OwnedStore(md, stack), None, name
-    except BaseException:
-        stack.close()
-        raise
+    with _LOCK:
+        if name is not None and name in _OPEN:
+            _OPEN[name].users += 1
+            return _StoreHandle(name), name
+        stack = contextlib.ExitStack()
+        try:
+            if name is None:
+                name = stack.enter_context(serve(DeviceConfig(name=private_name, capacity=capacity))).name
+            md = stack.enter_context(MemDev.open(name))
+            _OPEN[name] = _SharedStore(DeviceBlockStore(md), stack)
+        except BaseException:
+            stack.close()
+            raise
+        _OPEN[name].users += 1
+        return _StoreHandle(name), name

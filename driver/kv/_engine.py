@@ -94,7 +94,7 @@ class ResidencyEngine:
                 "dedup_load_bytes", "cow_copies", "load_retries", "recomputed_chunks", "regrows")
 
     def __init__(self, *, budget: int, policy: str, block_tokens: int, store: BlockStore,
-                 pool: ChunkPool | None, device: torch.device, dtype: torch.dtype,
+                 device: torch.device, dtype: torch.dtype,
                  prefetch_depth: int = 2, max_retries: int = 2, prefix_sharing: bool = True,
                  max_seq_len: int | None = None, recompute: Recompute | None = None,
                  full_writeback: bool = False) -> None:
@@ -102,7 +102,7 @@ class ResidencyEngine:
         self.policy_name = policy
         self.block_tokens = block_tokens
         self.store = store
-        self.pool = pool
+        self.pool: ChunkPool | None = None
         self.device = device
         self.dtype = dtype
         self.prefetch_depth = prefetch_depth
@@ -153,8 +153,7 @@ class ResidencyEngine:
         self.layout = KVLayout(batch=b, kv_heads=h, head_dim=d, itemsize=k.element_size(),
                                block_tokens=self.block_tokens)
         self.store.configure(self.layout.chunk_bytes)
-        if self.pool is None:
-            self.pool = ChunkPool(self.store.capacity_chunks)
+        self.pool = self.store.pool
         needed = max(n, self.max_seq_len or 0)
         self.arena.configure(self.layout, needed, self._headroom(needed))
         self.policy = make_policy(self.policy_name, self.arena.max_frames)

@@ -15,6 +15,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from driver.kv._chunks import ChunkPool
 from emulator.spec.errors import ConfigError, DmaError, PoisonError
 
 __all__ = ["BlockStore", "Extent", "FaultInjectingStore", "MemoryBlockStore", "Transfer", "coalesce"]
@@ -50,13 +51,15 @@ class Transfer(Protocol):
 
 
 class BlockStore(Protocol):
-    """Chunk-addressed storage off the accelerator."""
+    """Chunk-addressed storage off the accelerator, with the pool that owns its chunk ids."""
 
     chunk_bytes: int
     capacity_chunks: int
+    pool: ChunkPool | None
 
     def configure(self, chunk_bytes: int) -> None:
-        """Fix the chunk size (known at the first update); sets ``capacity_chunks``."""
+        """Fix the chunk size (known at the first update); sets ``capacity_chunks`` and ``pool``.
+        A store already configured with another size refuses (its chunks would overlap)."""
 
     def read(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer: ...
 
@@ -66,6 +69,19 @@ class BlockStore(Protocol):
         """Clear poison in ``chunk`` before it is rewritten; returns the lines cleared."""
 
     def close(self) -> None: ...
+
+
+def configure_chunks(store: "BlockStore", chunk_bytes: int, region_bytes: int) -> None:
+    """Shared ``configure``: first caller fixes the chunk size and creates the pool."""
+    if store.pool is not None:
+        if chunk_bytes != store.chunk_bytes:
+            raise ConfigError(f"this device already holds KV chunks of {store.chunk_bytes} bytes; a "
+                              f"cache with {chunk_bytes}-byte chunks (another model shape or "
+                              "block_tokens) needs its own device")
+        return
+    store.chunk_bytes = chunk_bytes
+    store.capacity_chunks = region_bytes // chunk_bytes
+    store.pool = ChunkPool(store.capacity_chunks)
 
 
 class CompletedTransfer:
@@ -91,13 +107,13 @@ class MemoryBlockStore:
         self.capacity_bytes = capacity_bytes
         self.chunk_bytes = 0
         self.capacity_chunks = 0
+        self.pool: ChunkPool | None = None
         self._media = np.zeros(capacity_bytes, dtype=np.uint8)
         self.bytes_read = 0
         self.bytes_written = 0
 
     def configure(self, chunk_bytes: int) -> None:
-        self.chunk_bytes = chunk_bytes
-        self.capacity_chunks = self.capacity_bytes // chunk_bytes
+        configure_chunks(self, chunk_bytes, self.capacity_bytes)
 
     def read(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer:
         cb = self.chunk_bytes
@@ -175,6 +191,10 @@ class FaultInjectingStore:
     @property
     def capacity_chunks(self) -> int:  # type: ignore[override]
         return self.inner.capacity_chunks
+
+    @property
+    def pool(self) -> ChunkPool | None:  # type: ignore[override]
+        return self.inner.pool
 
     def configure(self, chunk_bytes: int) -> None:
         self.inner.configure(chunk_bytes)

@@ -120,7 +120,7 @@ class CxlCache(Cache):
             raise RuntimeError("CxlCache is closed: make a new one")
         if self._engine is None:
             self._engine = ResidencyEngine(
-                store=self._backing.store(), pool=self._backing.pool, device=key_states.device,
+                store=self._backing.store(), device=key_states.device,
                 dtype=key_states.dtype,
                 recompute=self._recorder.recompute if self._recorder else None, **self._kw)
         return self._engine
@@ -169,8 +169,6 @@ class _Backing:
         self._given = store
         self._capacity = capacity
         self._store: BlockStore | None = None
-        self._served: Any = None
-        self.pool = None
 
     def store(self) -> BlockStore:
         if self._store is None:
@@ -180,14 +178,9 @@ class _Backing:
     def _open(self) -> BlockStore:
         from driver.kv._device_store import open_device_store
 
-        store, served, name = open_device_store(self.name, self._capacity,
-                                                f"kv{os.getpid()}-{next(_serial)}")
-        self._served, self.name = served, name
+        store, self.name = open_device_store(self.name, self._capacity, f"kv{os.getpid()}-{next(_serial)}")
         return store
 
     def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
-        if self._served is not None:
-            self._served.__exit__(None, None, None)
-            self._served = None
+        if self._store is not None and self._given is None:
+            self._store.close()  # a store passed in belongs to the caller
