@@ -228,13 +228,27 @@ def program_region(targets: Sequence[RegionTarget], *, base: int, size: int, gra
 
 
 def destroy_region(region: Region) -> None:
-    """Reset the region's decoder on every target (each must be its target's top decoder)."""
-    for target in reversed(region.targets):
+    """Reset the region's decoder on every target; all or nothing.
+
+    Every target is checked first (its decoder for the window must be its top committed one and
+    not locked), so a refusal leaves the region whole rather than half reset.
+    """
+    plan: list[tuple[HdmDecoders, int]] = []
+    for position, target in enumerate(region.targets):
         hdm = HdmDecoders(target.bar)
-        for state in reversed(hdm.committed()):
-            if state.settings == region.window:
-                hdm.reset(state.index)
-                break
+        committed = hdm.committed()
+        mine = [state for state in committed if state.settings == region.window]
+        if not mine:
+            raise DecoderError(f"target {position} has no committed decoder for the region")
+        if mine[0].index != len(committed) - 1:
+            raise DecoderError(f"target {position}: decoder {mine[0].index}: reset the decoders above it "
+                               "first (they uncommit in reverse order)")
+        if mine[0].locked:
+            raise DecoderError(f"target {position}: decoder {mine[0].index} is locked on commit: "
+                               "it stays until the device is reset")
+        plan.append((hdm, mine[0].index))
+    for hdm, index in reversed(plan):
+        hdm.reset(index)
 
 
 # ---- the root decoder: regions by name, across all devices ------------------------------------------
@@ -320,8 +334,8 @@ def list_regions() -> list[RegionInfo]:
 
 def _allocate_base(size: int, ways: int, targets: Sequence[str], taken: list[tuple[int, int]],
                    below: dict[str, int]) -> int:
-    """Lowest base in the root window, aligned to ways x 256 MiB (Linux alloc_hpa), that overlaps no
-    region and lies above the targets' own windows (a device's decoders ascend in HPA)."""
+    """Lowest base in the root window aligned to ways x 256 MiB (as Linux's alloc_hpa aligns), that
+    overlaps no region and lies above the targets' own windows (a device's decoders ascend in HPA)."""
     align = ways * HDM_DECODER_ALIGN
     candidate = max([ROOT_WINDOW_BASE] + [below.get(t, 0) for t in targets])
     candidate = -(-candidate // align) * align

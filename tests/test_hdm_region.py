@@ -188,6 +188,16 @@ def test_destroy_region_frees_the_decoders(devices: list[FakeMemDev]) -> None:
     assert [HdmDecoders(d.bar).committed() for d in devices[:2]] == [[], []]
 
 
+def test_destroy_refused_on_one_target_resets_none(devices: list[FakeMemDev]) -> None:
+    """[a, b] with a second region on a only: b's decoder could go, a's cannot, so neither goes."""
+    a, b = devices[0], devices[1]
+    region = program_region([a, b], base=BASE, size=2 * SZ_256M)
+    program_region([a], base=BASE + 2 * SZ_256M, size=SZ_256M)
+    with pytest.raises(DecoderError, match="target 0: decoder 0: reset the decoders above it first"):
+        destroy_region(region)
+    assert [len(HdmDecoders(d.bar).committed()) for d in (a, b)] == [2, 1]
+
+
 def test_region_arguments_are_checked(devices: list[FakeMemDev]) -> None:
     with pytest.raises(ConfigError, match="5 interleave ways is not supported"):
         Region([devices[0]] * 5, base=BASE, size=5 * SZ_256M, granularity=256)
