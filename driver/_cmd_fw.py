@@ -38,10 +38,12 @@ def transfer_payload(action: int, slot: int, offset: int, data: bytes = b"") -> 
 class FwCommands:
     """Mixin: needs `send` and `call` (MailboxClient)."""
 
-    def call(self, opcode: int, payload: bytes = b"", **kw: object) -> bytes:  # provided by MailboxClient
+    def call(self, opcode: int, payload: bytes = b"", *,
+             progress: Callable[[int], None] | None = None) -> bytes:  # provided by MailboxClient
         raise NotImplementedError
 
-    def send(self, opcode: int, payload: bytes = b"", **kw: object) -> tuple[int, bytes]:
+    def send(self, opcode: int, payload: bytes = b"", *, wait_background: bool = False,
+             progress: Callable[[int], None] | None = None) -> tuple[int, bytes]:  # provided by MailboxClient
         raise NotImplementedError
 
     def fw_info(self) -> FwInfo:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from emulator.spec import payloads_memdev as P
 from emulator.spec.layout import Layout
@@ -103,7 +104,7 @@ _ALERT_BITS = {"life_used_warning": P.ALERT_LIFE_USED, "over_temp_warning": P.AL
 _EVENT_LOGS = ("info", "warning", "failure", "fatal", "dynamic_capacity")
 
 
-def _decode(layout: Layout, out: bytes) -> dict[str, int]:
+def _decode(layout: Layout, out: bytes) -> dict[str, Any]:
     if len(out) < layout.size:
         raise ValueError(f"{layout.name}: device returned {len(out)} bytes, expected {layout.size}")
     return layout.unpack(out)
@@ -112,7 +113,8 @@ def _decode(layout: Layout, out: bytes) -> dict[str, int]:
 class MemdevCommands:
     """Mixin: needs `call(opcode, payload) -> bytes` (MailboxClient)."""
 
-    def call(self, opcode: int, payload: bytes = b"", **kw: object) -> bytes:  # provided by MailboxClient
+    def call(self, opcode: int, payload: bytes = b"", *,
+             progress: Callable[[int], None] | None = None) -> bytes:  # provided by MailboxClient
         raise NotImplementedError
 
     def identify_memdev(self) -> MemdevIdentity:

@@ -39,7 +39,7 @@ def build_image(revision: str, body: bytes = b"") -> bytes:
                                   body_crc32=zlib.crc32(body), revision=rev) + bytes(body)
 
 
-def authenticate(image: bytes | bytearray | memoryview) -> Generator[int, None, str]:
+def authenticate(image: bytes | memoryview) -> Generator[int, None, str]:
     """Check a package in slices (yielding percent); returns its revision or raises ImageError."""
     hdr_size = F.FW_IMAGE_HEADER.size
     if len(image) < hdr_size:
