@@ -87,9 +87,11 @@ class HealthState:
     # model -------------------------------------------------------------------------------------
     def advance(self, now_ns: int, bytes_moved: int) -> list[Alert]:
         """Move the model to `now_ns`, given the link's cumulative byte count; returns new alerts."""
-        if self._last_ns is None or now_ns <= self._last_ns:
+        if self._last_ns is None:  # the first sample only sets the baseline
             self._last_ns, self._last_bytes = now_ns, bytes_moved
             self._now_ns = max(self._now_ns, now_ns)
+            return self.check_alerts()
+        if now_ns <= self._last_ns:  # no time has passed: nothing to integrate yet
             return self.check_alerts()
         dt_s = (now_ns - self._last_ns) / 1e9
         gbps = max(0, bytes_moved - self._last_bytes) / dt_s / 1e9

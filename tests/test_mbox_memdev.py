@@ -93,10 +93,13 @@ def test_alert_configuration_get_set(fw):
     assert dispatch(fw, 0x4202, struct.pack("<BBBBhhHH", 0x02, 0x02, 0, 0, 85, 0, 0, 0))[0] == RetCode.INVALID_INPUT
     assert dispatch(fw, 0x4202, struct.pack("<BBBBhhHH", 0x01, 0x01, 95, 0, 0, 0, 0, 0))[0] == RetCode.INVALID_INPUT
     assert dispatch(fw, 0x4202, struct.pack("<BBBBhhHH", 0x04, 0x04, 0, 0, 0, -5, 0, 0))[0] == RetCode.INVALID_INPUT
-    # enable bits outside the valid ones, or unknown bits
-    assert dispatch(fw, 0x4202, struct.pack("<BBBBhhHH", 0x01, 0x03, 10, 0, 0, 0, 0, 0))[0] == RetCode.INVALID_INPUT
-    assert dispatch(fw, 0x4202, struct.pack("<BBBBhhHH", 0x20, 0x00, 0, 0, 0, 0, 0, 0))[0] == RetCode.INVALID_INPUT
+    # an alert this device does not have is refused; enable bits of actions not valid are ignored
+    assert dispatch(fw, 0x4202, struct.pack("<BBBBhhHH", 0x20, 0x20, 0, 0, 0, 0, 0, 0))[0] == RetCode.INVALID_INPUT
     assert dispatch(fw, 0x4201, b"")[1][0] == 0x0A
+    assert dispatch(fw, 0x4202, struct.pack("<BBBBhhHH", 0x01, 0x03, 10, 0, 99, 0, 0, 0))[0] == RetCode.SUCCESS
+    out = dispatch(fw, 0x4201, b"")[1]
+    assert (out[0], out[3], struct.unpack_from("<h", out, 0x08)[0]) == (0x0B, 10, 70)  # over-temp untouched
+    assert dispatch(fw, 0x4202, struct.pack("<BBBBhhHH", 0x01, 0x00, 0, 0, 0, 0, 0, 0))[0] == RetCode.SUCCESS
     # disable the over-temperature warning only
     assert dispatch(fw, 0x4202, struct.pack("<BBBBhhHH", 0x02, 0x00, 0, 0, 0, 0, 0, 0))[0] == RetCode.SUCCESS
     assert dispatch(fw, 0x4201, b"")[1][0] == 0x08

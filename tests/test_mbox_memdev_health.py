@@ -141,3 +141,13 @@ def test_service_reads_the_link_counters_and_logs_events():
         assert struct.unpack_from("<h", out, 4)[0] == fw.health.temperature
         if before is not None:
             assert fw.events.count(1) == before + 1  # one warning record for one crossing
+
+
+def test_bytes_counted_at_an_unchanged_time_are_not_lost():
+    h, ref = HealthState(start_ns=0), HealthState(start_ns=0)
+    h.advance(0, 0)
+    ref.advance(0, 0)
+    h.advance(0, 10 * GB)  # same instant: integrated with the next sample
+    h.advance(S, 20 * GB)
+    ref.advance(S, 20 * GB)
+    assert h.temperature_c == ref.temperature_c > AMBIENT_C

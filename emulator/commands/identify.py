@@ -106,10 +106,11 @@ _SET_FIELDS = (
 @command(Opcode.SET_ALERT_CONFIG, "Set Alert Configuration", in_len=P.SET_ALERT_CONFIG.size,
          effects=Effect.IMMEDIATE_POLICY_CHANGE)
 def set_alert_config(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
-    """Each valid action enables (with its threshold) or disables one warning; all or nothing."""
+    """Each valid action enables (with its threshold) or disables one warning; all or nothing.
+    Enable bits of actions not marked valid are ignored, as the fields they would apply to."""
     req = P.SET_ALERT_CONFIG.unpack(payload)
-    valid, enable = req["valid_actions"], req["enable_actions"]
-    if valid & ~P.ALERT_ALL or enable & ~valid:
+    valid, enable = req["valid_actions"], req["enable_actions"] & req["valid_actions"]
+    if valid & ~P.ALERT_ALL:  # a warning this device does not have
         return RetCode.INVALID_INPUT, b""
     cur = fw.health.alerts
     new = AlertConfig(**{name: getattr(cur, name) for name in AlertConfig.__dataclass_fields__})
