@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from emulator.firmware import Firmware
 
 MAX_LINES_PER_SLICE = 1 << 18  # 16 MiB of media, 32 KiB of bitmap: well under 5 ms of work
+PACED_NAP_S = 0.0005  # FirmwareRunner's idle_sleep_s: how long an idle firmware leaves the mailbox
 
 
 @dataclass
@@ -69,11 +70,20 @@ def attach(fw: Firmware) -> None:
 
 def paced_slices(total: int, ns_per_unit: float, max_per_slice: int, granule: int = 1) -> Iterator[tuple[int, int]]:
     """Split [0, total) into slices done no faster than `ns_per_unit` (0: as fast as the work
-    goes), each ending on a multiple of `granule` or at `total`; a slice is empty when too little
-    time has passed since the last one."""
+    goes), each ending on a multiple of `granule` or at `total`.
+
+    A paced job that is ahead of its schedule naps (at most the runner's own idle nap) until a
+    slice's worth of work is due, rather than yielding empty slices in a busy loop; a slice can
+    still be empty, and the mailbox is never kept waiting longer than an idle firmware keeps it."""
     t0 = time.monotonic_ns()
     done = 0
+    chunk = max(granule, int(PACED_NAP_S * 1e9 / ns_per_unit)) if ns_per_unit > 0 else total
     while done < total:
+        if ns_per_unit > 0:
+            due_ns = t0 + min(total, done + chunk) * ns_per_unit
+            wait_ns = due_ns - time.monotonic_ns()
+            if wait_ns > 0:
+                time.sleep(min(wait_ns / 1e9, PACED_NAP_S))
         allowed = total if ns_per_unit <= 0 else min(total, int((time.monotonic_ns() - t0) / ns_per_unit))
         hi = min(allowed, done + max_per_slice)
         if hi < total:
