@@ -17,11 +17,11 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import simpy
 
-__all__ = ["DIRECTIONS", "DmaEngine", "DmaRequest", "QueueFullError", "TransferCost"]
+__all__ = ["DIRECTIONS", "DmaRequest", "DmaScheduler", "QueueFullError", "TransferCost"]
 
 DIRECTIONS = ("read", "write")  # read: device -> host/accelerator; write: host -> device
 
@@ -91,7 +91,7 @@ class DmaRequest:
         return "queued" if self.started_at is None else "in_flight"
 
 
-class DmaEngine:
+class DmaScheduler:
     """Schedules transfers on a simulated clock with the timed data path's cost function."""
 
     def __init__(self, env: simpy.Environment, cost: TransferCost, *, channels: int = 1,
@@ -161,7 +161,7 @@ class DmaEngine:
             timer.callbacks.append(self._complete)
 
     def _complete(self, event: simpy.Event) -> None:
-        req: DmaRequest = event.value
+        req = cast(DmaRequest, event.value)
         req.completed_at = self.env.now
         self._in_flight -= 1
         assert req.channel is not None

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-__all__ = ["HotlistRing", "HotnessConfig", "HotnessStatus", "HotnessUnit", "MODES", "RANGE_GRANULE"]
+__all__ = ["MODES", "RANGE_GRANULE", "HotlistRing", "HotnessConfig", "HotnessStatus", "HotnessUnit"]
 
 RANGE_GRANULE = 256 << 20  # one range-bitmap bit per 256 MiB of DPA (CHMU range configuration)
 MODES = ("epoch", "always_on")

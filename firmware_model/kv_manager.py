@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from firmware_model.block_pool import BlockHash, BlockPool, KVBlock, NoFreeBlocksError, hash_block_tokens
+from firmware_model.block_pool import (
+    BlockHash,
+    BlockPool,
+    KVBlock,
+    NoFreeBlocksError,
+    hash_block_tokens,
+)
 
 __all__ = ["KVCacheManager", "SequenceState"]
 

@@ -19,12 +19,13 @@ Duplicate hints for a block already resident, queued or in flight are counted an
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import asdict, dataclass, field
 
-from firmware_model.dma import DmaEngine, DmaRequest, QueueFullError, TransferCost
+from firmware_model.dma import DmaRequest, DmaScheduler, QueueFullError, TransferCost
 
 __all__ = ["PrefetchQueue", "PrefetchStats", "window_points"]
 
@@ -73,13 +74,13 @@ class _SeqHints:
 
 
 class PrefetchQueue:
-    """Issues hinted blocks through a :class:`DmaEngine` when progress comes within the window.
+    """Issues hinted blocks through a :class:`DmaScheduler` when progress comes within the window.
 
     ``is_resident(key)`` tells whether a block is already in the cache; ``on_arrival(key)`` is
     called when a prefetched block lands (the cache inserts it; return False if it could not).
     """
 
-    def __init__(self, dma: DmaEngine, *, block_bytes: int, window: int, layers: int,
+    def __init__(self, dma: DmaScheduler, *, block_bytes: int, window: int, layers: int,
                  is_resident: Callable[[Hashable], bool],
                  on_arrival: Callable[[Hashable], bool]) -> None:
         if block_bytes <= 0 or window < 0 or layers < 1:
@@ -174,10 +175,13 @@ class PrefetchQueue:
         except QueueFullError:
             return False
         pending = _Pending(key, seq, request)
-        request.done.callbacks.append(lambda _ev, pe=pending: self._arrived(pe))
+        request.done.callbacks.append(functools.partial(self._on_done, pending))
         self._pending[key] = pending
         self.stats.issued += 1
         return True
+
+    def _on_done(self, pending: _Pending, _event: object) -> None:
+        self._arrived(pending)
 
     def _arrived(self, pending: _Pending) -> None:
         if pending.seq is _CANCELLED:

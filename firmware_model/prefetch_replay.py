@@ -16,7 +16,7 @@ from itertools import groupby
 
 import simpy
 
-from firmware_model.dma import DmaEngine, TransferCost
+from firmware_model.dma import DmaScheduler, TransferCost
 from firmware_model.policies import EvictionPolicy
 from firmware_model.prefetch import PrefetchQueue, window_points
 from firmware_model.replay import Access, ReplayResult
@@ -50,7 +50,7 @@ class _Replay:
         if window is None:
             per_point = max(1, len(trace) // max(1, len(self.groups)))
             window = window_points(cost, per_point * block_bytes, per_point * compute_ns)
-        self.dma = DmaEngine(self.env, cost, channels=channels, queue_depth=1 << 30)
+        self.dma = DmaScheduler(self.env, cost, channels=channels, queue_depth=1 << 30)
         self.pq = PrefetchQueue(self.dma, block_bytes=block_bytes, window=window, layers=layers,
                                 is_resident=policy.__contains__, on_arrival=self._insert)
         self.block_bytes = block_bytes

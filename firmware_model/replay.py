@@ -113,7 +113,7 @@ def replay(trace: Sequence[Access], policy: str, capacity: int, *,
     hits, evictions = count_hits(pol, keys, capacity)
     misses = len(keys) - hits
     miss_ns = cost.read_ns(cost.block_bytes) if cost is not None else 0
-    stall = misses * miss_ns
+    stall = round(misses * miss_ns)
     return ReplayResult(policy=policy, capacity=capacity, accesses=len(keys), hits=hits,
                         misses=misses, opt_hits=opt_hits, evictions=evictions,
                         unique_blocks=len(set(keys)), stall_ns=stall,

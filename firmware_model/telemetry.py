@@ -13,7 +13,7 @@ from dataclasses import astuple, dataclass, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from firmware_model.dma import DmaEngine
+    from firmware_model.dma import DmaScheduler
     from firmware_model.hotness import HotnessUnit
     from firmware_model.prefetch import PrefetchQueue
 
@@ -89,7 +89,7 @@ class Counters:
         self.bytes[direction] += nbytes
         self.transfers[direction] += 1
 
-    def snapshot(self, now_ns: float, *, dma: DmaEngine | None = None, prefetch: PrefetchQueue | None = None,
+    def snapshot(self, now_ns: float, *, dma: DmaScheduler | None = None, prefetch: PrefetchQueue | None = None,
                  hotness: HotnessUnit | None = None) -> TelemetrySnapshot:
         b, n = dict(self.bytes), dict(self.transfers)
         values: dict[str, int] = {}

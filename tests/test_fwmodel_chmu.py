@@ -6,7 +6,14 @@ import json
 import numpy as np
 import pytest
 
-from emulator.chmu import CHMU_OFFSET, CHMU_SIZE, ChmuDevice, ChmuRegs, decode_config, encode_epoch
+from emulator.chmu import (
+    CHMU_OFFSET,
+    CHMU_SIZE,
+    ChmuDevice,
+    ChmuRegs,
+    decode_config,
+    encode_epoch,
+)
 from emulator.spec.errors import ConfigError
 from tools.cli.main import main
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from firmware_model.dma import DmaEngine, QueueFullError, TransferCost
+from firmware_model.dma import DmaScheduler, QueueFullError, TransferCost
 
 COST = TransferCost(read_latency_ns=100, write_latency_ns=200, read_bandwidth_gbps=16,
                     write_bandwidth_gbps=8, block_bytes=4096)
@@ -23,7 +23,7 @@ def test_cost_function_matches_the_timed_data_path() -> None:
 
 def test_one_transfer_completes_at_its_cost() -> None:
     env = simpy.Environment()
-    dma = DmaEngine(env, COST)
+    dma = DmaScheduler(env, COST)
     req = dma.submit("read", 4096)
     assert req.state == "in_flight"
     env.run()
@@ -34,7 +34,7 @@ def test_one_transfer_completes_at_its_cost() -> None:
 def test_channels_share_one_link_per_direction() -> None:
     """Two channels: reads still serialise on the read link; a write runs on its own link."""
     env = simpy.Environment()
-    dma = DmaEngine(env, COST, channels=3)
+    dma = DmaScheduler(env, COST, channels=3)
     r1, r2, w = dma.submit("read", 4096), dma.submit("read", 4096), dma.submit("write", 4096)
     env.run()
     assert (r1.completed_at, r2.completed_at, w.completed_at) == (356, 712, 712)
@@ -44,7 +44,7 @@ def test_channels_share_one_link_per_direction() -> None:
 def test_queued_requests_go_by_priority_then_fifo() -> None:
     """One channel: the rest wait; lower priority value first, FIFO among equals."""
     env = simpy.Environment()
-    dma = DmaEngine(env, COST, channels=1)
+    dma = DmaScheduler(env, COST, channels=1)
     first = dma.submit("read", 4096, priority=5)
     a, b, c = (dma.submit("read", 4096, priority=p, tag=t) for p, t in ((2, "a"), (1, "b"), (2, "c")))
     order: list[str] = []
@@ -58,7 +58,7 @@ def test_queued_requests_go_by_priority_then_fifo() -> None:
 
 def test_queue_depth_bounds_outstanding_requests() -> None:
     env = simpy.Environment()
-    dma = DmaEngine(env, COST, channels=1, queue_depth=2)
+    dma = DmaScheduler(env, COST, channels=1, queue_depth=2)
     dma.submit("read", 64)
     dma.submit("read", 64)
     with pytest.raises(QueueFullError, match="2 outstanding"):
@@ -70,7 +70,7 @@ def test_queue_depth_bounds_outstanding_requests() -> None:
 def test_cancelled_request_never_completes() -> None:
     """A queued request can be cancelled; an in-flight one cannot."""
     env = simpy.Environment()
-    dma = DmaEngine(env, COST, channels=1)
+    dma = DmaScheduler(env, COST, channels=1)
     running, queued = dma.submit("read", 4096), dma.submit("read", 4096)
     assert not dma.cancel(running) and dma.cancel(queued) and not dma.cancel(queued)
     assert dma.queued == 0
@@ -85,6 +85,6 @@ def test_cancelled_request_never_completes() -> None:
 ])
 def test_bad_requests_are_refused(call, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        call(DmaEngine(simpy.Environment(), COST))
+        call(DmaScheduler(simpy.Environment(), COST))
     with pytest.raises(ValueError, match="time_scale"):
         TransferCost(time_scale=0)

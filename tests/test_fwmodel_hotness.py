@@ -5,7 +5,12 @@ import numpy as np
 import pytest
 import simpy
 
-from firmware_model.hotness import RANGE_GRANULE, HotlistRing, HotnessConfig, HotnessUnit
+from firmware_model.hotness import (
+    RANGE_GRANULE,
+    HotlistRing,
+    HotnessConfig,
+    HotnessUnit,
+)
 
 KiB = 1024
 

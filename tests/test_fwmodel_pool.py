@@ -4,9 +4,22 @@ from __future__ import annotations
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    multiple,
+    rule,
+)
 
-from firmware_model.block_pool import BlockPool, FreeBlockQueue, KVBlock, NoFreeBlocksError, hash_block_tokens
+from firmware_model.block_pool import (
+    BlockPool,
+    FreeBlockQueue,
+    KVBlock,
+    NoFreeBlocksError,
+    hash_block_tokens,
+)
 from firmware_model.kv_manager import KVCacheManager
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from firmware_model.dma import DmaEngine, TransferCost
+from firmware_model.dma import DmaScheduler, TransferCost
 from firmware_model.prefetch import PrefetchQueue, window_points
 from firmware_model.replay import Access, replay
 from firmware_model.telemetry import FIELDS, Counters, TelemetrySnapshot
@@ -17,7 +17,7 @@ class Harness:
 
     def __init__(self, window: int = 1, channels: int = 1) -> None:
         self.env = simpy.Environment()
-        self.dma = DmaEngine(self.env, COST, channels=channels)
+        self.dma = DmaScheduler(self.env, COST, channels=channels)
         self.resident: set = set()
         self.arrivals: list[tuple[str, float]] = []
         self.pq = PrefetchQueue(self.dma, block_bytes=400, window=window, layers=4,

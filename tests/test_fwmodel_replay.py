@@ -135,7 +135,7 @@ def test_cli_rejects_malformed_traces(line: str, message: str, tmp_path, capsys)
     path.write_text('{"t": 0, "block": 1}\n' + line + "\n")
     assert main(["trace", "replay", str(path), "--capacity", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("cxlemu: error: ") and f"bad.jsonl:2" in err and message in err
+    assert err.startswith("cxlemu: error: ") and "bad.jsonl:2" in err and message in err
 
 
 def test_cli_argument_errors(tmp_path, capsys) -> None:

@@ -65,8 +65,8 @@ def test_cli_gen_writes_a_loadable_trace(tmp_path) -> None:
     assert main(["trace", "gen", "loop", "--steps", "0", "--out", str(out)]) == 2
 
 
-SMALL = dict(seqs=2, prompt_tokens=16, steps=4, block_tokens=4, layers=2, hidden=32, heads=2,
-             kv_heads=1, vocab=64)
+SMALL = {"seqs": 2, "prompt_tokens": 16, "steps": 4, "block_tokens": 4, "layers": 2, "hidden": 32,
+         "heads": 2, "kv_heads": 1, "vocab": 64}
 
 
 def test_recorder_is_seeded_and_reads_attention_blocks() -> None:

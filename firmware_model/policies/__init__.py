@@ -19,6 +19,8 @@ from firmware_model.policies.reuse import ReusePolicy
 from firmware_model.policies.s3fifo import S3FIFOPolicy
 
 __all__ = [
+    "ONLINE_POLICY_NAMES",
+    "POLICY_NAMES",
     "ARCPolicy",
     "BeladyPolicy",
     "EvictionPolicy",
@@ -26,8 +28,6 @@ __all__ = [
     "LFUPolicy",
     "LRUPolicy",
     "NoVictimError",
-    "ONLINE_POLICY_NAMES",
-    "POLICY_NAMES",
     "ReusePolicy",
     "S3FIFOPolicy",
     "make_policy",

@@ -23,7 +23,12 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Container, Hashable, Iterable
 
-from firmware_model.policies.base import NoVictimError, check_capacity, duplicate, missing
+from firmware_model.policies.base import (
+    NoVictimError,
+    check_capacity,
+    duplicate,
+    missing,
+)
 
 __all__ = ["HotnessPolicy"]
 

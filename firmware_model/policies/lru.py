@@ -4,7 +4,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Container, Hashable
 
-from firmware_model.policies.base import NoVictimError, check_capacity, duplicate, missing
+from firmware_model.policies.base import (
+    NoVictimError,
+    check_capacity,
+    duplicate,
+    missing,
+)
 
 __all__ = ["LRUPolicy"]
 

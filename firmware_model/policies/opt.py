@@ -14,7 +14,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Container, Hashable, Sequence
 
-from firmware_model.policies.base import NoVictimError, check_capacity, duplicate, missing
+from firmware_model.policies.base import (
+    NoVictimError,
+    check_capacity,
+    duplicate,
+    missing,
+)
 
 __all__ = ["BeladyPolicy", "next_use_positions"]
 

@@ -62,12 +62,13 @@ def _model(spec: RecordSpec) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(spec.seed)
-    config = LlamaConfig(
-        vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=2 * spec.hidden,
-        num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-        num_key_value_heads=spec.kv_heads, max_position_embeddings=spec.prompt_tokens + spec.steps + 8,
-        initializer_range=spec.init_range, attn_implementation="eager",
-    )
+    fields: dict[str, Any] = {
+        "vocab_size": spec.vocab, "hidden_size": spec.hidden, "intermediate_size": 2 * spec.hidden,
+        "num_hidden_layers": spec.layers, "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads, "max_position_embeddings": spec.prompt_tokens + spec.steps + 8,
+        "initializer_range": spec.init_range, "attn_implementation": "eager",  # eager: attentions returned
+    }
+    config = LlamaConfig(**fields)
     return LlamaForCausalLM(config).eval()
 
 

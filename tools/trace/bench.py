@@ -1,0 +1,145 @@
+"""``cxlemu bench fwmodel``: firmware-model figures — policy hits against OPT, replay speed, CHMU throughput.
+
+* **Policies**: every online policy replays each trace (demand fill) at capacities of 25 %, 50 %
+  and 75 % of the trace's distinct blocks; the figure is hits / OPT hits (1.0 = the oracle) and
+  the policy's replay speed in accesses per second (wall clock, the policy loop alone).
+  Traces: the four synthetic generators with their defaults, and a trace recorded from a seeded
+  random tiny Llama's attention (``tools.trace.record``, defaults) or one given with ``--attention``.
+* **Hotness unit**: batches of 1 Mi DPAs (Zipf-distributed 4 KiB units over 16 GiB) counted in
+  epoch and always-on modes; accesses per second, median of ``reps`` batches.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from firmware_model.hotness import HotnessConfig, HotnessUnit
+from firmware_model.policies import ONLINE_POLICY_NAMES
+from firmware_model.replay import Access, opt_hit_count, replay
+
+FRACTIONS = (0.25, 0.5, 0.75)
+
+
+@dataclass
+class FwmodelBenchResult:
+    policies: list[dict[str, Any]] = field(default_factory=list)  # one row per trace x capacity x policy
+    hotness: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def best(self, trace: str, capacity: int) -> dict[str, Any]:
+        rows = [r for r in self.policies if r["trace"] == trace and r["capacity"] == capacity]
+        return max(rows, key=lambda r: r["opt_ratio"])
+
+
+def bench_traces(attention: list[Access] | None = None, record_steps: int = 96) -> dict[str, list[Access]]:
+    """The synthetic traces with default parameters plus a recorded attention trace."""
+    from tools.trace.gen import KINDS
+
+    traces = {kind: fn() for kind, fn in KINDS.items()}
+    if attention is None:
+        from tools.trace.record import RecordSpec, record
+
+        attention = record(RecordSpec(steps=record_steps))
+    traces["attention"] = attention
+    return traces
+
+
+def measure_policies(traces: dict[str, list[Access]], fractions: tuple[float, ...] = FRACTIONS,
+                     policies: tuple[str, ...] = ONLINE_POLICY_NAMES) -> list[dict[str, Any]]:
+    rows = []
+    for name, trace in traces.items():
+        keys = [a.block for a in trace]
+        unique = len(set(keys))
+        for frac in fractions:
+            capacity = max(1, int(unique * frac))
+            opt = opt_hit_count(keys, capacity)
+            for policy in policies:
+                t0 = time.perf_counter()
+                r = replay(trace, policy, capacity, with_opt=False)
+                dt = time.perf_counter() - t0
+                rows.append({"trace": name, "accesses": len(trace), "unique_blocks": unique,
+                             "capacity": capacity, "policy": policy, "hits": r.hits, "opt_hits": opt,
+                             "opt_ratio": round(r.hits / opt, 4) if opt else 1.0,
+                             "accesses_per_s": int(len(trace) / dt)})
+    return rows
+
+
+def measure_hotness(batch: int = 1 << 20, reps: int = 9, capacity: int = 16 << 30) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(0)
+    dpas = ((rng.zipf(1.2, batch) * 4096) % capacity).astype(np.uint64)
+    rows = []
+    for mode in ("epoch", "always_on"):
+        unit = HotnessUnit(capacity, HotnessConfig(unit_size=4096, threshold=64, mode=mode, epoch_ns=10**9))
+        times = []
+        for i in range(reps):
+            t0 = time.perf_counter()
+            unit.record(dpas, now=i)
+            times.append(time.perf_counter() - t0)
+        rows.append({"mode": mode, "batch": batch, "units": unit.num_units,
+                     "accesses_per_s": int(batch / statistics.median(times))})
+    return rows
+
+
+def measure(attention: list[Access] | None = None, record_steps: int = 96) -> FwmodelBenchResult:
+    return FwmodelBenchResult(policies=measure_policies(bench_traces(attention, record_steps)),
+                              hotness=measure_hotness())
+
+
+def render(result: FwmodelBenchResult) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+
+    pol = Table(title="hits / OPT hits (demand fill), replay accesses/s")
+    pol.add_column("trace")
+    pol.add_column("capacity", justify="right")
+    names = sorted({r["policy"] for r in result.policies}, key=list(ONLINE_POLICY_NAMES).index)
+    for n in names:
+        pol.add_column(n, justify="right")
+    keys = list(dict.fromkeys((r["trace"], r["capacity"]) for r in result.policies))
+    for trace, cap in keys:
+        rows = {r["policy"]: r for r in result.policies if (r["trace"], r["capacity"]) == (trace, cap)}
+        best = result.best(trace, cap)["policy"]
+        cells = [f"{'[bold]' if n == best else ''}{rows[n]['opt_ratio']:.3f}" for n in names]
+        pol.add_row(trace, f"{cap}/{rows[names[0]]['unique_blocks']}", *cells)
+    speed = {n: int(statistics.median(r["accesses_per_s"] for r in result.policies if r["policy"] == n)) for n in names}
+    pol.add_row("median speed", "acc/s", *[f"{speed[n] / 1e6:.2f} M" for n in names])
+    hot = Table(title="hotness unit (batched numpy counting)")
+    for c in ("mode", "batch", "units", "accesses/s"):
+        hot.add_column(c, justify="right")
+    for r in result.hotness:
+        hot.add_row(r["mode"], str(r["batch"]), str(r["units"]), f"{r['accesses_per_s'] / 1e6:.1f} M")
+    return Group(pol, hot)
+
+
+def register(bench: Any) -> None:
+    p = bench.add_parser("fwmodel", help="policies vs OPT on traces, replay speed, CHMU counting throughput")
+    p.add_argument("--attention", metavar="FILE", help="a recorded attention trace (default: record one)")
+    p.add_argument("--record-steps", type=int, default=96, help="decode steps to record (default 96)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fwmodel)
+
+
+def cmd_fwmodel(args: Any) -> int:
+    from tools.cli._common import CliError, print_json
+    from tools.trace.io import load_trace
+
+    attention = None
+    if args.attention:
+        try:
+            attention = load_trace(args.attention)
+        except (OSError, ValueError) as exc:
+            raise CliError(f"cannot use {args.attention}: {exc}") from None
+    result = measure(attention, args.record_steps)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        from rich.console import Console
+
+        Console().print(render(result))
+    return 0
