@@ -12,7 +12,12 @@ no I/O, no threads, no wall clock. Imports numpy and simpy, nothing else of cxle
     telemetry    Counters, TelemetrySnapshot
     replay       trace replay (demand fill) and OPT bound; prefetch_replay with the prefetcher
 """
-from firmware_model.block_pool import BlockPool, KVBlock, NoFreeBlocksError, hash_block_tokens
+from firmware_model.block_pool import (
+    BlockPool,
+    KVBlock,
+    NoFreeBlocksError,
+    hash_block_tokens,
+)
 from firmware_model.clock import Clock, ManualClock, SimClock
 from firmware_model.dma import DmaScheduler, QueueFullError, TransferCost
 from firmware_model.hotness import HotnessConfig, HotnessUnit
