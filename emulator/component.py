@@ -5,11 +5,18 @@ CXL r3.1 §8.2.4.20.12 (Committing Decoder Programming) by polling: `HdmDecoderB
 runs on every pass of the firmware runner and moves each decoder through
 
                  host sets COMMIT            checks pass
-    [idle] ─────────────────────────▶ ? ───────────────────▶ [COMMITTED] ──┐ host clears COMMIT,
-      ▲  ▲                            │ checks fail                       │ no higher decoder
-      │  │ host clears COMMIT         ▼                                   │ committed, not locked
+    [idle] ─────────────────────────▶ ? ───────────────────▶ [COMMITTED] ──┐ host clears COMMIT
+      ▲  ▲                            │ checks fail                       │ (not locked)
+      │  │ host clears COMMIT         ▼                                   │
       │  └──────────────────── [ERR_NOT_COMMITTED]                        │
       └───────────────────────────────────────────────────────────────────┘
+
+The checks are those of §8.2.4.20.12 plus what a Type-3 device's DPA space needs: decoders 0..n-1
+committed before n, base / size / DPA skip in 256 MiB units, valid IG / IW, size a whole number of
+256 MiB units per way, HPA above the decoder below and below the decoder above, and the DPA of all
+committed decoders within the device. The spec asks the device for the aliasing checks only with
+Lock On Commit set; cxlemu makes them always, since a refused commit is easier to debug than
+silent aliasing.
 
 A committed decoder's settings are latched when it commits, as hardware latches them: `decoders()`
 returns the latched copies, so a host scribbling on a committed decoder never changes decode
@@ -96,10 +103,16 @@ class HdmDecoderBlock:
 
     # ---- what the data path uses ----------------------------------------------------------------
     def decoders(self) -> list[DecoderSettings]:
-        """The committed decoders in order, or [] while HDM Decoder Enable is clear (§8.2.4.20.2)."""
+        """The decoders that decode: the committed ones up to the first uncommitted one (QEMU's
+        cxl_type3_dpa stops there too), or none while HDM Decoder Enable is clear (§8.2.4.20.2)."""
         if not self.regs.get_field(C.HDM_GLOBAL_CTRL, "HDM_DECODER_ENABLE"):
             return []
-        return [latched.settings for latched in self._latched if latched is not None]
+        prefix = []
+        for latched in self._latched:
+            if latched is None:
+                break
+            prefix.append(latched.settings)
+        return prefix
 
     def hpa_to_dpa(self, hpa: int) -> int | None:
         """The DPA this device serves `hpa` at, or None when no enabled, committed decoder maps it."""
@@ -113,9 +126,9 @@ class HdmDecoderBlock:
     def service(self) -> None:
         """Act on the hosts' writes since the last pass.
 
-        Uncommits run from the top decoder down and commits from the bottom up, so a host that
-        clears (or sets) several COMMIT bits between two passes, in the order the spec requires,
-        is served in that order.
+        Uncommits run first, from the top decoder down, then commits from the bottom up, so a
+        host that clears and sets several COMMIT bits between two passes, in the orders the spec
+        asks of software, is served in those orders.
 
         A pass over unchanged registers costs one 0x90-byte compare against `_seen`: the registers
         as this pass found them plus this pass's own writes. A host write that lands during the
@@ -161,10 +174,9 @@ class HdmDecoderBlock:
             self._set(self._regs[i].CTRL, (ctrl & ~_RO_CTRL_BITS) | C.CTRL_COMMITTED)
 
     def _uncommit(self, i: int, ctrl: int) -> None:
-        higher = any(latched is not None for latched in self._latched[i + 1:])
-        if higher:  # decoders uncommit in reverse order: refuse by putting COMMIT back
-            self._set(self._regs[i].CTRL, (ctrl & ~_RO_CTRL_BITS) | C.CTRL_COMMIT | C.CTRL_COMMITTED)
-            return
+        """§8.2.4.20.7: a 1 -> 0 transition of Commit shall clear Committed, whatever the order.
+        Software uncommits from the top down (Linux does); a host that uncommits below a committed
+        decoder stops the decoders above from decoding until the hole is committed again."""
         self._latched[i] = None
         self._set(self._regs[i].CTRL, ctrl & ~_RO_CTRL_BITS)
 
@@ -207,15 +219,24 @@ class HdmDecoderBlock:
             raise DecoderRefused(f"size {size:#x} does not give each of {ways} ways whole 256 MiB units")
         if base + size > 1 << 64:
             raise DecoderRefused(f"window [{base:#x}, +{size:#x}) wraps past 2^64")
-        below = [latched.settings for latched in self._latched[:i] if latched is not None]
-        if below and base < below[-1].base + below[-1].size:
-            raise DecoderRefused(f"base {base:#x} is below the end of decoder {i - 1} (§8.2.4.20.12)")
         settings = DecoderSettings(base=base, size=size, ig=ig, iw=iw, dpa_skip=skip)
-        dpa_end = sum(d.dpa_skip + d.dpa_size for d in below)
-        if dpa_end + skip + settings.dpa_size > self.capacity:
-            raise DecoderRefused(f"needs DPA up to {dpa_end + skip + settings.dpa_size:#x}, "
-                                 f"past the device's {self.capacity:#x}")
+        self._check_neighbours(i, settings)
         return settings
+
+    def _check_neighbours(self, i: int, settings: DecoderSettings) -> None:
+        """HPA below the next committed decoder and above the previous one (§8.2.4.20.12), and
+        the DPA of every committed decoder, accumulated in order, within the device."""
+        others = {j: latched.settings for j, latched in enumerate(self._latched) if latched is not None and j != i}
+        below = [others[j] for j in sorted(others) if j < i]
+        above = [others[j] for j in sorted(others) if j > i]
+        if below and settings.base < below[-1].base + below[-1].size:
+            raise DecoderRefused(f"base {settings.base:#x} is below the end of decoder {i - 1} (§8.2.4.20.12)")
+        if above and settings.base + settings.size > above[0].base:
+            raise DecoderRefused(f"window [{settings.base:#x}, +{settings.size:#x}) reaches into the committed "
+                                 f"decoder above it at {above[0].base:#x} (§8.2.4.20.12)")
+        dpa_end = sum(d.dpa_skip + d.dpa_size for d in below + [settings] + above)
+        if dpa_end > self.capacity:
+            raise DecoderRefused(f"needs DPA up to {dpa_end:#x}, past the device's {self.capacity:#x}")
 
 
 def attach(fw: Any) -> HdmDecoderBlock:

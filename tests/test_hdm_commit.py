@@ -10,7 +10,7 @@ import struct
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from emulator.component import HdmDecoderBlock, init_component_registers
 from emulator.hdm import DecoderSettings
@@ -71,7 +71,8 @@ def test_layout_decoded_by_hand() -> None:
     assert host.rd(CM + 4) == 2 | 2 << 16 | 0x100 << 20        # RAS, v2, at +0x100
     assert host.rd(CM + 8) == 5 | 1 << 16 | 0x200 << 20        # HDM, v1, at +0x200
     ras = CM + 0x100
-    assert [host.rd(ras + off) for off in range(0, 0x18, 4)] == [0, 0x1CFFF, 0x1CFFF, 0, 0x7F, 0x200]
+    # masks and severity all set; capability/control: multiple headers (bit 9), poison enabled (bit 13)
+    assert [host.rd(ras + off) for off in range(0, 0x18, 4)] == [0, 0x1CFFF, 0x1CFFF, 0, 0x7F, 0x2200]
     # count enc 2 (4 decoders), 1 target, 256 B + 4 KiB interleave bits, 3/6/12 and 16 ways
     assert host.rd(HDM) == 0x2 | 1 << 4 | 1 << 8 | 1 << 9 | 1 << 11 | 1 << 12
     assert host.rd(HDM + 4) == 0
@@ -170,17 +171,46 @@ def test_locked_decoder_registers_are_restored(dev: tuple[Host, HdmDecoderBlock]
     assert hdm.errors == {}
 
 
-def test_uncommit_only_in_reverse_order(dev: tuple[Host, HdmDecoderBlock]) -> None:
+def test_uncommit_below_a_committed_decoder_stops_decode_above_it(dev: tuple[Host, HdmDecoderBlock]) -> None:
+    """§8.2.4.20.7: clearing Commit clears Committed in any order; decode stops at the hole (QEMU)."""
+    host, hdm = dev
+    host.enable()
+    host.program(0, base=0, size=SZ_256M)
+    host.program(1, base=SZ_256M, size=SZ_256M)
+    hdm.service()
+    host.set_ctrl(0, host.ctrl(0) & ~COMMIT)
+    hdm.service()
+    assert host.ctrl(0) & (COMMIT | COMMITTED) == 0 and host.ctrl(1) & COMMITTED
+    assert hdm.decoders() == [] and hdm.hpa_to_dpa(SZ_256M) is None
+    host.program(0, base=0, size=2 * SZ_256M)  # would reach into decoder 1
+    hdm.service()
+    assert "reaches into the committed decoder above it at 0x10000000" in hdm.errors[0]
+    host.set_ctrl(0, host.ctrl(0) & ~COMMIT)
+    hdm.service()
+    host.program(0, base=0, size=SZ_256M)
+    hdm.service()
+    assert [d.base for d in hdm.decoders()] == [0, SZ_256M]
+
+
+def test_recommitting_a_hole_counts_the_dpa_of_decoders_above(dev: tuple[Host, HdmDecoderBlock]) -> None:
+    host, hdm = dev  # 1 GiB of DPA
+    host.program(0, base=0, size=SZ_256M)
+    host.program(1, base=4 * SZ_256M, size=2 * SZ_256M)
+    hdm.service()
+    host.set_ctrl(0, host.ctrl(0) & ~COMMIT)
+    hdm.service()
+    host.program(0, base=0, size=3 * SZ_256M)  # 768 MiB + decoder 1's 512 MiB > 1 GiB
+    hdm.service()
+    assert hdm.errors[0] == "needs DPA up to 0x50000000, past the device's 0x40000000"
+
+
+def test_uncommit_top_down_in_one_pass(dev: tuple[Host, HdmDecoderBlock]) -> None:
     host, hdm = dev
     host.program(0, base=0, size=SZ_256M)
     host.program(1, base=SZ_256M, size=SZ_256M)
     hdm.service()
-    assert hdm.committed_count == 2
-    host.set_ctrl(0, host.ctrl(0) & ~COMMIT)
-    hdm.service()
-    assert host.ctrl(0) & (COMMIT | COMMITTED) == COMMIT | COMMITTED  # refused: decoder 1 is above
     host.set_ctrl(1, host.ctrl(1) & ~COMMIT)
-    host.set_ctrl(0, host.ctrl(0) & ~COMMIT)        # both in one pass, top first: both go
+    host.set_ctrl(0, host.ctrl(0) & ~COMMIT)
     hdm.service()
     assert (host.ctrl(0) | host.ctrl(1)) & (COMMIT | COMMITTED | ERR) == 0
     assert hdm.committed_count == 0
@@ -189,18 +219,12 @@ def test_uncommit_only_in_reverse_order(dev: tuple[Host, HdmDecoderBlock]) -> No
 def test_a_refused_write_repeated_is_refused_again(dev: tuple[Host, HdmDecoderBlock]) -> None:
     """The host writing back the value the firmware just replaced is a new write, not a no-op."""
     host, hdm = dev
-    host.program(0, base=0, size=SZ_256M)
-    host.program(1, base=SZ_256M, size=SZ_256M)
+    host.program(0, base=0, size=SZ_256M, lock=True)
     hdm.service()
-    for _ in range(2):
+    for _ in range(3):
         host.set_ctrl(0, host.ctrl(0) & ~COMMIT)
         hdm.service()
         assert host.ctrl(0) & (COMMIT | COMMITTED) == COMMIT | COMMITTED
-    host.set_ctrl(1, host.ctrl(1) & ~COMMIT)
-    hdm.service()
-    host.set_ctrl(0, host.ctrl(0) & ~COMMIT)
-    hdm.service()
-    assert hdm.committed_count == 0
 
 
 def test_unlocked_committed_decoder_decodes_latched_settings(dev: tuple[Host, HdmDecoderBlock]) -> None:
@@ -224,50 +248,52 @@ def test_read_only_status_bits_are_restored(dev: tuple[Host, HdmDecoderBlock]) -
     assert host.ctrl(0) & (COMMIT | COMMITTED) == COMMIT | COMMITTED
 
 
+SLOT = 4 * SZ_256M  # decoder n's window starts at n * SLOT, so HPA order always holds
+
+
 class CommitProtocol(RuleBasedStateMachine):
-    """Random host actions against a model: committed decoders always form a prefix, in order."""
+    """Random host commits and uncommits against a model of §8.2.4.20.7/12 and QEMU's decode."""
 
     def __init__(self) -> None:
         super().__init__()
         bar = bytearray(BAR_SIZE)
         init_component_registers(bar)
         self.host, self.hdm = Host(bar), HdmDecoderBlock(bar, capacity=8 * SZ_256M)
-        self.model: list[tuple[int, int, bool]] = []  # committed (base, size, locked), in order
+        self.host.enable()
+        self.model: dict[int, tuple[int, bool]] = {}  # committed decoder -> (size, locked)
 
-    @rule(n=st.integers(0, 3), units=st.integers(1, 3), lock=st.booleans())
+    @rule(n=st.integers(0, 3), units=st.integers(0, 3), lock=st.booleans())
     def commit(self, n: int, units: int, lock: bool) -> None:
         if self.host.ctrl(n) & (COMMIT | COMMITTED | ERR):
             return  # the driver refuses these; covered elsewhere
-        base = (self.model[-1][0] + self.model[-1][1]) if self.model else 0
-        self.host.program(n, base=base, size=units * SZ_256M, lock=lock)
+        self.host.program(n, base=n * SLOT, size=units * SZ_256M, lock=lock)
         self.hdm.service()
-        used = sum(size for _, size, _ in self.model)
-        ok = n == len(self.model) and used + units * SZ_256M <= 8 * SZ_256M
+        used = sum(size for size, _ in self.model.values())
+        ok = all(m in self.model for m in range(n)) and used + units * SZ_256M <= 8 * SZ_256M
         assert bool(self.host.ctrl(n) & COMMITTED) == ok
         assert bool(self.host.ctrl(n) & ERR) == (not ok)
         if ok:
-            self.model.append((base, units * SZ_256M, lock))
+            self.model[n] = (units * SZ_256M, lock)
         else:
             self.host.set_ctrl(n, self.host.ctrl(n) & ~COMMIT)
             self.hdm.service()
 
-    @precondition(lambda self: bool(self.model))
-    @rule(pick=st.integers(0, 3))
-    def uncommit(self, pick: int) -> None:
-        n = pick % len(self.model)
+    @rule(n=st.integers(0, 3))
+    def uncommit(self, n: int) -> None:
         self.host.set_ctrl(n, self.host.ctrl(n) & ~COMMIT)
         self.hdm.service()
-        if n == len(self.model) - 1 and not self.model[n][2]:
-            self.model.pop()
+        if n in self.model and not self.model[n][1]:
+            del self.model[n]
 
     @invariant()
-    def committed_prefix_matches_model(self) -> None:
-        self.host.enable()
-        got = [(d.base, d.size) for d in self.hdm.decoders()]
-        assert got == [(b, s) for b, s, _ in self.model]
+    def registers_and_decode_match_model(self) -> None:
+        prefix = []
         for n in range(4):
-            assert bool(self.host.ctrl(n) & COMMITTED) == (n < len(self.model))
+            assert bool(self.host.ctrl(n) & COMMITTED) == (n in self.model)
+            if n in self.model and len(prefix) == n:
+                prefix.append((n * SLOT, self.model[n][0]))
+        assert [(d.base, d.size) for d in self.hdm.decoders()] == prefix
 
 
 TestCommitProtocol = CommitProtocol.TestCase
-TestCommitProtocol.settings = settings(max_examples=60, stateful_step_count=20, deadline=None)
+TestCommitProtocol.settings = settings(max_examples=80, stateful_step_count=25, deadline=None)

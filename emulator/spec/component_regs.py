@@ -96,11 +96,12 @@ assert RAS_HEADER_LOG_OFFSET + RAS_HEADER_LOG_SIZE == RAS_OFFSET + RAS_SIZE
 RAS_REGISTERS: tuple[Reg, ...] = (
     RAS_UNC_STATUS, RAS_UNC_MASK, RAS_UNC_SEVERITY, RAS_COR_STATUS, RAS_COR_MASK, RAS_CAP_CTRL,
 )
-# Reset values: every error masked, every uncorrectable error fatal, multiple-header recording
-# capable (QEMU ras_init_common; the spec defaults of §8.2.4.17.2-5).
+# Reset values: every error masked, every uncorrectable error fatal (QEMU ras_init_common; the spec
+# defaults of §8.2.4.17.2-5); multiple-header recording capable, and Poison_Enabled, which §8.2.4.17.6
+# hardwires to 1 in CXL devices that are not eRCDs (QEMU leaves it 0).
 RAS_RESET: dict[Reg, int] = {
     RAS_UNC_MASK: RAS_UNCORRECTABLE_MASK, RAS_UNC_SEVERITY: RAS_UNCORRECTABLE_MASK,
-    RAS_COR_MASK: RAS_CORRECTABLE_MASK, RAS_CAP_CTRL: 1 << 9,
+    RAS_COR_MASK: RAS_CORRECTABLE_MASK, RAS_CAP_CTRL: 1 << 9 | 1 << 13,
 }
 
 # ---- HDM decoder capability (§8.2.4.20) ---------------------------------------------------------
@@ -132,7 +133,8 @@ CTRL_HOST_WRITABLE = 0x13FF    # QEMU's write mask: IG, IW, LOCK, COMMIT, TYPE; 
 
 
 class DecoderRegs(NamedTuple):
-    """The registers of HDM decoder n of an endpoint (TARGET_LIST holds the DPA skip, §8.2.4.20.10-11)."""
+    """The registers of HDM decoder n of a device (where a switch has its target list, a device has
+    the DPA skip, §8.2.4.20.9 and §8.2.4.20.11)."""
 
     BASE_LO: Reg
     BASE_HI: Reg
@@ -154,7 +156,7 @@ def hdm_decoder(n: int) -> DecoderRegs:
         reg("BASE_LO", 0x00, "8.2.4.20.3", _LO_256M), reg("BASE_HI", 0x04, "8.2.4.20.4", _HI),
         reg("SIZE_LO", 0x08, "8.2.4.20.5", _LO_256M), reg("SIZE_HI", 0x0C, "8.2.4.20.6", _HI),
         reg("CTRL", 0x10, "8.2.4.20.7", CTRL_FIELDS),
-        reg("SKIP_LO", 0x14, "8.2.4.20.10", _LO_256M), reg("SKIP_HI", 0x18, "8.2.4.20.11", _HI),
+        reg("SKIP_LO", 0x14, "8.2.4.20.9", _LO_256M), reg("SKIP_HI", 0x18, "8.2.4.20.11", _HI),
     )
 
 
