@@ -1,18 +1,18 @@
 """HDM decode: host physical address (HPA) <-> device physical address (DPA), as pure functions.
 
-The arithmetic of CXL r3.1 §8.2.4.20.13 (interleave), following QEMU's `cxl_type3_dpa`
-(hw/mem/cxl_type3.c) for the device side and Linux's `cxl_calculate_dpa_offset` /
-`cxl_calculate_position` / `cxl_dpa_to_hpa` (drivers/cxl/core/region.c) for the host side. Nothing
-here reads registers or media: the firmware builds `DecoderSettings` from its committed decoders
-(`emulator.component.HdmDecoderBlock.decoders`) and the host builds them from what it programmed,
-so one tested piece of arithmetic serves both.
+The arithmetic of CXL r3.1 §8.2.4.20.13 (implementation notes "Device Decode Logic" and "Host
+Bridge Decode Flow"), following QEMU's `cxl_type3_dpa` (hw/mem/cxl_type3.c) for the device side
+and Linux's `cxl_calculate_dpa_offset` / `cxl_calculate_position` / `cxl_dpa_to_hpa`
+(drivers/cxl/core/region.c) for the host side. Nothing here reads registers or media: the firmware
+builds `DecoderSettings` from its committed decoders (`emulator.component.HdmDecoderBlock`) and the
+host from what it programmed (`driver.hdm`), so one tested piece of arithmetic serves both.
 
 An interleave set of W ways and granularity G splits the HPA window into G-byte chunks dealt
 round-robin to the W devices::
 
-    HPA offset   0      G      2G     3G     4G     5G   ...     (W = 3)
-                 | pos0 | pos1 | pos2 | pos0 | pos1 | pos2 | ...
-    DPA of pos1         0             ^      G
+    HPA offset    0      G      2G     3G     4G     5G   ...      (W = 3)
+    chunk owner   | pos0 | pos1 | pos2 | pos0 | pos1 | pos2 | ...
+    DPA offset    | 0    | 0    | 0    | G    | G    | G    | ...
 
     position(off)   = (off // G) % W
     dpa_offset(off) = (off // (G * W)) * G + off % G
@@ -20,9 +20,9 @@ round-robin to the W devices::
 For W a power of two this is a bit-field removal (QEMU's mask-and-shift); for W = 3, 6, 12 the
 upper bits are divided by 3 after the power-of-two part is shifted out, as in QEMU and Linux.
 
-DPA is allocated by the decoders in order (QEMU): decoder i covers DPA
-[sum_{j<i}(skip_j + size_j / ways_j) + skip_i, ... + size_i / ways_i). DPA skip
-(§8.2.4.20.12, the TARGET_LIST registers of an endpoint decoder) leaves a hole before a decoder.
+DPA is allocated by the decoders in order (the spec's DPABase accumulation, as QEMU does it):
+decoder i covers DPA [sum_{j<i}(skip_j + size_j / ways_j) + skip_i, ... + size_i / ways_i). The
+DPA skip (§8.2.4.20.9/11, where a switch's decoder has its target list) leaves a hole before it.
 """
 from __future__ import annotations
 
