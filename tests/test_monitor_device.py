@@ -30,7 +30,7 @@ def monitor_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[
 
 def frames(stdout: str) -> list[str]:
     """The frames of a --frames run, whitespace squeezed."""
-    parts = re.split(r"─+ frame \d+/\d+ ─+\n", stdout)[1:]
+    parts = re.split(r"─+ frame \d+(?:/\d+)? ─+\n", stdout)[1:]
     return ["\n".join(" ".join(line.split()) for line in part.splitlines()) for part in parts]
 
 
@@ -225,3 +225,20 @@ def test_frames_show_poison_and_events(served: Served) -> None:
     assert "events: info 0 warn 0 fail 1 fatal 0 dcd 0 poison records 2" in shot
     assert "00:00:00.000 fail media media_ecc_error at 0x1000 (host_read)" in shot  # no Set Timestamp yet
     assert "poison DPA 0x1000 +64 B injected" in shot and "poison DPA 0x8000 +64 B injected" in shot
+
+
+def test_piped_monitor_without_frames_prints_until_interrupted(served: Served) -> None:
+    """stdout not a terminal and no --frames: frames keep coming (a log), SIGINT ends with 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "monitor", served.name, "--interval", "0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        if m := re.search(r" frame (\d+) ", line):
+            seen.append(int(m[1]))
+            if len(seen) == 3:
+                break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert seen == [1, 2, 3]
+    assert proc.returncode == 0 and "Traceback" not in err

@@ -15,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "latency, KV hit rate, CHMU hotlist, events and poison.")
     p.add_argument("names", nargs="*", metavar="NAME", help="devices to watch (default: all)")
     p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default 1)")
-    p.add_argument("--frames", type=int, metavar="N", help="print N frames to stdout and exit")
+    p.add_argument("--frames", type=int, metavar="N",
+                   help="print N frames to stdout and exit (without a terminal: frames until Ctrl-C)")
     p.add_argument("--width", type=int, metavar="COLUMNS",
                    help="output width (default: the terminal's, 120 when not a terminal)")
     p.set_defaults(func=cmd_monitor)
@@ -43,8 +44,8 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     if width is None and not sys.stdout.isatty():
         width = int(os.environ.get("COLUMNS", "0")) or 120  # rich would say 80: too narrow
     monitor = Monitor(args.names or None, interval=args.interval, console=Console(width=width))
-    if args.frames is not None:
-        return monitor.run_frames(args.frames)
+    if args.frames is not None or not sys.stdout.isatty():
+        return monitor.run_frames(args.frames)  # a pipe or a log: frames one after another
     return monitor.run_live()
 
 

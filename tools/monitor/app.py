@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import datetime
 
@@ -125,17 +126,19 @@ class Monitor:
         self.selected = min(self.selected, max(len(self.views) - 1, 0))
         return self.views
 
-    def run_frames(self, frames: int) -> int:
-        """Print `frames` frames, `interval` apart, and return 0."""
+    def run_frames(self, frames: int | None) -> int:
+        """Print `frames` frames (None: until Ctrl-C), `interval` apart, and return 0."""
         try:
-            for i in range(frames):
+            for i in itertools.count() if frames is None else range(frames):
                 if i:
                     time.sleep(self.interval)
                 self.poll()
                 clock = datetime.now().strftime("%H:%M:%S.%f")[:-3]
-                self.console.rule(f"frame {i + 1}/{frames}")
+                self.console.rule(f"frame {i + 1}" + (f"/{frames}" if frames is not None else ""))
                 self.console.print(dashboard_grid(self.views, self.selected, time.monotonic(), clock,
                                                   self.console.width))
+        except KeyboardInterrupt:
+            pass
         finally:
             self.devices.close()
         return 0
