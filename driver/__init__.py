@@ -3,6 +3,8 @@ from emulator.spec.errors import (CxlemuError, DeviceGone, DeviceNotFound, DmaEr
                                   MailboxTimeout, PoisonError)
 
 from driver.memdev import MemDev
+from driver.region import Region, RegionPoisonError, create_region, list_regions, open_region
 
 __all__ = ["CxlemuError", "DeviceGone", "DeviceNotFound", "DmaError", "MailboxError", "MailboxTimeout",
-           "MemDev", "PoisonError"]
+           "MemDev", "PoisonError", "Region", "RegionPoisonError", "create_region", "list_regions",
+           "open_region"]
