@@ -25,6 +25,9 @@ from emulator.regfile import RegisterFile
 from emulator.spec import registers as R
 from emulator.spec.layout import u24
 from emulator.spec.payloads_events import (
+    DRAM,
+    DRAM_UUID,
+    DRAM_VALID_LOCATION,
     EVENT_HEADER,
     EVENT_LOG_SIZES,
     EVENT_RECORD_SIZE,
@@ -131,6 +134,22 @@ class EventLogs:
         summary = f"media {MemoryEventType(event_type).name.lower()} at {dpa:#x} " \
                   f"({TransactionType(transaction).name.lower()})"
         return self.add(log, header(GENERAL_MEDIA_UUID.bytes, int(log), flags) + body, summary)
+
+    def dram(self, log: int, dpa: int, *, channel: int, rank: int, bank_group: int, bank: int, row: int,
+             column: int, event_type: MemoryEventType = MemoryEventType.MEDIA_ECC_ERROR,
+             transaction: TransactionType = TransactionType.UNKNOWN, descriptor: int = 0,
+             volatile: bool = True, flags: int = 0) -> int | None:
+        """Log a DRAM Event Record (§8.2.9.2.1.2): a general-media error located in the DRAM
+        geometry (channel, rank, bank group, bank, row, column all marked valid)."""
+        if dpa < 0 or dpa % 64:
+            raise ValueError(f"DRAM event DPA {dpa:#x} must be a non-negative multiple of 64")
+        body = DRAM.pack(physical_address=dpa | (PHYS_ADDR_VOLATILE if volatile else 0), descriptor=descriptor,
+                         event_type=int(event_type), transaction_type=int(transaction),
+                         validity_flags=DRAM_VALID_LOCATION, channel=channel, rank=rank,
+                         bank_group=bank_group, bank=bank, row=u24(row), column=column)
+        summary = f"dram {MemoryEventType(event_type).name.lower()} at {dpa:#x} (ch {channel} rank {rank} " \
+                  f"bg {bank_group} bank {bank} row {row} col {column})"
+        return self.add(log, header(DRAM_UUID.bytes, int(log), flags) + body, summary)
 
     def memory_module(self, log: int, device_event_type: int, *, health_status: int = 0,
                       media_status: int = 0, additional_status: int = 0, life_used: int = 0,

@@ -110,8 +110,7 @@ class PoisonList:
         with self._lock:
             if self._covering(dpa) is not None:
                 return RetCode.SUCCESS
-            injected = sum(1 for r in self._records if r.source == PoisonSource.INJECTED)
-            if len(self._records) >= self.limit or 0 < self.inject_limit <= injected:
+            if len(self._records) >= self.limit or (self.inject_limit and self._injected() >= self.inject_limit):
                 return RetCode.INJECT_POISON_LIMIT_REACHED
             self._set_lines(dpa, POISON_LINE, True)
             self._insert(PoisonRecord(dpa, POISON_LINE, PoisonSource.INJECTED))
@@ -250,6 +249,9 @@ class PoisonList:
         if dpa < 0 or length <= 0 or dpa % POISON_LINE or length % POISON_LINE or dpa + length > self.capacity:
             raise ValueError(f"poison range [{dpa:#x}, {dpa + length:#x}) must be 64-B aligned, non-empty "
                              f"and inside the {self.capacity:#x}-byte DPA space")
+
+    def _injected(self) -> int:
+        return sum(1 for r in self._records if r.source == PoisonSource.INJECTED)
 
     def _covering(self, dpa: int) -> int | None:
         i = bisect.bisect_right(self._starts, dpa) - 1

@@ -100,6 +100,20 @@ def test_memory_module_record_at_spec_offsets(fw: Firmware) -> None:
     assert struct.unpack_from("<hIII", rec, 0x35) == (-7, 9, 11, 13)
 
 
+def test_dram_record_at_spec_offsets(fw: Firmware) -> None:
+    fw.events.dram(EventLog.WARNING, 0x8000, channel=3, rank=1, bank_group=2, bank=5, row=0x12345, column=0x3FF,
+                   transaction=TransactionType.HOST_WRITE, descriptor=DESCRIPTOR_UNCORRECTABLE)
+    rec = dispatch(fw, Opcode.GET_EVENT_RECORDS, bytes([EventLog.WARNING]))[1][0x20:]
+    assert rec[0x00:0x10] == uuid.UUID("601dcbb3-9c06-4eab-b8af-4e9bfb5c9624").bytes
+    assert int.from_bytes(rec[0x11:0x14], "little") == 1  # severity warning
+    assert struct.unpack_from("<Q", rec, 0x30)[0] == 0x8000 | 1
+    assert (rec[0x38], rec[0x39], rec[0x3A]) == (DESCRIPTOR_UNCORRECTABLE, 0, TransactionType.HOST_WRITE)
+    assert struct.unpack_from("<H", rec, 0x3B)[0] == 0b0111_1011  # channel rank bank-group bank row column
+    assert (rec[0x3D], rec[0x3E], rec[0x42], rec[0x43]) == (3, 1, 2, 5)
+    assert int.from_bytes(rec[0x44:0x47], "little") == 0x12345
+    assert struct.unpack_from("<H", rec, 0x47)[0] == 0x3FF
+
+
 def test_get_returns_as_many_as_fit_and_flags_more(fw: Firmware) -> None:
     for i in range(20):
         fw.events.general_media(EventLog.WARNING, i * 64)

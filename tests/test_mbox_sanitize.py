@@ -45,6 +45,9 @@ def dirty(fw: Firmware) -> None:
     fw.poison.add_latent(CAPACITY - 128, 64)
     fw.events.general_media(EventLog.FAILURE, 0x2000)
     fw.events.memory_module(EventLog.INFO, 0)
+    assert dispatch(fw, Opcode.SCAN_MEDIA, struct.pack("<QQB", 0x2000, 1, 1))[0] == RetCode.BACKGROUND_COMMAND_STARTED
+    while fw.step_background():
+        pass
 
 
 def test_progress_in_slices_and_everything_erased(fw: Firmware) -> None:
@@ -62,6 +65,7 @@ def test_progress_in_slices_and_everything_erased(fw: Firmware) -> None:
     assert np.count_nonzero(fw.poison_bits) == 0 and fw.poison.records == []
     assert fw.events.counts() == (0, 0, 0, 0, 0)
     assert fw.regs.get_field(R.DEVICE_STATUS, "EVENT_STATUS") == 0
+    assert dispatch(fw, Opcode.GET_SCAN_MEDIA_RESULTS, b"") == (RetCode.UNSUPPORTED, b"")  # results gone too
 
 
 def test_every_media_command_is_refused_while_it_runs(fw: Firmware) -> None:

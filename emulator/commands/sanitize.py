@@ -17,7 +17,7 @@ from __future__ import annotations
 import mmap
 from typing import TYPE_CHECKING
 
-from emulator.commands.scan import paced_slices
+from emulator.commands.scan import ScanState, paced_slices
 from emulator.firmware import BackgroundJob
 from emulator.mailbox import Effect, command
 from emulator.spec.opcodes import Opcode
@@ -52,6 +52,7 @@ def _sanitize(fw: Firmware) -> BackgroundJob:
     fw.lsa[:] = 0
     fw.poison.reset()
     fw.events.discard_all()
+    fw.scan_media = ScanState()  # the last scan's findings describe media that no longer exists
     fw.media_disabled = False  # only a sanitize that completed re-enables the media (§8.2.9.9.5.1)
     return RetCode.SUCCESS
 

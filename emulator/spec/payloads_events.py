@@ -118,6 +118,11 @@ class TransactionType(IntEnum):
 
 
 VALID_CHANNEL, VALID_RANK, VALID_DEVICE, VALID_COMPONENT = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+# DRAM record validity flags: channel, rank, nibble mask, bank group, bank, row, column, correction mask
+DRAM_VALID_NIBBLE, DRAM_VALID_BANK_GROUP, DRAM_VALID_BANK = 1 << 2, 1 << 3, 1 << 4
+DRAM_VALID_ROW, DRAM_VALID_COLUMN, DRAM_VALID_CORRECTION_MASK = 1 << 5, 1 << 6, 1 << 7
+DRAM_VALID_LOCATION = (VALID_CHANNEL | VALID_RANK | DRAM_VALID_BANK_GROUP | DRAM_VALID_BANK
+                       | DRAM_VALID_ROW | DRAM_VALID_COLUMN)
 
 # §8.2.9.2.1.3 Table 8-45 Memory Module Event Record (health fields as Get Health Info, §8.2.9.9.3.1)
 MEMORY_MODULE_UUID = uuid.UUID("fe927475-dd59-4339-a586-79bab113b774")
