@@ -171,7 +171,7 @@ class HotnessUnit:
         self._shift = config.unit_size.bit_length() - 1
         self.num_units = -(-self.capacity // config.unit_size)
         self.counters = np.zeros(self.num_units, dtype=np.int64)
-        self._scratch = np.zeros(self.num_units if config.mode == "always_on" else 0, dtype=np.intp)
+        self._scratch = np.zeros(self.num_units if config.mode == "always_on" else 0, dtype=bool)
         self.hotlist = HotlistRing(config.hotlist_size, config.counter_width)
         self.status = HotnessStatus()
         self.epoch_start = now
@@ -211,14 +211,14 @@ class HotnessUnit:
         units = self._downsample(units)
         if units.size == 0:
             return 0
-        touched, old = self._add(units)
+        old_new = self._add(units)
         self.status.counted += int(units.size)
-        if self.config.mode == "always_on":
-            self._publish_crossed(touched, old)
+        if old_new is not None:
+            self._publish_crossed(units, *old_new)
         return int(units.size)
 
-    def _add(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Add one per occurrence; returns (units, their counts before this batch) in always-on mode.
+    def _add(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Add one per occurrence; in always-on mode returns each occurrence's count before and after.
 
         ``np.add.at`` is the fastest unbuffered scatter-add here (faster than ``bincount`` over a
         large counter array and than sorting). Counters are int64 and saturate lazily: epoch
@@ -226,11 +226,15 @@ class HotnessUnit:
         """
         if self.config.mode != "always_on":
             np.add.at(self.counters, units, 1)
-            return units, units
+            return None
         old = self.counters[units]
         np.add.at(self.counters, units, 1)
-        self.counters[units] = np.minimum(self.counters[units], self.config.counter_max)
-        return units, old
+        new = self.counters[units]
+        over = new > self.config.counter_max
+        if over.any():  # rare: only a unit past 2**width - 1 needs a second scatter
+            self.counters[units[over]] = self.config.counter_max
+            new = np.minimum(new, self.config.counter_max)
+        return old, new
 
     def advance(self, now: float) -> int:
         """Epoch mode: end every epoch that finished at or before ``now``; returns how many ended."""
@@ -283,16 +287,15 @@ class HotnessUnit:
         self._phase = (self._phase + units.size) % n
         return units[first::n]
 
-    def _publish_crossed(self, touched: np.ndarray, old: np.ndarray) -> None:
+    def _publish_crossed(self, touched: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
         thr = self.config.threshold
-        cand = touched[(old < thr) & (self.counters[touched] >= thr)]
-        # A batch is one counting interval: units that crossed in it are listed in the order of
-        # their first access in the batch. Keep that occurrence of each, without a sort.
+        cand = touched[(old < thr) & (new >= thr)]  # every occurrence of each crossing unit
+        # A batch is one counting interval: its crossing units are listed in unit order. Dedupe
+        # with a persistent mark array (scatter, scan, unmark) rather than a sort.
         if cand.size > 1:
-            pos = np.arange(cand.size)
-            self._scratch[cand] = cand.size
-            np.minimum.at(self._scratch, cand, pos)  # unbuffered: the first occurrence wins
-            cand = cand[self._scratch[cand] == pos]
+            self._scratch[cand] = True
+            cand = np.flatnonzero(self._scratch)
+            self._scratch[cand] = False
         self._push_all(cand, self.counters[cand])
         self.counters[cand] = 0
 

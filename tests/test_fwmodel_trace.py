@@ -97,3 +97,21 @@ def test_cli_record_then_replay(tmp_path, capsys) -> None:
     doc = json.loads(capsys.readouterr().out)
     assert doc["accesses"] == len(load_trace(out)) and doc["hits"] <= doc["opt_hits"]
     assert main(["trace", "record", "--threshold", "2", "--out", str(out)]) == 2
+
+
+def test_bench_rows_score_policies_against_opt() -> None:
+    """The fwmodel bench: exact ratios on a loop (LRU 0, reuse 1), rows render, hotness measured."""
+    from rich.console import Console
+
+    from tools.trace.bench import FwmodelBenchResult, measure_hotness, measure_policies, render
+
+    rows = measure_policies({"loop": loop(steps=8, layers=4, blocks=4)}, fractions=(0.5,), policies=("lru", "reuse"))
+    by = {r["policy"]: r for r in rows}
+    assert by["lru"]["capacity"] == 8 and by["lru"]["opt_hits"] == by["reuse"]["hits"] == 56
+    assert (by["lru"]["opt_ratio"], by["reuse"]["opt_ratio"]) == (0.0, 1.0)
+    hot = measure_hotness(batch=1 << 12, reps=1, capacity=1 << 30)
+    assert [h["mode"] for h in hot] == ["epoch", "always_on"] and all(h["accesses_per_s"] > 0 for h in hot)
+    console = Console(record=True, width=120)
+    console.print(render(FwmodelBenchResult(policies=rows, hotness=hot)))
+    text = console.export_text()
+    assert "reuse" in text and "8/16" in text and "1.000" in text
