@@ -469,7 +469,8 @@ class TelemetryWriter:
 
     ``section`` is "firmware" (the firmware runner) or "host" (a KV shim). The host section is
     claimed on construction: its ``writer_pid`` must be 0, ours, or a dead process, else
-    `TelemetryClaimed`. Pass ``lock_path`` (the device's ``bar`` file) so that two processes
+    `TelemetryClaimed`; a claim by a new process zeroes the section, since its counters are totals
+    since that shim started. Pass ``lock_path`` (the device's ``bar`` file) so that two processes
     claiming at the same instant are serialised by an fcntl lock on that field; without it the
     claim is check-then-set. `publish` never blocks and never waits for readers.
     """
@@ -500,13 +501,23 @@ class TelemetryWriter:
             current = int(self._rec["writer_pid"])
             if self.section == "host" and current not in (0, self.pid) and _pid_alive(current):
                 raise TelemetryClaimed(self.section, current)
-            self._rec["writer_pid"] = self.pid
             if int(self._seq[0]) & 1:  # the previous writer died mid-publish: the copy is ours now
                 self._seq[0] = int(self._seq[0]) + 1
+            if self.section == "host" and current != self.pid:
+                self._zero_body()  # counters are totals since *this* shim started
+            self._rec["writer_pid"] = self.pid
             self._claimed = True
         finally:
             if fd is not None:
                 os.close(fd)  # closing drops the lockf lock
+
+    def _zero_body(self) -> None:
+        seq = int(self._seq[0])
+        self._seq[0] = seq + 1
+        for f in self._layout.fields[len(_SECTION_HEAD):]:
+            self._rec[f.name] = 0
+        self._rec["updated_ns"] = time.time_ns()
+        self._seq[0] = seq + 2
 
     def close(self) -> None:
         """Give up the section (the host section becomes claimable at once) and drop the views of

@@ -93,7 +93,7 @@ def test_partial_publish_keeps_other_fields() -> None:
     writer.publish(misses=4)
     host = TelemetryReader(bar).snapshot().host
     assert host is not None
-    assert (host.hits, host.misses, host.seq) == (10, 4, 4)
+    assert (host.hits, host.misses, host.seq) == (10, 4, 6)  # claim (zeroing) + 2 publishes
 
 
 @settings(max_examples=40, deadline=None)
@@ -177,7 +177,7 @@ def test_writer_dead_mid_publish_is_reported_then_recovered() -> None:
     snap = TelemetryReader(bar, max_wait_s=0.001).snapshot()
     assert snap.host is None
     assert f"host section unreadable: writer {os.getpid()} stopped mid-update" in snap.notes
-    TelemetryWriter(bar, "host").publish(hits=2)
+    TelemetryWriter(bar, "host").publish(hits=2)  # same pid: reclaims without zeroing
     host = TelemetryReader(bar).snapshot().host
     assert host is not None and (host.hits, host.seq) == (2, 6)
 
@@ -195,13 +195,15 @@ def test_host_claim_by_live_process_refused_dead_reclaimed(tmp_path: Path) -> No
     with open(path, "r+b") as f:
         bar = mmap.mmap(f.fileno(), BAR_SIZE)
     pid_at = TELEMETRY_OFFSET + T.HOST_OFFSET + T.HOST.offsets["writer_pid"]
-    TelemetryWriter(bar, "host").close()
+    TelemetryWriter(bar, "host").publish(hits=9)  # then its pid is replaced: another process's
     bar[pid_at:pid_at + 4] = os.getppid().to_bytes(4, "little")
     with pytest.raises(TelemetryClaimed, match=f"written by live process {os.getppid()}"):
         TelemetryWriter(bar, "host", lock_path=path)
     bar[pid_at:pid_at + 4] = _dead_pid().to_bytes(4, "little")
     writer = TelemetryWriter(bar, "host", lock_path=path)
     assert int.from_bytes(bar[pid_at:pid_at + 4], "little") == os.getpid()
+    host = TelemetryReader(bar).snapshot().host
+    assert host is not None and host.hits == 0  # a new shim's totals start from zero
     writer.close()
     assert int.from_bytes(bar[pid_at:pid_at + 4], "little") == 0
     with pytest.raises(TelemetryError, match="closed"):
