@@ -60,7 +60,7 @@ assert INST + INSTANCE_LEN <= CHMU_SIZE
 EPOCH_SCALE_NS = {1: 100_000, 2: 1_000_000, 3: 10_000_000, 4: 100_000_000, 5: 1_000_000_000}
 MIN_EPOCH, MAX_EPOCH = (1, 1), (5, 100)  # 100 µs .. 100 s
 UNIT_SIZES_LOG2 = range(8, 22)  # 256 B .. 2 MiB
-DOWNSAMPLING_LOG2 = range(0, 16)
+DOWNSAMPLING_LOG2 = range(16)
 TRACK = {"r": 4, "w": 5, "rw": 6}  # CFG0.what: reads, writes, both (non-TEE variants 1..3 accepted too)
 
 # CFG0 / STATUS bits
