@@ -61,6 +61,11 @@ def _spark_width(width: int) -> int:
     return max(10, width // 2 - 12)
 
 
+def _heat_width(width: int) -> int:
+    """Heat-map cells per row: the full width inside the panel's border and padding."""
+    return max(16, width - 4)
+
+
 def dashboard_grid(views: list[DeviceView], selected: int, now: float, clock: str,
                    width: int = 120) -> RenderableType:
     """The dashboard at its natural height for a `width`-column screen, for printing frames one
@@ -77,7 +82,7 @@ def dashboard_grid(views: list[DeviceView], selected: int, now: float, clock: st
     cols.add_row(Group(P.capacity_panel(view), P.bandwidth_panel(view, now, _spark_width(width)),
                        P.latency_panel(view)),
                  Group(P.kv_panel(view), P.queue_panel(view), P.events_panel(view)))
-    return Group(header(views, selected, clock), devices, cols, P.heatmap_panel(view))
+    return Group(header(views, selected, clock), devices, cols, P.heatmap_panel(view, _heat_width(width)))
 
 
 def dashboard(views: list[DeviceView], selected: int, now: float, clock: str, *, width: int = 120,
@@ -103,7 +108,7 @@ def dashboard(views: list[DeviceView], selected: int, now: float, clock: str, *,
                        Layout(P.events_panel(view)))
     body = Layout()
     body.split_row(left, right)
-    root.split_column(*top, body, Layout(P.heatmap_panel(view), size=7))
+    root.split_column(*top, body, Layout(P.heatmap_panel(view, _heat_width(width)), size=7))
     return root
 
 
