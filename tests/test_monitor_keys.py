@@ -78,3 +78,31 @@ def test_keys_switch_pause_quit_and_restore_the_terminal(two_devices: tuple[str,
         assert termios.tcgetattr(term.slave) == term.mode_before
     finally:
         term.close()
+
+
+def test_handle_key_wraps_pauses_and_quits() -> None:
+    """Selection wraps both ways; space toggles pause; q asks to quit."""
+    from tools.monitor.app import Monitor
+    from tools.monitor.source import DeviceView
+
+    mon = Monitor(["a", "b", "c"])
+    mon.views = [DeviceView(n, "not found") for n in "abc"]
+    assert mon.handle_key("left") and mon.selected == 2
+    assert mon.handle_key("right") and mon.selected == 0
+    assert mon.handle_key("tab") and mon.selected == 1
+    assert mon.handle_key("space") and mon.paused
+    assert mon.handle_key("p") and not mon.paused
+    assert mon.handle_key("x") and (mon.selected, mon.paused) == (1, False)  # unknown keys do nothing
+    assert not mon.handle_key("q")
+
+
+def test_key_reader_without_a_terminal_only_waits() -> None:
+    """A pipe is not put in cbreak mode; read() returns None after its timeout."""
+    from tools.monitor.keys import KeyReader
+
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd) as stream, KeyReader(stream) as keys:
+        assert not keys.interactive
+        os.write(write_fd, b"q")  # ignored: keys are read only from a terminal
+        assert keys.read(0.0) is None
+    os.close(write_fd)
