@@ -85,11 +85,23 @@ class ReusePolicy:
         self._remember(key)
 
     def evict(self, protected: Container[Hashable] = ()) -> Hashable:
-        candidates = [k for k in self._resident if k not in protected]
-        if not candidates:
+        victim, best = None, (-1.0, -1)
+        for key in self._resident:  # predicted_use inlined: this loop is the policy's hot path
+            if key in protected:
+                continue
+            last = self._last[key]
+            gap = self._gap.get(key) or self._mean_gap or float(self.capacity)
+            silence = self._clock - last
+            if silence > 2 * gap:
+                nxt = self._clock + silence
+            else:
+                nxt = last + gap
+                if nxt < self._clock:
+                    nxt += gap * (int((self._clock - nxt) / gap) + 1)
+            if (nxt, last) > best:
+                victim, best = key, (nxt, last)
+        if victim is None:
             raise NoVictimError(f"reuse: all {len(self._resident)} resident keys are protected")
-        last = self._last
-        victim = max(candidates, key=lambda k: (self.predicted_use(k), last[k]))
         self._resident.discard(victim)
         self._remember(victim)
         return victim
