@@ -1,9 +1,10 @@
 """Scan Media: capabilities, the background scan, its results (CXL r3.1 §8.2.9.9.4.4-6).
 
-The scan really reads the poison bitmap, line by line in slices, and takes as long as QEMU's cost
-model says a device would: 0.5 us per 64-B line (`SCAN_NS_PER_LINE`, times the device's
-time_scale). Each slice covers the lines that elapsed time allows, so the duration Get Scan Media
-Capabilities estimates is the duration the scan takes, and progress is honest.
+The emulated media has no ECC to check: the poison bitmap is the truth about which lines are bad,
+so the scan reads the bitmap, slice by slice, and takes as long as QEMU's cost model says a device
+would: 0.5 us per 64-B line (`SCAN_NS_PER_LINE`, times the device's time_scale). Each slice covers
+the lines that elapsed time allows, so the duration Get Scan Media Capabilities estimates is the
+duration the scan takes, and progress is honest.
 
     Scan Media(range) ──▶ job: for each slice ──▶ bad runs in the bitmap ──▶ list new ones
                                                   (source Internal, failure event unless the
