@@ -42,8 +42,8 @@ def node_count() -> int:
 
 def _libnuma() -> Any | None:
     try:
-        import numa  # py-libnuma
-    except (ImportError, OSError):
+        import numa  # py-libnuma; without libnuma.so its module-level calls fail too
+    except (ImportError, OSError, AttributeError):
         return None
     lib = numa.LIBNUMA
     return lib if lib.numa_available() != -1 else None

@@ -20,10 +20,10 @@ def run_json(capsys, argv):
 
 def test_latency_probe_on_a_private_device(capsys):
     out = run_json(capsys, ["bench", "latency", "--read-latency-ns", "200", "--bandwidth-gbps", "16",
-                            "--working-set", "1M", "--hops", "1000", "--rounds", "1", "--json"])
+                            "--working-set", "1M", "--hops", "2000", "--rounds", "2", "--json"])
     assert out["private"] and out["timing"]["read_latency_ns"] == 200
     assert out["configured_ns"] == 204.0  # 200 ns + one 64-B transaction at 16 GB/s
-    assert out["hops"] == 1000 and out["working_set"] == 1 << 20
+    assert out["hops"] == 2000 and out["working_set"] == 1 << 20
     assert out["device_ns"] > 0 and out["local_ns"] > 0
 
 
@@ -70,7 +70,7 @@ def test_two_processes_share_one_link(capsys, served):
 @pytest.mark.parametrize(("argv", "message"), [
     (["bench", "latency", "mem0", "--preset", "asic"], "either a device NAME or private-device timing"),
     (["bench", "latency", "--read-latency-ns", "-5"], "read_latency_ns must be >= 0"),
-    (["bench", "latency", "--impl", "py", "--working-set", "1M"], "chases pointers in C"),
+    (["bench", "latency", "--impl", "py", "--working-set", "1M"], "needs the C data path"),
     (["bench", "latency", "--working-set", "1G"], "inside the media"),
     (["bench", "bandwidth", "--processes", "0"], "--processes and --channels must be >= 1"),
     (["bench", "latency", "nosuchdev"], "no device named 'nosuchdev'"),

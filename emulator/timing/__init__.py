@@ -79,7 +79,7 @@ class DataPath:
             return PyCore(self.media, self.poison_bits, self._link, params)
         from emulator.timing._cimpl import CCore, calibrated_comp_ns
 
-        comp = 0 if self.clock is not None or params.untimed else calibrated_comp_ns()
+        comp = (0, 0) if self.clock is not None or params.untimed else calibrated_comp_ns()
         return CCore(self.media, self.poison_bits, self._link, params, comp)
 
     # -- helpers --------------------------------------------------------------------------

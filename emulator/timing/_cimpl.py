@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import statistics
+import time
 from typing import Any
 
 import numpy as np
@@ -19,15 +20,15 @@ from emulator.timing.config import LinkParams
 
 _from_buffer, _read, _write, _U8 = ffi.from_buffer, lib.cxl_read, lib.cxl_write, "uint8_t[]"
 _CALIBRATE_LAT_NS = 1000
-_CALIBRATE_HOPS = 1000
-_CALIBRATE_ROUNDS = 9
+_CALIBRATE_HOPS = 1500
+_CALIBRATE_ROUNDS = 11
 
 
 class CCore:
     """Owns the ``cxl_dp`` struct and keeps the buffers it points into alive."""
 
     def __init__(self, media: memoryview, poison: memoryview | None, link: memoryview,
-                 params: LinkParams, comp_ns: int = 0) -> None:
+                 params: LinkParams, comp_ns: tuple[int, int] = (0, 0)) -> None:
         self._keep: list[Any] = []
         dp = ffi.new("cxl_dp *")
         dp.media = self._ptr(media)
@@ -39,7 +40,7 @@ class CCore:
         dp.lat_ns = list(params.lat_ns)
         dp.fs_per_byte = list(params.fs_per_byte)
         dp.txn_bytes = params.txn_bytes
-        dp.comp_ns = comp_ns
+        dp.comp_ns = list(comp_ns)
         dp.untimed = int(params.untimed)
         self.dp = dp
         self.params = params
@@ -110,6 +111,15 @@ def build_chase_ring(media: memoryview, base: int, lines: int, seed: int = 1) ->
     return base + int(order[0]) * 64
 
 
+def interquartile_mean(samples: list[int]) -> float:
+    """Mean of the middle half: as robust as the median to preemptions and interpreter
+    hiccups, finer than a clock that ticks in 10-ns steps on some VMs."""
+    ordered = sorted(samples)
+    q = len(ordered) // 4
+    middle = ordered[q:len(ordered) - q] or ordered
+    return sum(middle) / len(middle)
+
+
 def trimmed_mean(samples: list[int], keep: float = 0.99) -> float:
     """Mean of the fastest ``keep`` fraction: drops hops hit by an interrupt or preemption
     (the host is shared; a 4 ms tick or a migration is not the device's latency)."""
@@ -119,24 +129,71 @@ def trimmed_mean(samples: list[int], keep: float = 0.99) -> float:
 
 
 @functools.cache
-def calibrated_comp_ns() -> int:
-    """The timed path's own cost per access over the same access with timing off (clock
-    reads, counters, the spin's exit), measured once per process on a cache-resident ring:
-    median over interleaved rounds of trimmed-mean(timed hop) − trimmed-mean(untimed hop) −
-    configured latency.  ``CXLEMU_TIMING_COMP_NS`` overrides it (0 disables compensation)."""
-    override = os.environ.get("CXLEMU_TIMING_COMP_NS")
-    if override is not None:
-        return int(override)
+def tsc_ticks_per_ns() -> float:
+    """Calibrate the C core's TSC spin against CLOCK_MONOTONIC over 20 ms (once per process;
+    ``CXLEMU_TIMING_TSC=0`` keeps clock_gettime spins).  0.0 when there is no usable TSC."""
+    if os.environ.get("CXLEMU_TIMING_TSC", "1") == "0":
+        lib.cxl_tsc_calibrate(0)
+        return 0.0
+    lib.cxl_tsc_calibrate(20_000_000)
+    return float(lib.cxl_ticks_per_ns())
+
+
+def py_chase(transfer: Any, dpa: int, hops: int) -> list[int]:
+    """Dependent pointer chase from Python: each hop is one ``transfer(0, dpa, buf, -1, True)``
+    call (the call a DataPath.read makes) of 8 bytes, then a jump to the DPA read.  Returns
+    per-hop times in ns (perf_counter, one reading per hop in every mode)."""
+    buf = bytearray(8)
+    samples = [0] * hops
+    clock = time.perf_counter_ns
+    from_bytes = int.from_bytes
+    prev = clock()
+    for i in range(hops):
+        transfer(0, dpa, buf, -1, True)
+        dpa = from_bytes(buf, "little")
+        t = clock()
+        samples[i] = t - prev
+        prev = t
+    return samples
+
+
+def _calibrate_path(fs_per_byte: int) -> float:
+    """(timed hop − untimed hop − configured added latency), interquartile means, median over
+    interleaved rounds
+    of a Python-level chase on a cache-resident ring: the timed path's cost as a Python
+    caller sees it (its extra cache lines included), with the probe's estimator."""
     lines = 256
     media = memoryview(bytearray(lines * 64))
-    link = memoryview(bytearray(ls.USED_BYTES)).cast("Q")
     start = build_chase_ring(media, 0, lines)
-    params = LinkParams(lat_ns=(_CALIBRATE_LAT_NS, 0), fs_per_byte=(0, 0), txn_bytes=64)
-    core = CCore(media, None, link, params)
-    core.chase(start, 200, True)  # warm caches and the vDSO page
+    expected = _CALIBRATE_LAT_NS + (64 * fs_per_byte + 500_000) // 1_000_000
+
+    def core(lat: int, fs: int) -> CCore:
+        return CCore(media, None, memoryview(bytearray(ls.USED_BYTES)).cast("Q"),
+                     LinkParams(lat_ns=(lat, 0), fs_per_byte=(fs, 0), txn_bytes=64))
+
+    timed, local = core(_CALIBRATE_LAT_NS, fs_per_byte), core(0, 0)
+    py_chase(timed.transfer, start, 5000)  # warm caches, and the core's clock up to speed
     estimates = []
     for _ in range(_CALIBRATE_ROUNDS):
-        _, timed = core.chase(start, _CALIBRATE_HOPS, True, _CALIBRATE_HOPS)
-        _, local = core.chase(start, _CALIBRATE_HOPS, False, _CALIBRATE_HOPS)
-        estimates.append(trimmed_mean(timed, 0.9) - trimmed_mean(local, 0.9) - _CALIBRATE_LAT_NS)
-    return int(round(min(max(statistics.median(estimates), 0), 500)))
+        t = py_chase(timed.transfer, start, _CALIBRATE_HOPS)
+        u = py_chase(local.transfer, start, _CALIBRATE_HOPS)
+        estimates.append(interquartile_mean(t) - interquartile_mean(u) - expected)
+    timed.close()
+    local.close()
+    return statistics.median(estimates)
+
+
+@functools.cache
+def calibrated_comp_ns() -> tuple[int, int]:
+    """The timed path's own cost per access over the same access with timing off (TSC reads,
+    counters, the spin's exit; negative where the untimed path's counters cost more than what
+    the timed path leaves on its critical path), measured once per process for both paths of
+    the C core: [0] latency-only transfers, [1] transfers that reserve the link (64 GB/s here).
+    ``CXLEMU_TIMING_COMP_NS=A[,B]`` overrides it (0 disables compensation)."""
+    tsc_ticks_per_ns()
+    override = os.environ.get("CXLEMU_TIMING_COMP_NS")
+    if override is not None:
+        parts = [int(x) for x in override.split(",")]
+        return parts[0], parts[-1]
+    return tuple(int(round(min(max(_calibrate_path(fs), -200), 500)))  # type: ignore[return-value]
+                 for fs in (0, 15_625))

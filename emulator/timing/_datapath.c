@@ -14,7 +14,7 @@
  * implements the same arithmetic; tests compare the two on a simulated clock.
  *
  * Real time (now < 0): the caller waits, spinning (GIL released by cffi), until
- *     max(t_copied + lat, start + occ + lat) - dp->comp_ns
+ *     max(t_copied + lat, start + occ + lat) - dp->comp_ns[path]
  * i.e. the configured latency is *added* to the emulator's own copy (a local access),
  * never overlapped with it, and the emulator's fixed bookkeeping cost (clock reads,
  * CAS, spin exit), measured once per process by calibration, is deducted.
@@ -26,10 +26,38 @@
 #include "_datapath.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
 #define CPU_RELAX() __builtin_ia32_pause()
+#define HAVE_TSC 1
+/* lfence on both sides: the reading is taken after every earlier load has completed (the
+ * copy's data has arrived) and before any later instruction starts. */
+static inline uint64_t ticks_now(void)
+{
+    _mm_lfence();
+    uint64_t t = __rdtsc();
+    _mm_lfence();
+    return t;
+}
+/* The spin's reading needs no fence: it only has to pass the target. */
+static inline uint64_t ticks_spin(void) { return __rdtsc(); }
 #else
 #define CPU_RELAX() __asm__ __volatile__("" ::: "memory")
+#define HAVE_TSC 0
+static inline uint64_t ticks_now(void) { return 0; }
+static inline uint64_t ticks_spin(void) { return 0; }
 #endif
+
+/* Short waits spin on the invariant TSC (a read costs a few ns; clock_gettime costs 20-40 ns
+ * on a VM, which would be the spin's granularity).  The link model stays in CLOCK_MONOTONIC
+ * ns, shared across processes; the TSC only measures the wait relative to a reference
+ * (clock, TSC) pair taken together.  Calibrated once per process by cxl_tsc_calibrate(). */
+static double ticks_per_ns;
+static int tsc_ok;
+
+typedef struct {
+    int64_t ns;
+    uint64_t tsc;
+} stamp_t;
 
 /* Timer wake-ups on a virtual machine run 60-120 us late on average (milliseconds at worst),
  * so only waits far longer than that sleep, and the rest spins.  The spin never yields: on a
@@ -56,6 +84,90 @@ void cxl_wait_until(int64_t deadline)
     }
     while (cxl_now() < deadline)
         CPU_RELAX();
+}
+
+int cxl_tsc_calibrate(int64_t window_ns)
+{
+    if (!HAVE_TSC || window_ns <= 0) {
+        tsc_ok = 0;
+        return 0;
+    }
+    int64_t n0 = cxl_now();
+    uint64_t t0 = ticks_now();
+    while (cxl_now() - n0 < window_ns)
+        CPU_RELAX();
+    int64_t n1 = cxl_now();
+    uint64_t t1 = ticks_now();
+    ticks_per_ns = (double)(t1 - t0) / (double)(n1 - n0);
+    tsc_ok = ticks_per_ns > 0.1;
+    return tsc_ok;
+}
+
+double cxl_ticks_per_ns(void) { return tsc_ok ? ticks_per_ns : 0.0; }
+
+static uint64_t to_ticks(int64_t ns);
+
+/* CLOCK_MONOTONIC ns from a TSC reading, through a per-thread anchor (a clock reading and a
+ * TSC reading taken together) renewed every ANCHOR_NS: the critical path of a transfer reads
+ * the TSC only, and the clock once per ANCHOR_NS.  Calibration error is a few ppm, so two
+ * processes' stamps agree within tens of ns: far below any link time that matters. */
+#define ANCHOR_NS 10000000
+static __thread int64_t anchor_ns;
+static __thread uint64_t anchor_tsc;
+
+static int64_t ticks_to_ns(uint64_t t)
+{
+    if (anchor_tsc == 0 || (int64_t)(t - anchor_tsc) > (int64_t)to_ticks(ANCHOR_NS)) {
+        anchor_ns = cxl_now();
+        anchor_tsc = ticks_now();
+    }
+    return anchor_ns + (int64_t)((double)(int64_t)(t - anchor_tsc) / ticks_per_ns);
+}
+
+static stamp_t stamp_now(void)
+{
+    stamp_t s;
+    if (tsc_ok) {
+        s.tsc = ticks_now();
+        s.ns = ticks_to_ns(s.tsc);
+    } else {
+        s.ns = cxl_now();
+        s.tsc = 0;
+    }
+    return s;
+}
+
+static uint64_t to_ticks(int64_t ns) { return ns > 0 ? (uint64_t)((double)ns * ticks_per_ns) : 0; }
+
+/* When a transfer is done: max(link_done, the moment the copy finished) + lat - comp, as a
+ * TSC target.  Called right after the copy, so "now" is when the copy finished.  Returns 0
+ * when there is no TSC (or the wait is long): then finish_wait() uses the clock. */
+static uint64_t done_target(stamp_t ref, int64_t link_done, int64_t lat, int64_t comp)
+{
+    if (!tsc_ok || link_done - ref.ns > SLEEP_ABOVE_NS)
+        return 0;
+    uint64_t target = ref.tsc + to_ticks(link_done - ref.ns);
+    if (lat) {
+        uint64_t copied = ticks_now();
+        if (copied > target)
+            target = copied;
+    }
+    if (lat >= comp)
+        return target + to_ticks(lat - comp);
+    uint64_t back = to_ticks(comp - lat), room = target - ref.tsc;
+    return target - (back < room ? back : room);
+}
+
+/* Spin to the target (the bookkeeping between done_target() and here overlaps the wait). */
+static void finish_wait(uint64_t target, int64_t link_done, int64_t lat, int64_t comp)
+{
+    if (target) {
+        while (ticks_spin() < target)
+            CPU_RELAX();
+        return;
+    }
+    int64_t copied = lat ? cxl_now() : 0;
+    cxl_wait_until((link_done > copied ? link_done : copied) + lat - comp);
 }
 
 static uint64_t charged_bytes(const cxl_dp *dp, uint64_t dpa, uint64_t n)
@@ -99,7 +211,8 @@ static void account(const cxl_dp *dp, int dir, uint64_t n, uint64_t occ, uint64_
 {
     __atomic_fetch_add(dir_word(dp, dir, CXL_LS_BYTES), n, __ATOMIC_RELAXED);
     __atomic_fetch_add(dir_word(dp, dir, CXL_LS_TRANSFERS), 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(dir_word(dp, dir, CXL_LS_BUSY_NS), occ, __ATOMIC_RELAXED);
+    if (occ)
+        __atomic_fetch_add(dir_word(dp, dir, CXL_LS_BUSY_NS), occ, __ATOMIC_RELAXED);
     __atomic_fetch_add(dir_word(dp, dir, CXL_LS_LATENCY_NS), total, __ATOMIC_RELAXED);
     __atomic_fetch_add(dir_word(dp, dir, CXL_LS_HIST + hist_bucket(total)), 1, __ATOMIC_RELAXED);
 }
@@ -160,6 +273,24 @@ static int64_t validate(const cxl_dp *dp, int dir, uint64_t dpa, uint64_t n, int
     return 0;
 }
 
+/* A real-time transfer that does not occupy the link (unthrottled direction, or a transfer
+ * shorter than half a ns of link time): no reservation, so no time is needed before the copy;
+ * one fenced TSC reading after the copy and the counters (both included in comp_ns[0]) is
+ * all the timed path adds to the critical path.  The request time reported is that reading:
+ * a small copy's duration earlier or later is below the clock's own resolution on a VM. */
+static int64_t latency_only(const cxl_dp *dp, int dir, uint8_t *dst, const uint8_t *src,
+                            uint64_t n, int64_t lat)
+{
+    memcpy(dst, src, n);
+    account(dp, dir, n, 0, (uint64_t)lat);
+    uint64_t copied = ticks_now();
+    int64_t wait_ns = lat - dp->comp_ns[0];
+    uint64_t target = copied + to_ticks(wait_ns);
+    while (wait_ns > 0 && ticks_spin() < target)
+        CPU_RELAX();
+    return ticks_to_ns(copied) + lat;
+}
+
 /* Reserve, copy, account, and (real time, wait) spin until done.  The copy happens
  * between the reservation and the wait so a bandwidth-bound transfer overlaps its own
  * memcpy with its link time. */
@@ -176,19 +307,23 @@ static int64_t timed(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst, cons
         __atomic_fetch_add(dir_word(dp, dir, CXL_LS_TRANSFERS), 1, __ATOMIC_RELAXED);
         return real ? 0 : now;
     }
-    uint64_t req = real ? (uint64_t)cxl_now() : (uint64_t)now;
+    uint64_t occ = occupancy_ns(charged_bytes(dp, dpa, n), dp->fs_per_byte[dir]);
+    int64_t lat = dp->lat_ns[dir];
+    if (real && wait && occ == 0 && tsc_ok && n)
+        return latency_only(dp, dir, dst, src, n, lat);
+    stamp_t ref = {now, 0};
+    if (real)
+        ref = stamp_now();
+    uint64_t req = (uint64_t)ref.ns;
     if (n == 0)
         return (int64_t)req;
-    uint64_t occ = occupancy_ns(charged_bytes(dp, dpa, n), dp->fs_per_byte[dir]);
     uint64_t start = reserve(dp, dir, req, occ);
-    uint64_t completion = start + occ + (uint64_t)dp->lat_ns[dir];
+    uint64_t completion = start + occ + (uint64_t)lat;
     memcpy(dst, src, n);
     account(dp, dir, n, occ, completion - req);
-    if (real && wait) {
-        uint64_t copied = dp->lat_ns[dir] ? (uint64_t)cxl_now() : 0;
-        uint64_t link_done = start + occ > copied ? start + occ : copied;
-        cxl_wait_until((int64_t)(link_done + (uint64_t)dp->lat_ns[dir]) - dp->comp_ns);
-    }
+    if (real && wait)
+        finish_wait(done_target(ref, (int64_t)(start + occ), lat, dp->comp_ns[1]),
+                    (int64_t)(start + occ), lat, dp->comp_ns[1]);
     return (int64_t)completion;
 }
 
@@ -226,7 +361,10 @@ int64_t cxl_copy(const cxl_dp *dp, uint64_t src, uint64_t dst, uint64_t n, int64
         __atomic_fetch_add(dp->link + CXL_LS_COPY_WORD + CXL_LS_TRANSFERS, 1, __ATOMIC_RELAXED);
         return real ? 0 : now;
     }
-    uint64_t req = real ? (uint64_t)cxl_now() : (uint64_t)now;
+    stamp_t ref = {now, 0};
+    if (real)
+        ref = stamp_now();
+    uint64_t req = (uint64_t)ref.ns;
     if (n == 0)
         return (int64_t)req;
     uint64_t occ_r = occupancy_ns(charged_bytes(dp, src, n), dp->fs_per_byte[CXL_DIR_READ]);
@@ -240,10 +378,9 @@ int64_t cxl_copy(const cxl_dp *dp, uint64_t src, uint64_t dst, uint64_t n, int64
     __atomic_fetch_add(dp->link + CXL_LS_COPY_WORD + CXL_LS_TRANSFERS, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(dir_word(dp, CXL_DIR_READ, CXL_LS_BUSY_NS), occ_r, __ATOMIC_RELAXED);
     __atomic_fetch_add(dir_word(dp, CXL_DIR_WRITE, CXL_LS_BUSY_NS), occ_w, __ATOMIC_RELAXED);
-    if (real && wait) {
-        uint64_t copied = lat ? (uint64_t)cxl_now() : 0;
-        cxl_wait_until((int64_t)((link_done > copied ? link_done : copied) + lat) - dp->comp_ns);
-    }
+    if (real && wait)
+        finish_wait(done_target(ref, (int64_t)link_done, (int64_t)lat, dp->comp_ns[1]),
+                    (int64_t)link_done, (int64_t)lat, dp->comp_ns[1]);
     return (int64_t)(link_done + lat);
 }
 
@@ -278,7 +415,8 @@ int64_t cxl_chase(const cxl_dp *dp, uint64_t dpa, uint64_t hops, int timed_hops,
     cxl_dp local = *dp; /* the same device with timing off, counting into a scratch page */
     local.untimed = 1;
     local.link = scratch_link;
-    int64_t t0 = cxl_now(), prev = t0;
+    /* per-hop stamps from the TSC when calibrated (finer than the clock), in ns */
+    int64_t t0 = tsc_ok ? (int64_t)((double)ticks_now() / ticks_per_ns) : cxl_now(), prev = t0;
     for (uint64_t i = 0; i < hops; i++) {
         if (dpa > dp->media_size - 8)
             return CXL_E_RANGE;
@@ -292,7 +430,7 @@ int64_t cxl_chase(const cxl_dp *dp, uint64_t dpa, uint64_t hops, int timed_hops,
                 return rc;
         }
         dpa = next;
-        int64_t t = cxl_now();
+        int64_t t = tsc_ok ? (int64_t)((double)ticks_now() / ticks_per_ns) : cxl_now();
         if (i < nsamples)
             samples[i] = t - prev;
         prev = t;

@@ -32,11 +32,14 @@ typedef struct {
     int64_t lat_ns[2];       /* per direction, time scale applied */
     uint64_t fs_per_byte[2]; /* femtoseconds per byte, time scale applied; 0 = unthrottled */
     uint64_t txn_bytes;      /* power of two, 64..4096 */
-    int64_t comp_ns;         /* emulator's own per-access cost, deducted from real-time waits */
+    int64_t comp_ns[2];      /* emulator's own per-access cost, deducted from real-time waits:
+                                [0] latency-only transfers, [1] transfers that reserve the link */
     int untimed;             /* all of lat_ns and fs_per_byte are 0: count, never read the clock */
 } cxl_dp;
 
 int64_t cxl_now(void);
+int cxl_tsc_calibrate(int64_t window_ns);
+double cxl_ticks_per_ns(void);
 void cxl_wait_until(int64_t deadline);
 int64_t cxl_check_range(const cxl_dp *dp, uint64_t dpa, uint64_t n);
 uint64_t cxl_first_poison(const cxl_dp *dp, uint64_t dpa, uint64_t n);

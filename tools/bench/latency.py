@@ -2,12 +2,13 @@
 
 A random cyclic chain of 64-B lines is laid in the device's media; each hop reads 8 bytes
 (one transaction) at the DPA the previous hop returned, so no two accesses overlap, as in
-Intel MLC's idle-latency test.  The chase runs in C (``cxl_chase``) twice per round,
-interleaved: once through the timed path (device) and once through the same path with timing
-off (local baseline: what an untimed device costs).  Added latency is the difference of the
-two trimmed means (slowest 1 % dropped: interrupts and preemptions are the host's, not the
-device's); p50/p99 come from per-hop samples.  Expected added latency per hop is the
-configured read latency plus one transaction's link time, all times time_scale.
+Intel MLC's idle-latency test.  The chase runs from Python, one data-path call per hop, as
+every user of the device calls it, in interleaved rounds: through the timed path (device) and
+through the same path with timing off (local baseline: what an untimed device costs).  Added
+latency is the difference of the two interquartile means (robust to preemption and to the
+interpreter's own hiccups on a shared host); p50 / p99 come from the per-hop samples.  The
+expected added latency per hop is the configured read latency plus one transaction's link
+time, all times time_scale.
 """
 from __future__ import annotations
 
@@ -55,33 +56,40 @@ def _pct(samples: list[int], q: float) -> float:
 
 
 def measure(dp: DataPath, region: memoryview, base_dpa: int, *, hops: int = 100_000,
-            rounds: int = 5) -> LatencyResult:
-    """Chase ``rounds`` x ``hops`` hops each way over ``region`` (at ``base_dpa``)."""
+            rounds: int = 20) -> LatencyResult:
+    """Chase ``hops`` hops each way over ``region`` (at ``base_dpa``), in ``rounds`` rounds."""
     if dp.impl != "c":
-        raise RuntimeError("the latency probe chases pointers in C: build the extension "
-                           "(pip install -e . or python -m emulator.timing._build)")
-    from emulator.timing._cimpl import build_chase_ring, trimmed_mean
+        raise RuntimeError("the latency probe needs the C data path (the Python twin's own cost "
+                           "is microseconds): pip install -e . or python -m emulator.timing._build")
+    from emulator.timing import linkstate
+    from emulator.timing._cimpl import CCore, build_chase_ring, interquartile_mean, py_chase
+    from emulator.timing.config import LinkParams
 
     lines = region.nbytes // 64
-    offset_ring = build_chase_ring(region, 0, lines)
-    start = base_dpa + offset_ring
-    # the ring holds offsets within the region; shift them to DPAs
+    start = base_dpa + build_chase_ring(region, 0, lines)
     words = np.frombuffer(region, dtype=np.uint64)
-    words[::8] += np.uint64(base_dpa)
-    core = dp._core
-    core.chase(start, min(hops, 20_000), False)  # warm the TLB and caches
-    local: list[int] = []
-    device: list[int] = []
-    for _ in range(rounds):
-        local += core.chase(start, hops, False, hops)[1]
-        device += core.chase(start, hops, True, hops)[1]
+    words[::8] += np.uint64(base_dpa)  # the ring holds offsets within the region: make them DPAs
     del words
-    local_mean, device_mean = trimmed_mean(local), trimmed_mean(device)
-    configured = configured_added_ns(dp)
+    local = CCore(dp.media, dp.poison_bits, memoryview(bytearray(linkstate.USED_BYTES)).cast("Q"),
+                  LinkParams(lat_ns=(0, 0), fs_per_byte=(0, 0), txn_bytes=64))
+    per_round = max(1000, hops // rounds)
+    py_chase(local.transfer, start, min(hops, 20_000))  # warm the TLB and caches
+    local_s: list[int] = []
+    device_s: list[int] = []
+    for _ in range(max(1, hops // per_round)):
+        local_s += py_chase(local.transfer, start, per_round)
+        device_s += py_chase(dp._core.transfer, start, per_round)
+    local.close()
+    return _result(region.nbytes, local_s, device_s, configured_added_ns(dp), interquartile_mean)
+
+
+def _result(working_set: int, local: list[int], device: list[int], configured: float,
+            estimator: Any) -> LatencyResult:
+    local_mean, device_mean = estimator(local), estimator(device)
     added = device_mean - local_mean
     p99_added = _pct(device, 0.99) - _pct(local, 0.99)
     return LatencyResult(
-        working_set=region.nbytes, hops=hops * rounds, local_ns=local_mean, device_ns=device_mean,
+        working_set=working_set, hops=len(device), local_ns=local_mean, device_ns=device_mean,
         added_ns=added, configured_ns=configured,
         error_pct=100 * abs(added - configured) / configured if configured else 0.0,
         local_p50_ns=_pct(local, 0.5), local_p99_ns=_pct(local, 0.99),
@@ -96,13 +104,13 @@ def render(name: str, r: LatencyResult) -> Any:
 
     t = Table(title=f"cxlemu bench latency {name}: {r.hops} dependent 8-B reads over "
                     f"{r.working_set >> 20} MiB")
-    for col in ("", "mean ns", "p50 ns", "p99 ns"):
+    for col in ("", "IQ mean ns", "p50 ns", "p99 ns"):
         t.add_column(col, justify="right" if col else "left")
     t.add_row("local (timing off)", f"{r.local_ns:.1f}", f"{r.local_p50_ns:.0f}", f"{r.local_p99_ns:.0f}")
     t.add_row("device", f"{r.device_ns:.1f}", f"{r.device_p50_ns:.0f}", f"{r.device_p99_ns:.0f}")
     t.add_row("added", f"{r.added_ns:.1f}", f"{r.added_p50_ns:.0f}", f"{r.added_p99_ns:.0f}", style="bold")
     t.add_row("configured", f"{r.configured_ns:.1f}", "", "")
-    t.caption = f"error {r.error_pct:.2f} % (mean), p99 jitter {r.p99_jitter_pct:.2f} %"
+    t.caption = f"error {r.error_pct:.2f} % (interquartile mean), p99 jitter {r.p99_jitter_pct:.2f} %"
     return t
 
 
@@ -113,8 +121,8 @@ def register(bench: Any) -> None:
     add_target_arguments(p)
     p.add_argument("--working-set", default="64M", help="chase region (default 64M, larger than the LLC)")
     p.add_argument("--dpa", default="0", help="where the region starts (saved and restored)")
-    p.add_argument("--hops", type=int, default=100_000, help="hops per round and mode")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved local/device rounds")
+    p.add_argument("--hops", type=int, default=100_000, help="hops per mode")
+    p.add_argument("--rounds", type=int, default=20, help="interleaved local/device rounds")
     p.set_defaults(func=cmd_latency)
 
 

@@ -14,6 +14,7 @@ BENCH_MODULES = [
     "tools.bench.latency",
     "tools.bench.bandwidth",
     "tools.bench.overhead",
+    "tools.bench.fidelity",
 ]
 
 

@@ -1,0 +1,163 @@
+"""`cxlemu bench fidelity`: the timed data path's benchmark list, each figure against its target.
+
+- latency: added latency configured at 100, 250, 500, 1000 ns, measured by the latency probe;
+  error of the mean ≤ 3 %, p99 jitter ≤ 10 %.
+- bandwidth: 1, 2, 4, 8 GB/s configured, 2 MiB transfers, read and write; error ≤ 3 %.
+- overhead: unthrottled timed copy / numpy copy ≥ 0.9 for ≥ 64 KiB; one zero-latency 64-B
+  transfer from Python, submit to completion, ≤ 2 µs.
+- sharing: two processes streaming 2 MiB reads on one served device; combined throughput
+  within 3 % of the configured link bandwidth.
+- side by side: two devices (no added latency; 350 ns + 2.5 GB/s), timed from Python around
+  plain ``DataPath.read`` calls, as a user would, not by the probes: per-64-B difference within
+  5 % of 350 ns (plus one transaction's link time) and 2 MiB reads within 5 % of 2.5 GB/s.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from emulator.timing import DataPath, TimingConfig
+from tools.bench import bandwidth, latency, overhead
+
+LATENCIES_NS = (100, 250, 500, 1000)
+BANDWIDTHS_GBPS = (1, 2, 4, 8)
+
+
+def _check(name: str, value: float, target: str, ok: bool, **extra: Any) -> dict[str, Any]:
+    return {"check": name, "value": round(value, 4), "target": target, "pass": bool(ok), **extra}
+
+
+def latency_checks(files: Any, hops: int) -> list[dict[str, Any]]:
+    out = []
+    for lat in LATENCIES_NS:
+        with DataPath.for_device(files, config=TimingConfig(read_latency_ns=lat)) as dp:
+            r = latency.measure(dp, dp.media[0:64 << 20], 0, hops=hops)
+        out.append(_check(f"latency +{lat} ns: error", r.error_pct, "<= 3 %", r.error_pct <= 3,
+                          added_ns=round(r.added_ns, 1), local_ns=round(r.local_ns, 1)))
+        out.append(_check(f"latency +{lat} ns: p99 jitter", r.p99_jitter_pct, "<= 10 %",
+                          r.p99_jitter_pct <= 10, added_p99_ns=r.added_p99_ns))
+    return out
+
+
+def bandwidth_checks(files: Any, seconds: float) -> list[dict[str, Any]]:
+    out = []
+    for gbps in BANDWIDTHS_GBPS:
+        cfg = TimingConfig(read_bandwidth_gbps=gbps, write_bandwidth_gbps=gbps)
+        with DataPath.for_device(files, config=cfg) as dp:
+            for mode in ("read", "write"):
+                r = bandwidth.measure(dp, mode, 2 << 20, 0, 64 << 20, seconds=seconds)
+                out.append(_check(f"bandwidth {gbps} GB/s {mode} 2 MiB: error", r.error_pct, "<= 3 %",
+                                  r.error_pct <= 3, gbps=round(r.gbps, 4)))
+    return out
+
+
+def overhead_checks() -> list[dict[str, Any]]:
+    r = overhead.measure("auto")
+    out = [_check(f"timed copy / numpy copy, {row['size'] >> 10} KiB", row["timed_nil_link_ratio"],
+                  ">= 0.9", row["timed_nil_link_ratio"] >= 0.9, untimed_ratio=round(row["untimed_ratio"], 3))
+           for row in r.copy]
+    us = r.per_transfer_ns["datapath_read_untimed_ns"] / 1e3
+    out.append(_check("zero-latency 64-B DataPath.read, call to return (µs)", us, "<= 2", us <= 2))
+    us = r.per_transfer_ns["dma_submit_wait_untimed_ns"] / 1e3
+    out.append(_check("zero-latency 64-B DMA submit to completion (µs)", us, "<= 2", us <= 2,
+                      threaded_path_us=round(r.per_transfer_ns["dma_submit_wait_timed_nil_link_ns"] / 1e3, 1)))
+    return out
+
+
+def sharing_check(name: str, dp: DataPath, seconds: float) -> dict[str, Any]:
+    r = bandwidth.measure_shared(dp, name, "read", 2 << 20, 0, 64 << 20, processes=2,
+                                 seconds=seconds, channels=2)
+    return _check(f"sharing: 2 processes on a {r.configured_gbps:g} GB/s link: error", r.error_pct,
+                  "<= 3 %", r.error_pct <= 3, gbps=round(r.gbps, 4))
+
+
+def _per_call_ns(dp: DataPath, out: Any, reps: int) -> float:
+    """Median time of one 64-B read from Python, cycling over 256 lines already faulted in."""
+    times = []
+    for i in range(reps):
+        t0 = time.perf_counter_ns()
+        dp.read((i & 255) * 64, out)
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times)
+
+
+def side_by_side_checks(fast: Any, slow: Any, reps: int) -> list[dict[str, Any]]:
+    """Two devices served side by side, timed from outside the probes."""
+    out64 = np.empty(64, np.uint8)
+    with DataPath.for_device(fast) as a, DataPath.for_device(slow) as b:
+        for dp in (a, b):  # fault the pages in: first touch is the OS's cost, not the link's
+            dp.write_untimed(0, np.zeros(40 << 20, np.uint8))
+        base, timed = [], []
+        for _ in range(5):  # interleaved blocks: drift hits both devices alike
+            base.append(_per_call_ns(a, out64, reps))
+            timed.append(_per_call_ns(b, out64, reps))
+        diff = statistics.median(timed) - statistics.median(base)
+        expect = latency.configured_added_ns(b)
+        big = np.empty(2 << 20, np.uint8)
+        b.read(0, big)
+        t0 = time.perf_counter_ns()
+        for i in range(20):
+            b.read((i % 16) * (2 << 20), big)  # 16 x 2 MiB = 32 MiB, faulted in above
+        gbps = 20 * big.nbytes / (time.perf_counter_ns() - t0)
+    conf = slow.config.timing.read_bandwidth_gbps
+    return [_check(f"side by side: 64-B read difference vs {expect:g} ns (%)", 100 * abs(diff - expect) / expect,
+                   "<= 5 %", abs(diff - expect) <= 0.05 * expect, diff_ns=round(diff, 1)),
+            _check(f"side by side: 2 MiB reads vs {conf:g} GB/s (%)", 100 * abs(gbps - conf) / conf,
+                   "<= 5 %", abs(gbps - conf) <= 0.05 * conf, gbps=round(gbps, 4))]
+
+
+def run(*, quick: bool = False) -> list[dict[str, Any]]:
+    from emulator.device import DeviceConfig, serve
+
+    hops, secs = (20_000, 0.2) if quick else (100_000, 1.0)
+    pid = os.getpid()
+    checks: list[dict[str, Any]] = []
+    with serve(DeviceConfig(name=f"fid-none-{pid}", capacity=256 << 20)) as none_dev, \
+            serve(DeviceConfig(name=f"fid-share-{pid}", capacity=256 << 20,
+                               timing=TimingConfig(read_bandwidth_gbps=4, write_bandwidth_gbps=4))) as share, \
+            serve(DeviceConfig(name=f"fid-slow-{pid}", capacity=256 << 20,
+                               timing=TimingConfig(read_latency_ns=350, read_bandwidth_gbps=2.5,
+                                                   write_bandwidth_gbps=2.5))) as slow:
+        checks += latency_checks(none_dev.files, hops)
+        checks += bandwidth_checks(none_dev.files, secs)
+        checks += overhead_checks()
+        with DataPath.for_device(share.files) as dp:
+            checks.append(sharing_check(share.name, dp, 2 * secs))
+        checks += side_by_side_checks(none_dev.files, slow.files, 2000 if quick else 20_000)
+    return checks
+
+
+def render(checks: list[dict[str, Any]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="cxlemu bench fidelity")
+    for col in ("check", "value", "target", ""):
+        t.add_column(col, justify="right" if col == "value" else "left")
+    for c in checks:
+        t.add_row(c["check"], f"{c['value']:g}", c["target"],
+                  "[green]pass[/green]" if c["pass"] else "[red]FAIL[/red]")
+    return t
+
+
+def register(bench: Any) -> None:
+    p = bench.add_parser("fidelity", help="the timed data path's benchmark list, each against its target")
+    p.add_argument("--quick", action="store_true", help="fewer hops and shorter streams (a smoke run)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_fidelity)
+
+
+def cmd_fidelity(args: Any) -> int:
+    from tools.cli._common import print_json
+
+    checks = run(quick=args.quick)
+    if args.json:
+        print_json({"host": {"cpus": os.cpu_count(), "load": os.getloadavg()}, "checks": checks})
+    else:
+        from rich.console import Console
+
+        Console().print(render(checks))
+    return 0 if all(c["pass"] for c in checks) else 1
