@@ -101,6 +101,9 @@ _ALERT_BITS = {"life_used_warning": P.ALERT_LIFE_USED, "over_temp_warning": P.AL
                "under_temp_warning": P.ALERT_UNDER_TEMP,
                "corrected_volatile_warning": P.ALERT_CORRECTED_VOLATILE,
                "corrected_persistent_warning": P.ALERT_CORRECTED_PERSISTENT}
+_ALERT_RANGES = {"life_used_warning": (0, 100), "over_temp_warning": (-0x8000, 0x7FFF),
+                 "under_temp_warning": (-0x8000, 0x7FFF), "corrected_volatile_warning": (0, 0xFFFF),
+                 "corrected_persistent_warning": (0, 0xFFFF)}
 _EVENT_LOGS = ("info", "warning", "failure", "fatal", "dynamic_capacity")
 
 
@@ -166,6 +169,10 @@ class MemdevCommands:
         unknown = names - set(_ALERT_BITS)
         if unknown:
             raise ValueError(f"unknown alert(s) {sorted(unknown)}; use {sorted(_ALERT_BITS)}")
+        for n, value in thresholds.items():
+            lo, hi = _ALERT_RANGES[n]
+            if not lo <= value <= hi:
+                raise ValueError(f"{n} {value} is outside {lo}..{hi}")
         valid = sum(_ALERT_BITS[n] for n in names)
         enable = sum(_ALERT_BITS[n] for n in thresholds)
         self.call(Opcode.SET_ALERT_CONFIG, P.SET_ALERT_CONFIG.pack(

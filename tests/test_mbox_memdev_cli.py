@@ -80,3 +80,32 @@ def test_a_package_failing_authentication_is_a_device_error(served, capsys, tmp_
     bad.write_bytes(b"\x00" * 5000)
     code, _, err = cli(capsys, "fw", "update", served.name, str(bad))
     assert code == 1 and "FW Authentication Failed" in err
+
+
+def test_alert_config_like_ndctl(served, capsys):
+    code, res, _ = cli(capsys, "set-alert-config", served.name, "--over-temperature-threshold", "70",
+                       "--over-temperature-alert", "on", "--under-temperature-threshold", "5",
+                       "--under-temperature-alert", "on")
+    assert code == 0
+    a = res["alert_config"]
+    assert a["dev_over_temperature_prog_warn_threshold_valid"] and a["dev_under_temperature_prog_warn_threshold_valid"]
+    assert not a["life_used_prog_warn_threshold_valid"] and a["life_used_prog_warn_threshold_writable"]
+    assert (a["dev_over_temperature_prog_warn_threshold"], a["dev_under_temperature_prog_warn_threshold"]) == (70, 5)
+    assert (a["dev_over_temperature_crit_alert_threshold"], a["life_used_crit_alert_threshold"]) == (85, 90)
+    code, res, _ = cli(capsys, "set-alert-config", served.name, "--under-temperature-alert", "off")
+    assert code == 0 and not res["alert_config"]["dev_under_temperature_prog_warn_threshold_valid"]
+    code, res, _ = cli(capsys, "health", served.name, "--alerts")
+    assert code == 0 and res["alert_config"]["dev_over_temperature_prog_warn_threshold"] == 70
+    assert res["health"]["ext_temperature"] == "normal"
+
+
+@pytest.mark.parametrize("argv, code, words", [
+    (["--over-temperature-threshold", "90", "--over-temperature-alert", "on"], 1, "Invalid Input"),
+    (["--life-used-threshold", "30"], 2, "--life-used-alert on"),
+    (["--pmem-err-threshold", "3", "--pmem-err-alert", "off"], 2, "--pmem-err-alert off alone"),
+    (["--volatile-mem-err-threshold", "70000", "--volatile-mem-err-alert", "on"], 2, "outside 0..65535"),
+    ([], 2, "nothing to set"),
+])
+def test_set_alert_config_bad_input(served, capsys, argv, code, words):
+    got, _, err = cli(capsys, "set-alert-config", served.name, *argv)
+    assert got == code and err.count("\n") == 1 and words in err

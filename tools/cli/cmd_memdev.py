@@ -1,7 +1,8 @@
 """Memory-device commands: identify, health, partition, timestamp, LSA, firmware update.
 
     cxlemu identify mem0                      Identify Memory Device
-    cxlemu health mem0                        Get Health Info (keys as `cxl list -H` prints them)
+    cxlemu health mem0 [--alerts]             Get Health Info [+ Get Alert Configuration], `cxl list -H -A` keys
+    cxlemu set-alert-config mem0 --over-temperature-threshold 70 --over-temperature-alert on
     cxlemu partition mem0                     Get Partition Info
     cxlemu timestamp mem0 [--set [NS]]        Get / Set Timestamp (--set alone: this host's clock)
     cxlemu lsa mem0 [--offset N] [--length N] read the label storage area as hex
@@ -36,6 +37,14 @@ _MEDIA_STATUS = ("normal", "not_ready", "persistence_lost", "data_lost", "powerl
                  "shutdown_persistence_loss", "persistence_loss_imminent", "powerloss_data_loss",
                  "shutdown_data_loss", "data_loss_imminent")
 _LEVELS = ("normal", "warning", "critical", "reserved")
+# driver threshold name -> (ndctl `cxl set-alert-config` flag stem, ndctl `cxl list -A` key stem)
+_ALERT_FLAGS = {
+    "life_used_warning": ("life-used", "life_used"),
+    "over_temp_warning": ("over-temperature", "dev_over_temperature"),
+    "under_temp_warning": ("under-temperature", "dev_under_temperature"),
+    "corrected_volatile_warning": ("volatile-mem-err", "corrected_volatile_mem_err"),
+    "corrected_persistent_warning": ("pmem-err", "corrected_pmem_err"),
+}
 
 
 def _named(parent: argparse._SubParsersAction, cmd: str, help_text: str, func: Any,
@@ -50,7 +59,13 @@ def _named(parent: argparse._SubParsersAction, cmd: str, help_text: str, func: A
 
 def register(sub: argparse._SubParsersAction) -> None:
     _named(sub, "identify", "Identify Memory Device as JSON", cmd_identify)
-    _named(sub, "health", "health, temperature and alert state (Get Health Info)", cmd_health)
+    p = _named(sub, "health", "health, temperature and alert state (Get Health Info)", cmd_health)
+    p.add_argument("--alerts", action="store_true", help="add the alert configuration (like `cxl list -A`)")
+    p = _named(sub, "set-alert-config", "program warning thresholds (like `cxl set-alert-config`)",
+               cmd_set_alert_config, human=False)
+    for flag, _ in _ALERT_FLAGS.values():
+        p.add_argument(f"--{flag}-threshold", default=None, metavar="N")
+        p.add_argument(f"--{flag}-alert", choices=("on", "off"), default=None)
     _named(sub, "partition", "capacity partitioning (Get Partition Info)", cmd_partition)
     p = _named(sub, "timestamp", "read or set the device clock", cmd_timestamp)
     p.add_argument("--set", nargs="?", const="now", default=None, metavar="NS",
@@ -125,13 +140,60 @@ def health_json(h: Any) -> dict[str, Any]:
     return record
 
 
+def alert_config_json(cfg: Any) -> dict[str, Any]:
+    """Get Alert Configuration in the key names of ndctl's util_cxl_memdev_alert_config_to_json."""
+    stems = [key for _, key in _ALERT_FLAGS.values()]
+    record: dict[str, Any] = {}
+    for bit, stem in enumerate(stems):
+        record[f"{stem}_prog_warn_threshold_valid"] = bool(cfg.valid_alerts >> bit & 1)
+    for bit, stem in enumerate(stems):
+        record[f"{stem}_prog_warn_threshold_writable"] = bool(cfg.programmable_alerts >> bit & 1)
+    record.update({
+        "life_used_crit_alert_threshold": cfg.life_used_critical,
+        "life_used_prog_warn_threshold": cfg.life_used_warning,
+        "dev_over_temperature_crit_alert_threshold": cfg.over_temp_critical,
+        "dev_under_temperature_crit_alert_threshold": cfg.under_temp_critical,
+        "dev_over_temperature_prog_warn_threshold": cfg.over_temp_warning,
+        "dev_under_temperature_prog_warn_threshold": cfg.under_temp_warning,
+        "corrected_volatile_mem_err_prog_warn_threshold": cfg.corrected_volatile_warning,
+        "corrected_pmem_err_prog_warn_threshold": cfg.corrected_persistent_warning})
+    return record
+
+
 def cmd_health(args: argparse.Namespace) -> int:
     with device(args.name) as md:
         health = health_json(md.health())
+        alerts = alert_config_json(md.alert_config()) if args.alerts else None
     if args.human:
-        human_table(f"{args.name}: health", health)
-    else:
-        print_json({"memdev": args.name, "health": health})  # the shape of `cxl list -M -H`
+        human_table(f"{args.name}: health", {**health, **(alerts or {})})
+        return 0
+    record: dict[str, Any] = {"memdev": args.name, "health": health}  # the shape of `cxl list -M -H`
+    if alerts is not None:
+        record["alert_config"] = alerts
+    print_json(record)
+    return 0
+
+
+def cmd_set_alert_config(args: argparse.Namespace) -> int:
+    """ndctl's rule: enable with a threshold and `--X-alert on`, disable with `--X-alert off` alone."""
+    enable: dict[str, int] = {}
+    disable: list[str] = []
+    for name, (flag, _) in _ALERT_FLAGS.items():
+        threshold = getattr(args, f"{flag.replace('-', '_')}_threshold")
+        alert = getattr(args, f"{flag.replace('-', '_')}_alert")
+        if alert == "on" and threshold is not None:
+            enable[name] = parse_int(threshold, f"--{flag}-threshold")
+        elif alert == "off" and threshold is None:
+            disable.append(name)
+        elif alert is not None or threshold is not None:
+            raise CliError(f"use --{flag}-threshold N --{flag}-alert on to enable, "
+                           f"or --{flag}-alert off alone to disable")
+    if not enable and not disable:
+        raise CliError("nothing to set: give at least one --X-alert on|off (see --help)")
+    with device(args.name) as md:
+        md.set_alert_config(disable=disable, **enable)
+        alerts = alert_config_json(md.alert_config())
+    print_json({"memdev": args.name, "alert_config": alerts})
     return 0
 
 
