@@ -78,7 +78,7 @@ class PoisonAt(LogitsProcessor):
         if self.calls == self.step:
             engine = self.cache._engine
             layer = next(st for st in engine.layers if st.frame is None and st.load is None)
-            chunk = int(layer.table[0, 0])
+            chunk = int(layer.chunks.ids[0, 0, 0])
             self.poisoned = (layer.index, chunk)
             engine.store.memdev.inject_poison(engine.store.dpa(chunk) + 128)
         return scores

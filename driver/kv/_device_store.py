@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,10 @@ class _DmaTransfer:
 
     def done(self) -> bool:
         return self.handle.done()
+
+    def add_done_callback(self, fn: "Callable[[], None]") -> None:
+        """``fn()`` on completion, from the DMA channel thread (or now, if done)."""
+        self.handle.add_done_callback(lambda _h: fn())
 
     def wait(self) -> None:
         for result in self.handle.wait():
@@ -63,7 +67,7 @@ class DeviceBlockStore:
 
     def _descs(self, direction: str, extents: Sequence[Extent], host: np.ndarray) -> list[Descriptor]:
         cb = self.chunk_bytes
-        return [Descriptor(direction, self.base + e.chunk * cb, host, e.host_offset, e.count * cb)
+        return [Descriptor(direction, self.base + e.chunk * cb, host, e.host_offset, e.nbytes)
                 for e in extents]
 
     def read(self, extents: Sequence[Extent], host: np.ndarray) -> _DmaTransfer:

@@ -7,29 +7,31 @@ Per ``update(layer, k, v)`` (one attention layer of one forward)::
                                 | demand miss (stall)                     next"): prefetch them,
                                                                           evicting by policy
 
-Eviction and prefetch are the firmware model's: an ``EvictionPolicy`` from
-``firmware_model.policies`` keyed by layer orders the resident frames, and the engine prefetches
-the layers the decode loop will visit next (``prefetch_depth`` ahead), protecting them and the
-layer computing from eviction. A frame leaves by writing back only its dirty chunks (the tokens
-appended since it was last saved); a load reads each distinct device chunk once, so sequences
-sharing a prefix share the transfer too. Faults: a failed load is retried, then the lost chunks
-are recomputed from the tokens (``recompute``) and written back, so no token changes.
+Eviction is the firmware model's: an ``EvictionPolicy`` from ``firmware_model.policies``, keyed
+by layer, orders the resident frames; the engine prefetches the layers the decode loop visits
+next (``prefetch_depth`` ahead), protecting them and the computing layer from eviction. A frame
+leaves by writing back only its dirty blocks (the tokens appended since its last save); a load
+reads each distinct device chunk once, straight into the frame on CPU. Faults: a failed load is
+retried, then the chunks still unreadable are recomputed from the tokens and rewritten, so no
+token changes.
 """
 from __future__ import annotations
 
-import hashlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from driver.kv._arena import Arena, Frame, StagingPool
+from driver.kv._chunkio import ChunkIO, LayerChunks
 from driver.kv._chunks import ChunkPool
 from driver.kv._layout import KVLayout
-from driver.kv._mover import frame_to_chunks, make_mover
-from driver.kv._store import BlockStore, Extent, Transfer, coalesce
+from driver.kv._mover import host_bytes, make_mover
+from driver.kv._store import BlockStore, Extent, Transfer
 from emulator.spec.errors import CxlemuError, DmaError, PoisonError
 from firmware_model.policies import NoVictimError, make_policy
 
@@ -44,49 +46,42 @@ class KVLoadError(CxlemuError):
 
 @dataclass
 class _Load:
-    buf: torch.Tensor
+    host: np.ndarray  # the image the DMA lands in
+    cap: int  # its capacity in tokens
+    token: Any  # the mover's handle on it
     transfer: Transfer
     extents: list[Extent]
-    firsts: dict[int, int]  # chunk -> host offset it is read into
-    dups: list[tuple[int, int]]  # (from offset, to offset) filled after the read
-    nblk: int
+    firsts: dict[int, tuple[int, int]]
+    dups: list[tuple[int, int, int]]
     seq_len: int
     attempts: int = 1
+    landed: threading.Event | None = None  # set by the completion callback (CPU)
+    ok: bool = False  # the callback saw the DMA succeed and filled the shared copies
 
 
 @dataclass
 class _Write:
     buf: torch.Tensor
+    host: np.ndarray
     transfer: Transfer
     extents: list[Extent]
+    keys: list[tuple[int, bytes]]
     attempts: int = 1
-    keys: list[tuple[int, bytes]] = field(default_factory=list)  # published when it lands
 
 
 @dataclass
 class _Layer:
     index: int
-    batch: int
+    chunks: LayerChunks
     frame: Frame | None = None
     seq_len: int = 0
     clean_upto: int = 0  # tokens [0, clean_upto) are on the device (or on their way)
-    table: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
-    hashes: list[list[bytes]] = field(default_factory=list)
     load: _Load | None = None
-    saves: list[tuple[object, int, int]] = field(default_factory=list)  # (mover token, j0, j1)
+    saves: list[tuple[Any, int, int, int]] = field(default_factory=list)  # (token, j0, j1, seq_len)
     writes: list[_Write] = field(default_factory=list)
 
-    def ensure_blocks(self, nblk: int) -> None:
-        if self.table.shape[1] < nblk:
-            grown = np.full((self.batch, max(nblk, 2 * self.table.shape[1])), -1, np.int64)
-            if self.table.size:
-                grown[:, :self.table.shape[1]] = self.table
-            self.table = grown
-        for row in self.hashes:
-            row.extend([b""] * (nblk - len(row)))
 
-
-class ResidencyEngine:
+class ResidencyEngine(ChunkIO):
     """Layer frames within an HBM budget over a chunk store; see the module docstring."""
 
     COUNTERS = ("loads", "offloads", "hits", "misses", "prefetch_late", "prefetch_issued",
@@ -94,23 +89,21 @@ class ResidencyEngine:
                 "dedup_load_bytes", "cow_copies", "load_retries", "recomputed_chunks", "regrows")
 
     def __init__(self, *, budget: int, policy: str, block_tokens: int, store: BlockStore,
-                 device: torch.device, dtype: torch.dtype,
-                 prefetch_depth: int = 2, max_retries: int = 2, prefix_sharing: bool = True,
-                 max_seq_len: int | None = None, recompute: Recompute | None = None,
-                 full_writeback: bool = False) -> None:
+                 device: torch.device, dtype: torch.dtype, prefetch_depth: int = 2,
+                 max_retries: int = 2, prefix_sharing: bool = True, max_seq_len: int | None = None,
+                 recompute: Recompute | None = None, full_writeback: bool = False) -> None:
         make_policy(policy, 1)  # fail fast on an unknown policy name, naming the known ones
         self.policy_name = policy
         self.block_tokens = block_tokens
         self.store = store
         self.pool: ChunkPool | None = None
-        self.device = device
         self.dtype = dtype
         self.prefetch_depth = prefetch_depth
         self.max_retries = max_retries
         self.prefix_sharing = prefix_sharing
         self.max_seq_len = max_seq_len
         self.recompute = recompute
-        self.full_writeback = full_writeback
+        self.full_writeback = full_writeback  # the transformers baseline: rewrite whole layers
         self.arena = Arena(budget, device, dtype)
         self.staging = StagingPool(pin=device.type == "cuda")
         self.mover = make_mover(device, self.staging)
@@ -120,17 +113,17 @@ class ResidencyEngine:
         self.counters = dict.fromkeys(self.COUNTERS, 0)
         self._tick = 0
         self._num_layers = 0
-        # keys of chunks whose write is in flight: shared within this engine, published on landing
-        self._pending_key_of: dict[int, bytes] = {}
-        self._pending_chunk_of: dict[bytes, int] = {}
+        self._init_chunkio()
 
     # ---------------------------------------------------------------- the path attention takes
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``k``/``v`` (``(B, H, n, D)``) to ``layer``; returns views of the whole layer."""
         if self.layout is None:
             self._setup(k)
+        lay = self.layout
+        assert lay is not None
         while len(self.layers) <= layer:
-            self.layers.append(_Layer(len(self.layers), k.shape[0], hashes=[[] for _ in range(k.shape[0])]))
+            self.layers.append(_Layer(len(self.layers), LayerChunks(lay.batch, lay.pieces)))
         self._num_layers = max(self._num_layers, layer + 1)
         self._poll()
         st = self.layers[layer]
@@ -141,7 +134,7 @@ class ResidencyEngine:
         frame.data[0][:, :, st.seq_len:new_len].copy_(k)
         frame.data[1][:, :, st.seq_len:new_len].copy_(v)
         st.seq_len = new_len
-        st.ensure_blocks(self.layout.blocks(new_len))  # type: ignore[union-attr]
+        st.chunks.ensure(lay.blocks(new_len))
         self._prefetch_after(layer)
         return frame.data[0][:, :, :new_len], frame.data[1][:, :, :new_len]
 
@@ -165,19 +158,14 @@ class ResidencyEngine:
         """Make ``st`` resident for compute, counting a hit, a late prefetch or a miss."""
         self._tick += 1
         if st.load is not None:
-            if st.load.transfer.done():
-                self.counters["hits"] += 1
-            else:
-                self.counters["prefetch_late"] += 1
+            self.counters["hits" if self._load_done(st.load) else "prefetch_late"] += 1
             self._finish_load(st, stall=True)
             self.policy.touch(st.index, self._tick)
         elif st.frame is not None:
-            if st.seq_len:
-                self.counters["hits"] += 1
+            self.counters["hits"] += bool(st.seq_len)
             self.policy.touch(st.index, self._tick)
         elif st.seq_len == 0:
             st.frame = self._take_frame({st.index} | self._inflight())
-            st.frame.layer = st.index
             self.mover.before_overwrite(st.frame)
             self.policy.insert(st.index, self._tick)
         else:
@@ -246,156 +234,90 @@ class ResidencyEngine:
     # ------------------------------------------------------------------------- offload
     def _save(self, st: _Layer) -> None:
         assert self.layout is not None and st.frame is not None
-        bt = self.block_tokens
-        j0 = 0 if self.full_writeback else st.clean_upto // bt
+        j0 = 0 if self.full_writeback else st.clean_upto // self.block_tokens
         j1 = self.layout.blocks(st.seq_len)
         if j0 >= j1:
             return
         if st.writes:
-            self._wait_writes(st)  # a chunk freed below must not still have a write in flight
-        token = self.mover.save_start(st.frame, j0, j1, st.seq_len, bt)
+            self._reap_writes(st, block=True)  # a chunk freed below must have no write in flight
+        token = self.mover.save_start(st.frame, j0 * self.block_tokens, st.seq_len)
         st.clean_upto = st.seq_len
-        st.saves.append((token, j0, j1))
+        st.saves.append((token, j0, j1, st.seq_len))
         self._advance_saves(st)
 
     def _advance_saves(self, st: _Layer, force: bool = False) -> None:
         while st.saves and (force or self.mover.save_ready(st.saves[0][0])):
-            token, j0, j1 = st.saves.pop(0)
-            lay = self.layout
-            assert lay is not None
-            buf = self.staging.get(lay.batch * (j1 - j0) * lay.chunk_bytes)
-            stage = self._stage_view(buf, j1 - j0)
-            self.mover.save_finish(token, stage)
-            self._write_chunks(st, buf, j0, j1)
-
-    def _write_chunks(self, st: _Layer, buf: torch.Tensor, j0: int, j1: int) -> None:
-        """Give each dirty chunk a device chunk (shared by hash, copied on write) and write it."""
-        lay = self.layout
-        assert lay is not None
-        cb, nb = lay.chunk_bytes, j1 - j0
-        host = buf.numpy()
-        chunks: list[int] = []
-        offsets: list[int] = []
-        for b in range(lay.batch):
-            for j in range(j0, j1):
-                off = (b * nb + j - j0) * cb
-                if self._place_chunk(st, b, j, host[off:off + cb]):
-                    chunks.append(int(st.table[b, j]))
-                    offsets.append(off)
-        if not chunks:
-            self.staging.put(buf)
-            return
-        extents = coalesce(chunks, offsets, cb)
-        self.counters["offloads"] += len(chunks)
-        self.counters["bytes_offloaded"] += len(chunks) * cb
-        keys = [(c, self._pending_key_of[c]) for c in chunks if c in self._pending_key_of]
-        st.writes.append(_Write(buf, self.store.write(extents, host), extents, keys=keys))
-
-    def _place_chunk(self, st: _Layer, b: int, j: int, data: np.ndarray) -> bool:
-        """Point (row b, block j) at a device chunk; True when its bytes must be written.
-
-        With prefix sharing the chunk's key chains its parent's key, its layer and its bytes, so a
-        match means the whole prefix up to it is equal; equal bytes are never written twice. A
-        chunk others still reference is copied on write; a key is published only once its write
-        has landed, so no reader can see a chunk before its bytes are there."""
-        pool = self.pool
-        assert pool is not None
-        cur = int(st.table[b, j])
-        key = b""
-        if self.prefix_sharing:
-            parent = st.hashes[b][j - 1] if j else b"root"
-            key = hashlib.blake2b(parent + st.index.to_bytes(4, "little") + data.tobytes(),
-                                  digest_size=16).digest()
-            st.hashes[b][j] = key
-            hit = pool.lookup(key)
-            if hit is None:
-                hit = self._pending_chunk_of.get(key)
-            if hit is not None:
-                if hit != cur:
-                    pool.incref(hit)
-                    if cur >= 0:
-                        self._decref(cur)
-                    st.table[b, j] = hit
-                    self.counters["shared_chunks"] += 1
-                self.counters["dedup_write_bytes"] += data.size
-                return False
-        if cur >= 0 and (pool.refs(cur) > 1 or pool.hashed(cur)):
-            # copy on write: others (or later prefix hits) keep the old bytes under the old hash
-            self.counters["cow_copies"] += pool.refs(cur) > 1
-            self._decref(cur)
-            cur = -1
-        elif cur >= 0:
-            self._forget_pending(cur)  # private, unpublished: rewritten in place
-        if cur < 0:
-            cur = pool.alloc(1)[0]
-            st.table[b, j] = cur
-        if self.prefix_sharing:
-            self._forget_pending(cur)
-            self._pending_key_of[cur] = key
-            self._pending_chunk_of.setdefault(key, cur)
-        return True
-
-    def _decref(self, chunk: int) -> None:
-        assert self.pool is not None
-        self.pool.decref(chunk)
-        if not self.pool.refs(chunk):
-            self._forget_pending(chunk)
-
-    def _forget_pending(self, chunk: int) -> None:
-        key = self._pending_key_of.pop(chunk, None)
-        if key is not None and self._pending_chunk_of.get(key) == chunk:
-            del self._pending_chunk_of[key]
+            token, j0, j1, seq_len = st.saves.pop(0)
+            buf, host = self.mover.save_image(token)
+            extents, keys = self._save_plan(st.index, st.chunks, host, j0, j1, seq_len)
+            if not extents:
+                self.staging.put(buf)
+                continue
+            nbytes = sum(e.nbytes for e in extents)
+            self.counters["offloads"] += 1
+            self.counters["bytes_offloaded"] += nbytes
+            st.writes.append(_Write(buf, host, self.store.write(extents, host), extents, keys))
 
     # ------------------------------------------------------------------------- load
-    def _stage_view(self, buf: torch.Tensor, nblk: int) -> torch.Tensor:
-        lay = self.layout
-        assert lay is not None
-        n = lay.batch * nblk * lay.chunk_bytes
-        return buf[:n].view(self.dtype).view(lay.batch, nblk, 2, lay.kv_heads, lay.block_tokens, lay.head_dim)
-
     def _start_load(self, st: _Layer, protected: set[int]) -> bool:
         """Reserve a frame and start reading ``st``'s chunks; False if no frame can be freed."""
-        lay = self.layout
-        assert lay is not None
-        if st.writes or st.saves:
+        if st.saves:
             self._advance_saves(st, force=True)
-            self._wait_writes(st)  # a load must see the bytes its own offload wrote
+        if st.writes:
+            self._reap_writes(st, block=True)  # a load must see the bytes its own save wrote
         try:
             frame = self._take_frame(protected)
         except NoVictimError:
             return False
-        frame.layer = st.index
         st.frame = frame
-        nblk = lay.blocks(st.seq_len)
-        cb = lay.chunk_bytes
-        firsts: dict[int, int] = {}
-        dups: list[tuple[int, int]] = []
-        for b in range(lay.batch):
-            for j in range(nblk):
-                c, off = int(st.table[b, j]), (b * nblk + j) * cb
-                if c in firsts:
-                    dups.append((firsts[c], off))
-                else:
-                    firsts[c] = off
-        buf = self.staging.get(lay.batch * nblk * cb)
-        extents = coalesce(list(firsts), list(firsts.values()), cb)
-        st.load = _Load(buf, self.store.read(extents, buf.numpy()), extents, firsts, dups, nblk, st.seq_len)
-        self.counters["loads"] += len(firsts)
-        self.counters["bytes_loaded"] += len(firsts) * cb
-        self.counters["dedup_load_bytes"] += len(dups) * cb
+        host, cap, token = self.mover.load_image(frame, st.seq_len)
+        extents, firsts, dups = self._load_plan(st.chunks, cap, st.seq_len)
+        st.load = _Load(host, cap, token, self.store.read(extents, host), extents, firsts, dups, st.seq_len)
+        self.counters["loads"] += 1
+        self.counters["bytes_loaded"] += sum(e.nbytes for e in extents)
+        self.counters["dedup_load_bytes"] += sum(n for _, _, n in dups)
+        self._watch_load(st.load)
         return True
+
+    def _watch_load(self, ld: _Load) -> None:
+        """On CPU the DMA lands in the frame; its completion callback (a DMA channel thread) also
+        fills the shared copies, so the compute thread only checks a flag."""
+        add = getattr(ld.transfer, "add_done_callback", None)
+        if self.mover.cuda or add is None:
+            return
+        ld.landed = threading.Event()
+
+        def land() -> None:
+            try:
+                ld.transfer.wait()
+                self._fill_dups(ld)
+                ld.ok = True
+            except BaseException:  # the compute thread sees ok=False: it retries / recovers
+                ld.ok = False
+            finally:
+                ld.landed.set()  # type: ignore[union-attr]
+
+        add(land)
+
+    @staticmethod
+    def _fill_dups(ld: _Load) -> None:
+        for src, dst, n in ld.dups:
+            ld.host[dst:dst + n] = ld.host[src:src + n]
+
+    @staticmethod
+    def _load_done(ld: _Load) -> bool:
+        return ld.landed.is_set() if ld.landed is not None else ld.transfer.done()
 
     def _finish_load(self, st: _Layer, stall: bool) -> None:
         ld, frame = st.load, st.frame
         assert ld is not None and frame is not None
         t0 = time.perf_counter_ns()
-        self._wait_load(st, ld)
-        host = ld.buf.numpy()
-        cb = self.layout.chunk_bytes  # type: ignore[union-attr]
-        for src, dst in ld.dups:
-            host[dst:dst + cb] = host[src:src + cb]
-        self.mover.load_start(self._stage_view(ld.buf, ld.nblk), frame, ld.nblk, ld.seq_len, self.block_tokens)
-        self.staging.put(ld.buf)
+        if ld.landed is not None:
+            ld.landed.wait()
+        if not ld.ok:
+            self._wait_load(st, ld)
+            self._fill_dups(ld)
+        self.mover.land(frame, ld.token, ld.seq_len)
         st.load = None
         if stall:
             self.counters["stall_ns"] += time.perf_counter_ns() - t0
@@ -412,17 +334,16 @@ class ResidencyEngine:
                     return
                 ld.attempts += 1
                 self.counters["load_retries"] += 1
-                ld.transfer = self.store.read(ld.extents, ld.buf.numpy())
+                ld.transfer = self.store.read(ld.extents, ld.host)
 
     def _recover(self, st: _Layer, ld: _Load, cause: Exception) -> None:
         """Read chunk by chunk; recompute the unreadable ones from the tokens and rewrite them."""
-        host = ld.buf.numpy()
-        bad: list[tuple[int, int]] = []
-        for c, off in ld.firsts.items():
+        bad = []
+        for c, (off, n) in ld.firsts.items():
             try:
-                self.store.read([Extent(c, 1, off)], host).wait()
+                self.store.read([Extent(c, n, off)], ld.host).wait()
             except (DmaError, PoisonError):
-                bad.append((c, off))
+                bad.append((c, off, n))
         if not bad:
             return
         if self.recompute is None:
@@ -430,24 +351,24 @@ class ResidencyEngine:
                               f"{self.max_retries} retries ({cause}); pass model= to CxlCache so "
                               "lost chunks can be recomputed from the tokens") from cause
         keys, values = self.recompute(st.index, ld.seq_len)
-        full = torch.stack([keys, values]).to("cpu", self.dtype)
-        stage = self._stage_view(ld.buf, ld.nblk)
-        lay = self.layout
-        assert lay is not None
-        redo = torch.empty_like(stage)
-        frame_to_chunks(full, redo, 0, ld.nblk, ld.seq_len, self.block_tokens)
-        redo_host = redo.view(torch.uint8).reshape(-1).numpy()
-        for c, off in bad:
-            host[off:off + lay.chunk_bytes] = redo_host[off:off + lay.chunk_bytes]
-            self.store.scrub(c)  # same bytes back in place: its hash and every sharer stay valid
-            self.store.write([Extent(c, 1, off)], host).wait()
+        image = torch.stack([keys, values]).to("cpu", self.dtype).contiguous()
+        for c, off, n in bad:
+            ld.host[off:off + n] = host_bytes(image)[self._image_to_image(off, ld.cap, ld.seq_len):][:n]
+            self.store.scrub(c)  # same bytes back in place: its key and every sharer stay valid
+            self.store.write([Extent(c, n, off)], ld.host).wait()
         self.counters["recomputed_chunks"] += len(bad)
+
+    def _image_to_image(self, off: int, cap: int, new_cap: int) -> int:
+        """Translate a byte offset in an image of ``cap`` tokens to one of ``new_cap`` tokens."""
+        tb = self.layout.piece_token_bytes  # type: ignore[union-attr]
+        run, token = divmod(off // tb, cap)
+        return (run * new_cap + token) * tb
 
     # ------------------------------------------------------------------------- bookkeeping
     def _poll(self) -> None:
         """Finish whatever completed, without blocking."""
         for st in self.layers:
-            if st.load is not None and st.load.transfer.done():
+            if st.load is not None and self._load_done(st.load):
                 self._finish_load(st, stall=False)
             if st.saves:
                 self._advance_saves(st)
@@ -468,18 +389,10 @@ class ResidencyEngine:
                     if w.attempts > self.max_retries:
                         raise
                     w.attempts += 1
-                    w.transfer = self.store.write(w.extents, w.buf.numpy())
+                    w.transfer = self.store.write(w.extents, w.host)
             self.staging.put(w.buf)
-            for chunk, key in w.keys:
-                if self._pending_key_of.get(chunk) != key:
-                    continue  # rewritten or freed since: that later write publishes it
-                self._forget_pending(chunk)
-                if self.pool is not None and self.pool.refs(chunk) and not self.pool.hashed(chunk):
-                    self.pool.register(chunk, key)  # an equal chunk may hold the key: fine, both valid
+            self._publish(w.keys)
         st.writes = keep
-
-    def _wait_writes(self, st: _Layer) -> None:
-        self._reap_writes(st, block=True)
 
     def _drain_loads(self) -> None:
         for st in self.layers:
@@ -489,7 +402,7 @@ class ResidencyEngine:
     def _drain_writes(self) -> None:
         for st in self.layers:
             self._advance_saves(st, force=True)
-            self._wait_writes(st)
+            self._reap_writes(st, block=True)
 
     def close(self) -> None:
         """Wait for every transfer, free every frame, drop every device chunk reference."""
@@ -499,19 +412,21 @@ class ResidencyEngine:
                     st.load.transfer.wait()
                 except (DmaError, PoisonError):
                     pass
-                self.staging.put(st.load.buf)
+                if st.load.landed is not None:
+                    st.load.landed.wait()
+                if self.mover.cuda:
+                    self.staging.put(st.load.token[0])
                 st.load = None
-        for st in self.layers:
             if st.frame is not None:
                 self.mover.release(st.frame)
                 self.arena.give(st.frame)
                 st.frame = None
         self._drain_writes()
-        if self.pool is not None:
-            for st in self.layers:
-                for c in st.table[st.table >= 0].tolist():
-                    self._decref(int(c))
-                st.table[:] = -1
+        for st in self.layers:
+            ids = st.chunks.ids
+            for c in ids[ids >= 0].tolist():
+                self._decref(int(c))
+            ids[:] = -1
         self.layers.clear()
         if self.layout is not None:
             self.arena.release_all()

@@ -3,10 +3,11 @@
 The unit of residency on the accelerator is a *layer frame* (one layer of the whole batch, laid
 out ``(2, batch, kv_heads, capacity, head_dim)`` so attention gets a zero-copy view), because
 attention for layer ``l`` needs all of layer ``l`` and nothing else. The unit of storage on the
-device is a *chunk*: ``block_tokens`` tokens of one sequence in one layer, K then V, each
-``(kv_heads, block_tokens, head_dim)``. A sequence's chunks of one layer are allocated together,
-so a layer of a sequence moves as one large extent (vLLM's lesson: per-transfer overhead
-dominates small copies) while attention still waits only on its own layer.
+device is a *chunk*: ``block_tokens`` tokens of one *piece* — the K or the V of one kv head of
+one sequence in one layer — which is exactly a contiguous run of the frame. A piece's chunks
+are allocated together, so a piece of a layer moves as one extent straight between the media
+and the frame: ``2 x kv_heads`` descriptors per sequence per layer, no staging copy, no
+reshuffle (vLLM's lesson: per-transfer overhead dominates small copies).
 """
 from __future__ import annotations
 
@@ -50,14 +51,25 @@ class KVLayout:
         return 2 * self.kv_heads * self.head_dim * self.itemsize
 
     @property
-    def chunk_bytes(self) -> int:
-        """One device chunk: ``block_tokens`` tokens of one sequence in one layer."""
-        return self.block_tokens * self.token_bytes
+    def pieces(self) -> int:
+        """K and V of every kv head: the runs one sequence's layer is made of."""
+        return 2 * self.kv_heads
 
     @property
-    def half_chunk_elems(self) -> int:
-        """Elements of K (or V) in one chunk."""
-        return self.kv_heads * self.block_tokens * self.head_dim
+    def piece_token_bytes(self) -> int:
+        """One token of one piece (one head's K or V)."""
+        return self.head_dim * self.itemsize
+
+    @property
+    def chunk_bytes(self) -> int:
+        """One device chunk: ``block_tokens`` tokens of one piece."""
+        return self.block_tokens * self.piece_token_bytes
+
+    def image_offset(self, piece: int, row: int, token: int, capacity: int) -> int:
+        """Byte offset of ``token`` of (``piece``, ``row``) in a frame-ordered image of
+        ``capacity`` tokens: ``(2, batch, kv_heads, capacity, head_dim)``."""
+        kv, head = divmod(piece, self.kv_heads)
+        return (((kv * self.batch + row) * self.kv_heads + head) * capacity + token) * self.piece_token_bytes
 
     def blocks(self, seq_len: int) -> int:
         """Chunks per sequence per layer for ``seq_len`` tokens (the last may be partial)."""

@@ -1,95 +1,79 @@
-"""Copies between the chunk-ordered staging buffers the device DMAs into and the layer frames.
+"""Moving bytes between the frames on the accelerator and the host images the DMA engine uses.
 
-Chunk order (device and staging): ``(batch, block, K|V, kv_heads, block_tokens, head_dim)``.
-Frame order (accelerator): ``(K|V, batch, kv_heads, tokens, head_dim)``.
+A *host image* is frame-ordered, ``(2, batch, kv_heads, tokens, head_dim)``, so every chunk of
+the device is one contiguous run of it (see ``_layout``).
 
-On CPU the frame is host memory, so one strided torch copy per direction does it. On CUDA the
-host first permutes between chunk order and a pinned frame-ordered mirror, then the mirror and
-the frame exchange ``2 x batch x kv_heads`` contiguous pieces asynchronously on a side stream
-(contiguous on both sides, so torch needs no device-side temporary that the budget would not
-see). Events order everything: a load into a frame waits until compute released the frame, and
-compute waits until the load landed — the race transformers' users hit when a wait is missing.
+* CPU: the frame *is* host memory, so a load's DMA lands straight in it (zero copy); a save
+  copies the dirty tokens to a staging image so the frame can be reused at once.
+* CUDA: loads land in a pinned mirror, then ``2 x batch x kv_heads`` contiguous pieces go to
+  the frame on a side stream; saves come back the same way. Events order everything: a load
+  into a frame waits until compute released the frame, compute waits until the load landed,
+  and a frame reused for new tokens waits until its last save was copied out — the missing
+  waits behind the copy / compute races that transformers' and vLLM's users report.
 """
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from driver.kv._arena import Frame, StagingPool
 
-__all__ = ["CpuMover", "CudaMover", "chunks_to_frame", "frame_to_chunks", "make_mover"]
+__all__ = ["CpuMover", "CudaMover", "make_mover"]
 
 
-def chunks_to_frame(stage: torch.Tensor, frame: torch.Tensor, j0: int, j1: int,
-                    seq_len: int, bt: int, off: int = 0) -> None:
-    """Copy blocks ``[j0, j1)`` (tokens below ``seq_len``) from chunk order into frame order.
-
-    ``stage`` is ``(B, j1 - j0, 2, H, bt, D)``; ``frame`` is ``(2, B, H, C, D)`` holding tokens
-    from ``off`` on."""
-    full_end = max(j0, min(j1, seq_len // bt))
-    m = full_end - j0
-    for kv in (0, 1):
-        if m:
-            dst = frame[kv][:, :, j0 * bt - off:full_end * bt - off].unflatten(2, (m, bt))
-            dst.copy_(stage[:, :m, kv].permute(0, 2, 1, 3, 4))
-        if j1 > full_end:
-            r = seq_len - full_end * bt
-            frame[kv][:, :, full_end * bt - off:seq_len - off].copy_(stage[:, m, kv, :, :r])
+def host_bytes(t: torch.Tensor) -> np.ndarray:
+    """A flat uint8 numpy view of a contiguous CPU tensor (what the DMA engine addresses)."""
+    return t.view(torch.uint8).reshape(-1).numpy()
 
 
-def frame_to_chunks(frame: torch.Tensor, stage: torch.Tensor, j0: int, j1: int,
-                    seq_len: int, bt: int, off: int = 0) -> None:
-    """Inverse of :func:`chunks_to_frame`; the unused tail of a partial block is zeroed so that
-    equal KV always gives equal chunk bytes (prefix sharing hashes them)."""
-    full_end = max(j0, min(j1, seq_len // bt))
-    m = full_end - j0
-    for kv in (0, 1):
-        if m:
-            src = frame[kv][:, :, j0 * bt - off:full_end * bt - off].unflatten(2, (m, bt))
-            stage[:, :m, kv].copy_(src.permute(0, 2, 1, 3, 4))
-        if j1 > full_end:
-            r = seq_len - full_end * bt
-            stage[:, m, kv, :, :r].copy_(frame[kv][:, :, full_end * bt - off:seq_len - off])
-            stage[:, m, kv, :, r:].zero_()
+def _image(staging: StagingPool, like: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    two, b, h, _, d = like.shape
+    nbytes = two * b * h * tokens * d * like.element_size()
+    buf = staging.get(nbytes)
+    return buf, buf[:nbytes].view(like.dtype).view(two, b, h, tokens, d)
 
 
 class CpuMover:
-    """The accelerator is the CPU: copies are synchronous and nothing needs fencing."""
+    """The accelerator is the CPU."""
 
     cuda = False
 
     def __init__(self, staging: StagingPool) -> None:
         self.staging = staging
 
-    def load_start(self, stage: torch.Tensor, frame: Frame, nblk: int, seq_len: int, bt: int) -> None:
-        chunks_to_frame(stage, frame.data, 0, nblk, seq_len, bt)
+    def load_image(self, frame: Frame, seq_len: int) -> tuple[np.ndarray, int, Any]:
+        """Where a load's DMA lands: the frame itself (capacity = the frame's)."""
+        return host_bytes(frame.data), frame.data.shape[3], None
 
-    def load_done(self, frame: Frame) -> bool:
-        return True
+    def land(self, frame: Frame, token: Any, seq_len: int) -> None:
+        """Nothing to do: the DMA wrote the frame."""
 
     def before_compute(self, frame: Frame) -> None:
-        """Nothing to wait for: the copy already happened on this thread."""
+        """Nothing to wait for: a load is complete when its DMA is."""
 
     def before_overwrite(self, frame: Frame) -> None:
-        """Nothing to wait for: saves copy out synchronously on CPU."""
+        """Nothing to wait for: saves copy out synchronously."""
 
-    def save_start(self, frame: Frame, j0: int, j1: int, seq_len: int, bt: int) -> Any:
-        return (frame.data, j0, j1, seq_len, bt)
+    def save_start(self, frame: Frame, t0: int, t1: int) -> Any:
+        buf, image = _image(self.staging, frame.data, t1 - t0)
+        image.copy_(frame.data[:, :, :, t0:t1])
+        return buf
 
     def save_ready(self, token: Any) -> bool:
         return True
 
-    def save_finish(self, token: Any, stage: torch.Tensor) -> None:
-        data, j0, j1, seq_len, bt = token
-        frame_to_chunks(data, stage, j0, j1, seq_len, bt)
+    def save_image(self, token: Any) -> tuple[torch.Tensor, np.ndarray]:
+        """The staging buffer (returned to the pool after the write) and its bytes."""
+        return token, token.numpy()
 
     def release(self, frame: Frame) -> None:
-        """The frame may be reused at once: compute on CPU is already done with it."""
+        """The frame may be reused at once: compute on CPU is done with it."""
 
 
 class CudaMover:
-    """GPU frames fed from pinned host mirrors on a side stream, ordered by events."""
+    """GPU frames fed from pinned host images on a side stream, ordered by events."""
 
     cuda = True
 
@@ -98,83 +82,66 @@ class CudaMover:
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
 
-    def _pieces(self, frame: torch.Tensor, mirror: torch.Tensor, t0: int, t1: int, to_frame: bool) -> None:
+    @staticmethod
+    def _pieces(frame: torch.Tensor, image: torch.Tensor, t0: int, t1: int, to_frame: bool) -> None:
         _, b, h, _, _ = frame.shape
         for kv in range(2):
             for i in range(b):
-                for j in range(h):
+                for j in range(h):  # contiguous on both sides: no device temporary
                     if to_frame:
-                        frame[kv, i, j, t0:t1].copy_(mirror[kv, i, j], non_blocking=True)
+                        frame[kv, i, j, t0:t1].copy_(image[kv, i, j], non_blocking=True)
                     else:
-                        mirror[kv, i, j].copy_(frame[kv, i, j, t0:t1], non_blocking=True)
+                        image[kv, i, j].copy_(frame[kv, i, j, t0:t1], non_blocking=True)
 
-    def _mirror(self, frame: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        two, b, h, _, d = frame.shape
-        nbytes = two * b * h * tokens * d * frame.element_size()
-        buf = self.staging.get(nbytes)
-        view = buf[:nbytes].view(frame.dtype).view(two, b, h, tokens, d)
-        return buf, view
+    def load_image(self, frame: Frame, seq_len: int) -> tuple[np.ndarray, int, Any]:
+        buf, image = _image(self.staging, frame.data, seq_len)
+        return buf.numpy(), seq_len, (buf, image)
 
-    def load_start(self, stage: torch.Tensor, frame: Frame, nblk: int, seq_len: int, bt: int) -> None:
-        buf, mirror = self._mirror(frame.data, seq_len)
-        chunks_to_frame(stage, mirror, 0, nblk, seq_len, bt)
+    def land(self, frame: Frame, token: Any, seq_len: int) -> None:
+        buf, image = token
         with torch.cuda.stream(self.stream):
             if frame.free_event is not None:
                 self.stream.wait_event(frame.free_event)
-            self._pieces(frame.data, mirror, 0, seq_len, to_frame=True)
+            self._pieces(frame.data, image, 0, seq_len, to_frame=True)
             frame.ready_event = torch.cuda.Event()
             frame.ready_event.record(self.stream)
-        frame.extra["mirror"] = buf
-
-    def load_done(self, frame: Frame) -> bool:
-        ev = frame.ready_event
-        if ev is not None and not ev.query():
-            return False
-        buf = frame.extra.pop("mirror", None)
-        if buf is not None:
-            self.staging.put(buf)
-        return True
+        frame.extra["mirror"] = buf  # kept until the copy is known done
 
     def before_compute(self, frame: Frame) -> None:
         if frame.ready_event is not None:
             torch.cuda.current_stream(self.device).wait_event(frame.ready_event)
 
     def before_overwrite(self, frame: Frame) -> None:
-        """A frame reused for new tokens (no load) must not be written before its last save's
-        copies out of it finished: those were queued on the side stream."""
         if frame.free_event is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
-    def save_start(self, frame: Frame, j0: int, j1: int, seq_len: int, bt: int) -> Any:
-        t0 = j0 * bt
-        buf, mirror = self._mirror(frame.data, seq_len - t0)
-        done = torch.cuda.Event()
+    def save_start(self, frame: Frame, t0: int, t1: int) -> Any:
+        buf, image = _image(self.staging, frame.data, t1 - t0)
         compute_done = torch.cuda.Event()
         compute_done.record(torch.cuda.current_stream(self.device))
+        done = torch.cuda.Event()
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(compute_done)
-            self._pieces(frame.data, mirror, t0, seq_len, to_frame=False)
+            self._pieces(frame.data, image, t0, t1, to_frame=False)
             done.record(self.stream)
-        return (buf, mirror, done, j0, j1, seq_len, bt)
+        return (buf, done)
 
     def save_ready(self, token: Any) -> bool:
-        return bool(token[2].query())
+        return bool(token[1].query())
 
-    def save_finish(self, token: Any, stage: torch.Tensor) -> None:
-        buf, mirror, done, j0, j1, seq_len, bt = token
+    def save_image(self, token: Any) -> tuple[torch.Tensor, np.ndarray]:
+        buf, done = token
         done.synchronize()
-        frame_to_chunks(mirror, stage, j0, j1, seq_len, bt, off=j0 * bt)
-        self.staging.put(buf)
+        return buf, buf.numpy()
 
     def release(self, frame: Frame) -> None:
-        """Record where compute is now: the next load into this frame waits for it."""
+        """Record where compute is: the next load into this frame waits for it."""
         frame.free_event = torch.cuda.Event()
         frame.free_event.record(torch.cuda.current_stream(self.device))
-        # the save's D2H copies were queued on the side stream before any later load: stream order
-        # keeps them ahead of a reuse of the frame
-        load_done = frame.extra.pop("mirror", None)
-        if load_done is not None:
-            self.staging.put(load_done)
+        mirror = frame.extra.pop("mirror", None)
+        if mirror is not None:  # compute waited on ready_event before using the frame: copy done
+            frame.ready_event.synchronize()
+            self.staging.put(mirror)
         frame.ready_event = None
 
 

@@ -10,7 +10,7 @@ way SGLang's HiCache ships a delay / failure injector for its tests.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -22,23 +22,26 @@ __all__ = ["BlockStore", "Extent", "FaultInjectingStore", "MemoryBlockStore", "T
 
 
 class Extent(NamedTuple):
-    """``count`` chunks starting at ``chunk`` <-> ``count * chunk_bytes`` at ``host_offset``."""
+    """``nbytes`` from the start of chunk ``chunk`` (and the chunks after it) <-> ``host_offset``."""
 
     chunk: int
-    count: int
+    nbytes: int
     host_offset: int
 
 
-def coalesce(chunks: Sequence[int], host_offsets: Sequence[int], chunk_bytes: int) -> list[Extent]:
-    """Merge runs that are consecutive on both sides into one extent (one DMA descriptor)."""
+def coalesce(runs: Sequence[tuple[int, int, int]], chunk_bytes: int) -> list[Extent]:
+    """Merge (chunk, nbytes, host offset) runs that continue each other on both sides (a whole
+    chunk followed by the next chunk id at the next host byte) into one extent: one DMA
+    descriptor."""
     out: list[Extent] = []
-    for c, h in zip(chunks, host_offsets):
+    for c, n, h in runs:
         if out:
             last = out[-1]
-            if c == last.chunk + last.count and h == last.host_offset + last.count * chunk_bytes:
-                out[-1] = Extent(last.chunk, last.count + 1, last.host_offset)
+            if (last.nbytes % chunk_bytes == 0 and c == last.chunk + last.nbytes // chunk_bytes
+                    and h == last.host_offset + last.nbytes):
+                out[-1] = Extent(last.chunk, last.nbytes + n, last.host_offset)
                 continue
-        out.append(Extent(c, 1, h))
+        out.append(Extent(c, n, h))
     return out
 
 
@@ -97,6 +100,9 @@ class CompletedTransfer:
         if self._error is not None:
             raise self._error
 
+    def add_done_callback(self, fn: "Callable[[], None]") -> None:
+        fn()
+
 
 class MemoryBlockStore:
     """Chunks in a host numpy array; every transfer completes at once (no timing)."""
@@ -118,7 +124,7 @@ class MemoryBlockStore:
     def read(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer:
         cb = self.chunk_bytes
         for e in extents:
-            n = e.count * cb
+            n = e.nbytes
             host[e.host_offset:e.host_offset + n] = self._media[e.chunk * cb:e.chunk * cb + n]
             self.bytes_read += n
         return CompletedTransfer()
@@ -126,7 +132,7 @@ class MemoryBlockStore:
     def write(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer:
         cb = self.chunk_bytes
         for e in extents:
-            n = e.count * cb
+            n = e.nbytes
             self._media[e.chunk * cb:e.chunk * cb + n] = host[e.host_offset:e.host_offset + n]
             self.bytes_written += n
         return CompletedTransfer()
@@ -211,7 +217,8 @@ class FaultInjectingStore:
             self.injected += 1
             return CompletedTransfer(DmaError(0, "injected transfer failure"))
         for e in extents:
-            bad = self._poisoned.intersection(range(e.chunk, e.chunk + e.count))
+            span = -(-e.nbytes // self.chunk_bytes)
+            bad = self._poisoned.intersection(range(e.chunk, e.chunk + span))
             if bad:
                 self.injected += 1
                 return CompletedTransfer(PoisonError(min(bad) * self.chunk_bytes))

@@ -1,0 +1,162 @@
+"""Chunk bookkeeping of the residency engine: block tables, prefix sharing, transfer plans.
+
+Each layer keeps, per sequence and piece (K or V of one kv head), a table of device chunk ids
+by block. Saving a dirty block asks: is there already a chunk with exactly these bytes after
+exactly this prefix? The key chains the parent block's key, the layer, the piece, the valid
+length and the bytes (so a match implies the whole prefix matched, and is exact by
+construction: two keys collide only if blake2b does). A hit takes a reference and writes
+nothing; a chunk that others reference, or that is published under a key, is never rewritten:
+the writer takes a fresh chunk (copy on write). A key is published in the pool only when its
+write has landed; until then it is findable only within this engine, whose loads wait for its
+own writes.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from driver.kv._chunks import ChunkPool
+from driver.kv._layout import KVLayout
+from driver.kv._store import Extent, coalesce
+
+__all__ = ["ChunkIO", "LayerChunks"]
+
+
+@dataclass
+class LayerChunks:
+    """Block tables of one layer: ``ids[row, piece, block]`` (-1: none) and their keys."""
+
+    batch: int
+    pieces: int
+    ids: np.ndarray = field(init=False)
+    keys: dict[tuple[int, int, int], bytes] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ids = np.full((self.batch, self.pieces, 0), -1, np.int64)
+
+    def ensure(self, nblk: int) -> None:
+        have = self.ids.shape[2]
+        if have < nblk:
+            grown = np.full((self.batch, self.pieces, max(nblk, 2 * have)), -1, np.int64)
+            grown[:, :, :have] = self.ids
+            self.ids = grown
+
+
+class ChunkIO:
+    """Mixin of ``ResidencyEngine``: needs ``layout``, ``pool``, ``prefix_sharing``, ``counters``."""
+
+    layout: KVLayout | None
+    pool: ChunkPool | None
+    prefix_sharing: bool
+    counters: dict[str, int]
+
+    def _init_chunkio(self) -> None:
+        self._pending_key_of: dict[int, bytes] = {}
+        self._pending_chunk_of: dict[bytes, int] = {}
+
+    def _valid(self, j: int, seq_len: int) -> int:
+        """Valid bytes of block ``j`` of a piece holding ``seq_len`` tokens."""
+        lay = self.layout
+        assert lay is not None
+        return min(lay.block_tokens, seq_len - j * lay.block_tokens) * lay.piece_token_bytes
+
+    def _save_plan(self, layer: int, chunks: LayerChunks, host: np.ndarray, j0: int, j1: int,
+                   seq_len: int) -> tuple[list[Extent], list[tuple[int, bytes]]]:
+        """Place blocks ``[j0, j1)`` of every piece from a host image of tokens
+        ``[j0 * bt, seq_len)``; returns the extents to write and the keys they publish."""
+        lay = self.layout
+        assert lay is not None
+        t0, cap = j0 * lay.block_tokens, seq_len - j0 * lay.block_tokens
+        runs: list[tuple[int, int, int]] = []
+        for b in range(lay.batch):
+            for p in range(lay.pieces):
+                for j in range(j0, j1):
+                    n = self._valid(j, seq_len)
+                    off = lay.image_offset(p, b, j * lay.block_tokens - t0, cap)
+                    if self._place(layer, chunks, b, p, j, host[off:off + n]):
+                        runs.append((int(chunks.ids[b, p, j]), n, off))
+        keys = [(c, self._pending_key_of[c]) for c, _, _ in runs if c in self._pending_key_of]
+        return coalesce(runs, lay.chunk_bytes), keys
+
+    def _place(self, layer: int, chunks: LayerChunks, b: int, p: int, j: int, data: np.ndarray) -> bool:
+        """Point (row b, piece p, block j) at a device chunk; True when it must be written."""
+        pool = self.pool
+        assert pool is not None
+        cur = int(chunks.ids[b, p, j])
+        key = b""
+        if self.prefix_sharing:
+            parent = chunks.keys.get((b, p, j - 1), b"root") if j else b"root"
+            h = hashlib.blake2b(parent, digest_size=16)
+            h.update(np.array([layer, p, data.size], np.int64).tobytes())
+            h.update(data)
+            key = h.digest()
+            chunks.keys[(b, p, j)] = key
+            hit = pool.lookup(key)
+            if hit is None:
+                hit = self._pending_chunk_of.get(key)
+            if hit is not None:
+                if hit != cur:
+                    pool.incref(hit)
+                    if cur >= 0:
+                        self._decref(cur)
+                    chunks.ids[b, p, j] = hit
+                    self.counters["shared_chunks"] += 1
+                self.counters["dedup_write_bytes"] += data.size
+                return False
+        if cur >= 0 and (pool.refs(cur) > 1 or pool.hashed(cur)):
+            self.counters["cow_copies"] += pool.refs(cur) > 1
+            self._decref(cur)
+            cur = -1
+        if cur < 0:
+            cur = pool.alloc(1)[0]
+            chunks.ids[b, p, j] = cur
+        if self.prefix_sharing:
+            self._forget_pending(cur)
+            self._pending_key_of[cur] = key
+            self._pending_chunk_of.setdefault(key, cur)
+        return True
+
+    def _publish(self, keys: list[tuple[int, bytes]]) -> None:
+        """A write landed: its chunks become findable by every cache on the device."""
+        pool = self.pool
+        assert pool is not None
+        for chunk, key in keys:
+            if self._pending_key_of.get(chunk) != key:
+                continue  # rewritten or freed since: that later write publishes it
+            self._forget_pending(chunk)
+            if pool.refs(chunk) and not pool.hashed(chunk):
+                pool.register(chunk, key)
+
+    def _decref(self, chunk: int) -> None:
+        assert self.pool is not None
+        self.pool.decref(chunk)
+        if not self.pool.refs(chunk):
+            self._forget_pending(chunk)
+
+    def _forget_pending(self, chunk: int) -> None:
+        key = self._pending_key_of.pop(chunk, None)
+        if key is not None and self._pending_chunk_of.get(key) == chunk:
+            del self._pending_chunk_of[key]
+
+    def _load_plan(self, chunks: LayerChunks, cap: int, seq_len: int
+                   ) -> tuple[list[Extent], dict[int, tuple[int, int]], list[tuple[int, int, int]]]:
+        """Extents reading each distinct chunk once into a host image of ``cap`` tokens; the
+        (from, to, bytes) copies serving the other sequences that share a chunk."""
+        lay = self.layout
+        assert lay is not None
+        firsts: dict[int, tuple[int, int]] = {}
+        dups: list[tuple[int, int, int]] = []
+        runs: list[tuple[int, int, int]] = []
+        for b in range(lay.batch):
+            for p in range(lay.pieces):
+                for j in range(lay.blocks(seq_len)):
+                    c, n = int(chunks.ids[b, p, j]), self._valid(j, seq_len)
+                    off = lay.image_offset(p, b, j * lay.block_tokens, cap)
+                    if c in firsts:
+                        dups.append((firsts[c][0], off, n))
+                    else:
+                        firsts[c] = (off, n)
+                        runs.append((c, n, off))
+        return coalesce(runs, lay.chunk_bytes), firsts, dups
