@@ -220,3 +220,42 @@ def test_driver_wrappers(memdev):
     memdev.set_event_interrupt_policy(info=1, fatal=1)
     assert memdev.event_interrupt_policy() == {"info": 1, "warning": 0, "failure": 0, "fatal": 1,
                                                "dynamic_capacity": 0}
+
+
+def _offsets(layout) -> dict[str, int]:
+    return {k: v for k, v in layout.offsets.items() if not k.startswith("rsvd")}
+
+
+def test_layout_offsets_are_the_specs():
+    """Every field at the offset the spec's table gives (typed in from the tables, not derived)."""
+    from emulator.spec import payloads_fw as F
+    from emulator.spec import payloads_memdev as M
+
+    assert (M.IDENTIFY_MEMDEV.size, _offsets(M.IDENTIFY_MEMDEV)) == (0x45, {
+        "fw_revision": 0x00, "total_capacity": 0x10, "volatile_capacity": 0x18, "persistent_capacity": 0x20,
+        "partition_align": 0x28, "info_event_log_size": 0x30, "warning_event_log_size": 0x32,
+        "failure_event_log_size": 0x34, "fatal_event_log_size": 0x36, "lsa_size": 0x38,
+        "poison_list_max_mer": 0x3C, "inject_poison_limit": 0x3F, "poison_caps": 0x41,
+        "qos_telemetry_caps": 0x42, "dc_event_log_size": 0x43})
+    assert (M.HEALTH_INFO.size, _offsets(M.HEALTH_INFO)) == (0x12, {
+        "health_status": 0x0, "media_status": 0x1, "additional_status": 0x2, "life_used": 0x3,
+        "temperature": 0x4, "dirty_shutdowns": 0x6, "corrected_volatile_errors": 0xA,
+        "corrected_persistent_errors": 0xE})
+    assert (M.ALERT_CONFIG.size, _offsets(M.ALERT_CONFIG)) == (0x10, {
+        "valid_alerts": 0x0, "programmable_alerts": 0x1, "life_used_critical": 0x2, "life_used_warning": 0x3,
+        "over_temp_critical": 0x4, "under_temp_critical": 0x6, "over_temp_warning": 0x8,
+        "under_temp_warning": 0xA, "corrected_volatile_warning": 0xC, "corrected_persistent_warning": 0xE})
+    assert (M.SET_ALERT_CONFIG.size, _offsets(M.SET_ALERT_CONFIG)) == (0xC, {
+        "valid_actions": 0x0, "enable_actions": 0x1, "life_used_warning": 0x2, "over_temp_warning": 0x4,
+        "under_temp_warning": 0x6, "corrected_volatile_warning": 0x8, "corrected_persistent_warning": 0xA})
+    assert (M.PARTITION_INFO.size, _offsets(M.PARTITION_INFO)) == (0x20, {
+        "active_volatile": 0x0, "active_persistent": 0x8, "next_volatile": 0x10, "next_persistent": 0x18})
+    assert _offsets(M.GET_LSA) == {"offset": 0, "length": 4} and M.SET_LSA.size == 8
+    assert (M.GET_LOG.size, _offsets(M.GET_LOG)) == (0x18, {"uuid": 0x0, "offset": 0x10, "length": 0x14})
+    assert (M.SUPPORTED_LOG_ENTRY.size, M.SUPPORTED_LOGS.size, M.CEL_ENTRY.size) == (0x14, 0x8, 0x4)
+    assert (M.SECURITY_STATE.size, M.TIMESTAMP.size, M.EVENT_INT_POLICY.size) == (4, 8, 5)
+    assert (F.FW_INFO.size, _offsets(F.FW_INFO)) == (0x50, {
+        "slots_supported": 0x0, "slot_info": 0x1, "activation_caps": 0x2, "revision1": 0x10,
+        "revision2": 0x20, "revision3": 0x30, "revision4": 0x40})
+    assert (F.TRANSFER_FW.size, _offsets(F.TRANSFER_FW)) == (0x80, {"action": 0x0, "slot": 0x1, "offset": 0x4})
+    assert (F.ACTIVATE_FW.size, _offsets(F.ACTIVATE_FW)) == (0x2, {"action": 0x0, "slot": 0x1})
