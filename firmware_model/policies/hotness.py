@@ -4,7 +4,7 @@ The StreamingLLM and H2O observations, as an eviction policy over block keys:
 
 * **sinks** — blocks attention always returns to (the first tokens). Hinted by the host
   (:meth:`hint_sink`) or given up front; evicted only when nothing else can go.
-* **recent window** — the ``window`` most recently *created* resident blocks (newest tokens); new
+* **recent window** — blocks inserted by the last ``window`` insertions (the newest tokens); new
   blocks have no history yet, so they are kept until they have had a chance to earn heat.
 * **heavy hitters** — everything else is ranked by heat: one unit per access, plus whatever the
   hotness unit (a CHMU hotlist, :meth:`feed_hotlist`) or the host (:meth:`hint_heat`, e.g. summed
@@ -54,7 +54,8 @@ class HotnessPolicy:
         self._sinks: set[Hashable] = set(sinks)
         self._heat: dict[Hashable, int] = {}        # resident key -> heat
         self._last: dict[Hashable, int] = {}        # resident key -> tick of last access
-        self._births: OrderedDict[Hashable, None] = OrderedDict()  # residents, oldest born first
+        self._births: OrderedDict[Hashable, int] = OrderedDict()  # residents -> insertion number, oldest first
+        self._inserted = 0
         self._ghost_heat: OrderedDict[Hashable, int] = OrderedDict()  # evicted keys -> heat
         self._heap: list[tuple[int, int, Hashable]] = []  # (heat, -last, key)
         self._ticks = itertools.count(1)
@@ -91,7 +92,8 @@ class HotnessPolicy:
         if key in self._heat:
             raise duplicate(self.name, key)
         self._heat[key] = self._ghost_heat.pop(key, 0) + 1
-        self._births[key] = None
+        self._inserted += 1
+        self._births[key] = self._inserted
         self._access(key)
 
     def touch(self, key: Hashable, now: int = 0) -> None:
@@ -106,7 +108,8 @@ class HotnessPolicy:
         self._forget(key)
 
     def evict(self, protected: Container[Hashable] = ()) -> Hashable:
-        window = set(itertools.islice(reversed(self._births), self.window))
+        window_start = self._inserted - self.window  # insertion numbers above it are in the window
+        births = self._births
         skipped: list[tuple[int, int, Hashable]] = []
         victim = None
         while self._heap and victim is None:
@@ -115,7 +118,7 @@ class HotnessPolicy:
             if self._heat.get(key) != heat or self._last.get(key) != -neg_last:
                 continue  # stale
             skipped.append(item)
-            if key not in protected and key not in window and key not in self._sinks:
+            if births[key] <= window_start and key not in protected and key not in self._sinks:
                 victim = key
         for item in skipped:
             heapq.heappush(self._heap, item)
