@@ -6,12 +6,13 @@ persistent-memory security (no passphrase can be set, so the security state is a
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
 
 from emulator.firmware import attach_state
-from emulator.health import Alert, AlertConfig, HealthState
+from emulator.health import Alert, HealthState
 from emulator.mailbox import COMMANDS, Effect, command
 from emulator.spec import payloads_events as E
 from emulator.spec import payloads_memdev as P
@@ -112,15 +113,15 @@ def set_alert_config(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]
     valid, enable = req["valid_actions"], req["enable_actions"] & req["valid_actions"]
     if valid & ~P.ALERT_ALL:  # a warning this device does not have
         return RetCode.INVALID_INPUT, b""
-    cur = fw.health.alerts
-    new = AlertConfig(**{name: getattr(cur, name) for name in AlertConfig.__dataclass_fields__})
+    new = dataclasses.replace(fw.health.alerts)
     for bit, name in _SET_FIELDS:
         if valid & bit:
             new.enabled = (new.enabled | bit) if enable & bit else (new.enabled & ~bit)
             if enable & bit:
                 setattr(new, name, req[name])
-    if new.validate() is not None:
-        log.info("Set Alert Configuration refused: %s", new.validate())
+    why = new.validate()
+    if why is not None:
+        log.info("Set Alert Configuration refused: %s", why)
         return RetCode.INVALID_INPUT, b""
     fw.health.alerts = new
     report_alerts(fw, fw.health.check_alerts())  # a lowered threshold may already be crossed
