@@ -74,27 +74,56 @@ class Descriptor:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"Descriptor.{name} must be an int >= 0, got {value!r}")
 
+    def window(self) -> memoryview:
+        """The host bytes this descriptor moves, checked once and kept (descriptor lists are
+        often built once and resubmitted, as rings of DMA descriptors are)."""
+        cached = self.__dict__.get("_window")
+        if cached is not None:
+            return cached
+        try:
+            view = host_view(self.host_buffer, writable=self.direction is Direction.READ)
+        except (TypeError, ValueError) as exc:
+            raise DmaError(-1, f"host buffer: {exc}") from None
+        end = self.host_offset + self.length
+        if end > view.nbytes:
+            raise DmaError(-1, f"host range [{self.host_offset:#x}, {end:#x}) runs past the host "
+                               f"buffer ({view.nbytes:#x} B)")
+        window = view[self.host_offset:end]
+        object.__setattr__(self, "_window", window)
+        return window
+
 
 class DmaHandle:
-    """One submission: poll ``done()``, block in ``wait()``, or add a callback."""
+    """One submission: poll ``done()``, block in ``wait()``, or add a callback.
+
+    The event a waiter blocks on is made only when someone waits before completion: a
+    submission that completes inline never pays for one."""
+
+    __slots__ = ("id", "channel", "count", "_done", "_event", "_results", "_callbacks", "_lock")
 
     def __init__(self, handle_id: int, channel: int, count: int) -> None:
         self.id = handle_id
         self.channel = channel
         self.count = count
-        self._event = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None
         self._results: list[int | DmaError] = []
-        self._callbacks: list[Callable[[DmaHandle], None]] = []
+        self._callbacks: list[Callable[[DmaHandle], None]] | None = None
         self._lock = threading.Lock()
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> list[int | DmaError]:
         """Per-descriptor results in submission order: the completion time (ns) or the
         ``DmaError`` of a descriptor that failed.  Raises ``TimeoutError`` if not done in time."""
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"DMA handle {self.id} not complete after {timeout} s")
+        if not self._done:
+            with self._lock:
+                if not self._done and self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            if event is not None and not event.wait(timeout):
+                raise TimeoutError(f"DMA handle {self.id} not complete after {timeout} s")
         return list(self._results)
 
     def check(self, timeout: float | None = None) -> list[int]:
@@ -114,21 +143,23 @@ class DmaHandle:
         """Call ``fn(handle)`` on completion (from the channel thread; keep it short), or now
         if already done."""
         with self._lock:
-            if not self._event.is_set():
-                self._callbacks.append(fn)
+            if not self._done:
+                self._callbacks = (self._callbacks or []) + [fn]
                 return
         fn(self)
 
     def _complete(self, results: list[int | DmaError]) -> None:
         self._results = results
         with self._lock:
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
+            self._done = True
+            event, callbacks, self._callbacks = self._event, self._callbacks, None
+        if event is not None:
+            event.set()
+        for fn in callbacks or ():
             fn(self)
 
     def __repr__(self) -> str:
-        state = "done" if self.done() else "pending"
+        state = "done" if self._done else "pending"
         return f"<DmaHandle {self.id} ch{self.channel} {self.count} desc {state}>"
 
 
@@ -181,7 +212,7 @@ class DmaEngine:
         queue is full (then it blocks up to ``timeout`` s and raises ``TimeoutError``)."""
         descs = list(descriptors)
         for i, d in enumerate(descs):
-            if not isinstance(d, Descriptor):
+            if d.__class__ is not Descriptor:
                 raise TypeError(f"descriptor {i} must be an emulator.dma.Descriptor, got {type(d).__name__}")
         if channel is not None and not (isinstance(channel, int) and 0 <= channel < self.channels):
             raise ValueError(f"channel must be an int from 0 to {self.channels - 1}, got {channel!r}")
@@ -274,15 +305,7 @@ class DmaEngine:
     def _issue(self, d: Descriptor) -> int:
         """Start one descriptor's transfer; DmaError(reason) for anything that would copy a
         byte outside the device or the host buffer, or return poison."""
-        try:
-            view = host_view(d.host_buffer, writable=d.direction is Direction.READ)
-        except (TypeError, ValueError) as exc:
-            raise DmaError(-1, f"host buffer: {exc}") from None
-        end = d.host_offset + d.length
-        if end > view.nbytes:
-            raise DmaError(-1, f"host range [{d.host_offset:#x}, {end:#x}) runs past the host "
-                               f"buffer ({view.nbytes:#x} B)")
-        window = view[d.host_offset:end]
+        window = d.window()
         try:
             if d.direction is Direction.READ:
                 return self.datapath.read(d.dpa, window, wait=False)

@@ -27,6 +27,12 @@ def test_latency_probe_on_a_private_device(capsys):
     assert out["device_ns"] > 0 and out["local_ns"] > 0
 
 
+def test_native_latency_probe(capsys):
+    out = run_json(capsys, ["bench", "latency", "--read-latency-ns", "150", "--native",
+                            "--working-set", "1M", "--hops", "2000", "--rounds", "2", "--json"])
+    assert out["native"] and out["configured_ns"] == 150.0 and out["hops"] == 2000
+
+
 def test_latency_probe_on_a_served_device_restores_its_media(capsys, served):
     from driver import MemDev
 

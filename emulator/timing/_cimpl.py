@@ -183,6 +183,33 @@ def _calibrate_path(fs_per_byte: int) -> float:
     return statistics.median(estimates)
 
 
+def _calibrate_native(fs_per_byte: int) -> float:
+    """As ``_calibrate_path`` but for the C-level chase (``cxl_chase``), whose hops pay no
+    interpreter and find the link page hot in cache."""
+    lines = 256
+    media = memoryview(bytearray(lines * 64))
+    start = build_chase_ring(media, 0, lines)
+    expected = _CALIBRATE_LAT_NS + (64 * fs_per_byte + 500_000) // 1_000_000
+    core = CCore(media, None, memoryview(bytearray(ls.USED_BYTES)).cast("Q"),
+                 LinkParams(lat_ns=(_CALIBRATE_LAT_NS, 0), fs_per_byte=(fs_per_byte, 0), txn_bytes=64))
+    core.chase(start, 20_000, True)
+    estimates = []
+    for _ in range(_CALIBRATE_ROUNDS):
+        _, timed = core.chase(start, 5 * _CALIBRATE_HOPS, True, 5 * _CALIBRATE_HOPS)
+        _, local = core.chase(start, 5 * _CALIBRATE_HOPS, False, 5 * _CALIBRATE_HOPS)
+        estimates.append(interquartile_mean(timed) - interquartile_mean(local) - expected)
+    core.close()
+    return statistics.median(estimates)
+
+
+@functools.cache
+def calibrated_native_comp_ns() -> tuple[int, int]:
+    """Compensation for callers in C (the native latency probe): see ``calibrated_comp_ns``."""
+    tsc_ticks_per_ns()
+    return tuple(int(round(min(max(_calibrate_native(fs), -200), 500)))  # type: ignore[return-value]
+                 for fs in (0, 15_625))
+
+
 @functools.cache
 def calibrated_comp_ns() -> tuple[int, int]:
     """The timed path's own cost per access over the same access with timing off (TSC reads,

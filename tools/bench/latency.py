@@ -9,6 +9,10 @@ latency is the difference of the two interquartile means (robust to preemption a
 interpreter's own hiccups on a shared host); p50 / p99 come from the per-hop samples.  The
 expected added latency per hop is the configured read latency plus one transaction's link
 time, all times time_scale.
+
+``native=True`` (``--native``) chases in C instead (``cxl_chase``), as MLC does, with the
+compensation calibrated for C callers: no interpreter noise, so its p99 shows the jitter the
+data path itself adds.
 """
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ def _pct(samples: list[int], q: float) -> float:
 
 
 def measure(dp: DataPath, region: memoryview, base_dpa: int, *, hops: int = 100_000,
-            rounds: int = 20) -> LatencyResult:
+            rounds: int = 20, native: bool = False) -> LatencyResult:
     """Chase ``hops`` hops each way over ``region`` (at ``base_dpa``), in ``rounds`` rounds."""
     if dp.impl != "c":
         raise RuntimeError("the latency probe needs the C data path (the Python twin's own cost "
@@ -70,6 +74,8 @@ def measure(dp: DataPath, region: memoryview, base_dpa: int, *, hops: int = 100_
     words = np.frombuffer(region, dtype=np.uint64)
     words[::8] += np.uint64(base_dpa)  # the ring holds offsets within the region: make them DPAs
     del words
+    if native:
+        return _measure_native(dp, region.nbytes, start, hops, rounds)
     local = CCore(dp.media, dp.poison_bits, memoryview(bytearray(linkstate.USED_BYTES)).cast("Q"),
                   LinkParams(lat_ns=(0, 0), fs_per_byte=(0, 0), txn_bytes=64))
     per_round = max(1000, hops // rounds)
@@ -81,6 +87,24 @@ def measure(dp: DataPath, region: memoryview, base_dpa: int, *, hops: int = 100_
         device_s += py_chase(dp._core.transfer, start, per_round)
     local.close()
     return _result(region.nbytes, local_s, device_s, configured_added_ns(dp), interquartile_mean)
+
+
+def _measure_native(dp: DataPath, working_set: int, start: int, hops: int,
+                    rounds: int) -> LatencyResult:
+    """The chase in C over the device's media and link page, compensated for C callers."""
+    from emulator.timing._cimpl import CCore, calibrated_native_comp_ns, interquartile_mean
+
+    core = CCore(dp.media, dp.poison_bits, dp._link, dp.config.link_params(),
+                 calibrated_native_comp_ns())
+    per_round = max(1000, hops // rounds)
+    core.chase(start, min(hops, 20_000), False)
+    local: list[int] = []
+    device: list[int] = []
+    for _ in range(max(1, hops // per_round)):
+        local += core.chase(start, per_round, False, per_round)[1]
+        device += core.chase(start, per_round, True, per_round)[1]
+    core.close()
+    return _result(working_set, local, device, configured_added_ns(dp), interquartile_mean)
 
 
 def _result(working_set: int, local: list[int], device: list[int], configured: float,
@@ -123,6 +147,7 @@ def register(bench: Any) -> None:
     p.add_argument("--dpa", default="0", help="where the region starts (saved and restored)")
     p.add_argument("--hops", type=int, default=100_000, help="hops per mode")
     p.add_argument("--rounds", type=int, default=20, help="interleaved local/device rounds")
+    p.add_argument("--native", action="store_true", help="chase in C, as MLC does (no interpreter noise)")
     p.set_defaults(func=cmd_latency)
 
 
@@ -136,11 +161,12 @@ def cmd_latency(args: Any) -> int:
     try:
         with open_target(args) as target:
             with scratch_region(target.datapath, dpa, size) as region:
-                result = measure(target.datapath, region, dpa, hops=args.hops, rounds=args.rounds)
+                result = measure(target.datapath, region, dpa, hops=args.hops, rounds=args.rounds,
+                                 native=args.native)
     except (ValueError, RuntimeError) as exc:
         raise CliError(str(exc)) from None
     if args.json:
-        print_json({"device": target.name, "private": target.private,
+        print_json({"device": target.name, "private": target.private, "native": args.native,
                     "timing": target.timing.to_dict(), **result.to_dict()})
     else:
         from rich.console import Console

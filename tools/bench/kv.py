@@ -1,0 +1,238 @@
+"""`cxlemu bench kv`: decode with the KV cache on the device, against the ways others do it.
+
+One seeded random Llama on CPU, one context per run (its KV seeded at random and written through
+each cache's ``update``, so every mode starts from identical bytes), greedy decode steps timed
+one by one. Modes, on the same device and the same run:
+
+* ``resident``   — ``DynamicCache``: every layer on the accelerator (the compute time);
+* ``demand``     — ``CxlCache`` with no prefetch: a layer is fetched when attention needs it;
+* ``layerwise``  — transformers' offloaded cache: two layer frames, every layer offloaded
+                   whole after use and the next one prefetched (same DMA engine and link);
+* ``cxlemu:<p>`` — ``CxlCache`` with the firmware policy ``p`` and its prefetch.
+
+For each: tokens/s and the decode step time over max(compute time, transfer time of the bytes
+the best residency must move). That lower bound comes from Belady's OPT
+(``firmware_model.policies.BeladyPolicy``) on the layer loop with the same number of frames:
+its misses per step times a layer's bytes over the link's bandwidth, plus one latency. Tokens of
+every mode are checked against ``resident``.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+WARMUP_STEPS = 2
+
+
+@dataclass(frozen=True)
+class KvBenchRow:
+    context: int
+    budget_pct: int
+    mode: str
+    frames: int
+    step_ms: float
+    tokens_per_s: float
+    ratio: float  # step time / max(compute, best transfer)
+    loads: int
+    gb_loaded: float
+    stall_ms: float
+    hit_rate: float
+    tokens_equal: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def opt_misses_per_step(layers: int, frames: int, cycles: int = 12) -> float:
+    """Misses per decode step of Belady's OPT on the layer loop with ``frames`` slots."""
+    from firmware_model.policies import BeladyPolicy
+
+    if frames >= layers:
+        return 0.0
+    seq = list(range(layers)) * cycles
+    opt = BeladyPolicy(frames, future=seq)
+    misses_late = 0
+    for i, key in enumerate(seq):
+        if key in opt:
+            opt.touch(key)
+            continue
+        if len(opt) >= frames:
+            opt.evict()
+        opt.insert(key)
+        if i >= layers * (cycles // 2):
+            misses_late += 1
+    return misses_late / (cycles - cycles // 2)
+
+
+def seeded_context(layers: int, kv_heads: int, head_dim: int, tokens: int, seed: int = 7):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(1, kv_heads, tokens, head_dim, generator=g),
+             torch.randn(1, kv_heads, tokens, head_dim, generator=g)) for _ in range(layers)]
+
+
+def decode(model: Any, cache: Any, context: list, first_token: int, steps: int,
+           mark: Any = None) -> tuple[list[int], list[float]]:
+    """Fill ``cache`` with ``context``, then ``steps`` greedy steps; returns tokens and step times
+    (s). ``mark()`` is called when the timed steps (after the warm-up) begin."""
+    import torch
+
+    for layer, (k, v) in enumerate(context):
+        cache.update(k, v, layer)
+    pos = context[0][0].shape[2]
+    kwarg = "cache" if "cache" in __import__("inspect").signature(model.forward).parameters else "past_key_values"
+    tok, tokens, times = first_token, [], []
+    with torch.no_grad():
+        for step in range(steps):
+            if step == WARMUP_STEPS and mark is not None:
+                mark()
+            t0 = time.perf_counter()
+            out = model(input_ids=torch.tensor([[tok]]), position_ids=torch.tensor([[pos + step]]),
+                        use_cache=True, **{kwarg: cache})
+            tok = int(out.logits[0, -1].argmax())
+            times.append(time.perf_counter() - t0)
+            tokens.append(tok)
+    return tokens, times
+
+
+def run(*, layers: int, hidden: int, heads: int, kv_heads: int, contexts: list[int], budgets: list[int],
+        steps: int, block_tokens: int, policies: list[str], timing: Any, prefetch_depth: int,
+        progress: Any = None) -> list[KvBenchRow]:
+    import torch
+    from transformers import DynamicCache
+
+    from driver.kv import CxlCache, KVLayout
+    from driver.kv.testing import tiny_llama
+    from emulator.device import DeviceConfig, serve
+
+    head_dim = hidden // heads
+    model = tiny_llama(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                       intermediate=2 * hidden, vocab=512, max_positions=max(contexts) + steps + 8)
+    rows: list[KvBenchRow] = []
+    capacity = 1 << 30
+    with serve(DeviceConfig(name=f"benchkv-{time.monotonic_ns() % 10**8}", capacity=capacity, timing=timing)) as dev:
+        for ctx in contexts:
+            context = seeded_context(layers, kv_heads, head_dim, ctx)
+            final = ctx + steps
+            lay = KVLayout(batch=1, kv_heads=kv_heads, head_dim=head_dim, itemsize=4, block_tokens=block_tokens)
+            total = layers * lay.frame_bytes(final)
+            ref_tokens, ref_times = decode(model, DynamicCache(), context, 5, steps)
+            compute = statistics.median(ref_times[WARMUP_STEPS:])
+            rows.append(_row(ctx, 100, "resident", layers, ref_times, compute, compute, {}, True))
+            for pct in budgets:
+                budget = max(total * pct // 100, lay.min_budget(final))
+                modes = [("demand", dict(policy="hotness", prefetch_depth=0, hbm_budget_bytes=budget)),
+                         ("layerwise", dict(policy="lru", prefetch_depth=1, full_writeback=True,
+                                            hbm_budget_bytes=lay.min_budget(final)))]
+                modes += [(f"cxlemu:{p}", dict(policy=p, prefetch_depth=prefetch_depth, hbm_budget_bytes=budget))
+                          for p in policies]
+                for name, kw in modes:
+                    if progress:
+                        progress(f"context {ctx}, budget {pct} %, {name}")
+                    cache = CxlCache(block_tokens=block_tokens, device=dev.name, max_seq_len=final,
+                                     prefix_sharing=False, **kw)
+                    before: dict[str, int] = {}
+                    tokens, times = decode(model, cache, context, 5, steps, mark=lambda: before.update(cache.stats()))
+                    stats = cache.stats()
+                    cache.close()
+                    frames = stats["frames"]
+                    misses = opt_misses_per_step(layers, frames)
+                    link_ns = misses * lay.frame_bytes(ctx + steps // 2) / timing.read_bandwidth_gbps
+                    best = (link_ns + timing.read_latency_ns) * timing.time_scale / 1e9 if misses else 0.0
+                    delta = {k: stats[k] - before.get(k, 0) for k in stats}
+                    rows.append(_row(ctx, pct, name, frames, times, compute, max(compute, best), delta,
+                                     tokens == ref_tokens))
+    return rows
+
+
+def _row(ctx: int, pct: int, mode: str, frames: int, times: list[float], compute: float, bound: float,
+         stats: dict[str, int], equal: bool) -> KvBenchRow:
+    timed = times[WARMUP_STEPS:]
+    step = statistics.median(timed)
+    hits, misses = stats.get("hits", 0), stats.get("misses", 0) + stats.get("prefetch_late", 0)
+    return KvBenchRow(context=ctx, budget_pct=pct, mode=mode, frames=frames, step_ms=step * 1e3,
+                      tokens_per_s=len(timed) / sum(timed), ratio=step / bound if bound else 1.0,
+                      loads=stats.get("loads", 0), gb_loaded=stats.get("bytes_loaded", 0) / 1e9,
+                      stall_ms=stats.get("stall_ns", 0) / 1e6 / max(1, len(timed)),
+                      hit_rate=hits / (hits + misses) if hits + misses else 1.0, tokens_equal=equal)
+
+
+def register(bench: Any) -> None:
+    p = bench.add_parser("kv", help="LLM decode with the KV cache on the device vs resident, demand "
+                                    "fetch and whole-layer offload")
+    p.add_argument("--preset", default="leo-x16", help="device timing preset (default leo-x16)")
+    p.add_argument("--time-scale", type=float, default=5.0,
+                   help="multiply device times (default 5: a 50 GB/s link above this host's memcpy)")
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--context", type=int, action="append", help="context tokens (repeatable; default 2048, 8192)")
+    p.add_argument("--budget", type=int, action="append", help="HBM budget, %% of the KV (repeatable; default 100, 50, 25)")
+    p.add_argument("--steps", type=int, default=12, help=f"decode steps (the first {WARMUP_STEPS} are not timed)")
+    p.add_argument("--block-tokens", type=int, default=256)
+    p.add_argument("--prefetch-depth", type=int, default=2)
+    p.add_argument("--policy", action="append", help="firmware policies (repeatable; default all online ones)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the DMA engine gets a core)")
+    p.add_argument("--json", action="store_true", help="JSON instead of a table")
+    p.set_defaults(func=cmd_kv)
+
+
+def cmd_kv(args: Any) -> int:
+    from dataclasses import replace
+
+    from tools.cli._common import CliError, print_json
+
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise CliError(f"bench kv needs torch and transformers ({exc}): pip install torch==2.13.0 transformers")
+    from emulator import presets
+    from firmware_model.policies import ONLINE_POLICY_NAMES
+
+    if args.steps <= WARMUP_STEPS:
+        raise CliError(f"--steps must be > {WARMUP_STEPS} (the warm-up steps are not timed)")
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        raise CliError("--hidden must be a multiple of --heads, and --heads of --kv-heads")
+    policies = args.policy or list(ONLINE_POLICY_NAMES)
+    unknown = set(policies) - set(ONLINE_POLICY_NAMES)
+    if unknown:
+        raise CliError(f"unknown policy {sorted(unknown)[0]!r}: choose from {', '.join(ONLINE_POLICY_NAMES)}")
+    timing = replace(presets.load(args.preset).timing, time_scale=args.time_scale)
+    if not timing.read_bandwidth_gbps:
+        raise CliError(f"preset {args.preset!r} has an unthrottled link: pick one with a bandwidth (e.g. leo-x16)")
+    torch.set_num_threads(args.threads)
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status("bench kv") as status:
+        rows = run(layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+                   contexts=args.context or [2048, 8192], budgets=args.budget or [100, 50, 25],
+                   steps=args.steps, block_tokens=args.block_tokens, policies=policies, timing=timing,
+                   prefetch_depth=args.prefetch_depth, progress=lambda m: status.update(f"bench kv: {m}"))
+    if args.json:
+        print_json([r.to_dict() for r in rows])
+    else:
+        Console().print(render(rows, args, timing))
+    return 0 if all(r.tokens_equal for r in rows) else 1
+
+
+def render(rows: list[KvBenchRow], args: Any, timing: Any) -> Any:
+    """A rich table of the rows (pure: rows in, renderable out)."""
+    from rich.table import Table
+
+    t = Table(title=f"bench kv: {args.layers} layers, hidden {args.hidden}, {args.kv_heads} kv heads, "
+                    f"preset {args.preset} x{timing.time_scale:g} "
+                    f"({timing.read_bandwidth_gbps / timing.time_scale:g} GB/s effective)")
+    for col in ("context", "budget %", "mode", "frames", "step ms", "tokens/s", "ratio", "hit rate",
+                "GB loaded", "stall ms/step", "tokens ok"):
+        t.add_column(col, justify="left" if col == "mode" else "right")
+    for r in rows:
+        t.add_row(str(r.context), str(r.budget_pct), r.mode, str(r.frames), f"{r.step_ms:.2f}",
+                  f"{r.tokens_per_s:.1f}", f"{r.ratio:.2f}", f"{r.hit_rate:.2f}", f"{r.gb_loaded:.3f}",
+                  f"{r.stall_ms:.2f}", "yes" if r.tokens_equal else "NO")
+    return t
