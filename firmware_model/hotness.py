@@ -207,7 +207,7 @@ class HotnessUnit:
             keep &= mask
         if not keep.all():
             dpas = dpas[keep]
-        units = (dpas >> np.uint64(self._shift)).astype(np.intp)
+        units = (dpas >> np.uint64(self._shift)).view(np.intp)  # < 2**63: the bits are the value
         units = self._downsample(units)
         if units.size == 0:
             return 0
