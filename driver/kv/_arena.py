@@ -55,7 +55,9 @@ class Arena:
         if needed > affordable:
             raise BudgetTooSmall(self.budget, layout.min_budget(needed), layout.batch, needed)
         bt = layout.block_tokens
-        want = -(-(needed + headroom) // bt) * bt
+        # with headroom the capacity grows in whole blocks; without (the caller gave the final
+        # length) it is exactly what is needed, so no budget byte is lost to rounding
+        want = -(-(needed + headroom) // bt) * bt if headroom else needed
         self.layout = layout
         self.capacity = max(needed, min(want, affordable))
         self.max_frames = self.budget // layout.frame_bytes(self.capacity)

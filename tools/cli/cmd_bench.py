@@ -15,6 +15,7 @@ BENCH_MODULES = [
     "tools.bench.bandwidth",
     "tools.bench.overhead",
     "tools.bench.fidelity",
+    "tools.bench.kv",
 ]
 
 
