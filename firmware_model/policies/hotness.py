@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Container, Hashable, Iterable
 
 from firmware_model.policies.base import (
@@ -56,6 +56,9 @@ class HotnessPolicy:
         self._last: dict[Hashable, int] = {}        # resident key -> tick of last access
         self._births: OrderedDict[Hashable, int] = OrderedDict()  # residents -> insertion number, oldest first
         self._inserted = 0
+        # Keys in the window stay out of the heap (they cannot be victims); they enter it when
+        # later insertions push them out of the window.
+        self._window_keys: deque[tuple[int, Hashable]] = deque()
         self._ghost_heat: OrderedDict[Hashable, int] = OrderedDict()  # evicted keys -> heat
         self._heap: list[tuple[int, int, Hashable]] = []  # (heat, -last, key)
         self._ticks = itertools.count(1)
@@ -94,6 +97,7 @@ class HotnessPolicy:
         self._heat[key] = self._ghost_heat.pop(key, 0) + 1
         self._inserted += 1
         self._births[key] = self._inserted
+        self._window_keys.append((self._inserted, key))
         self._access(key)
 
     def touch(self, key: Hashable, now: int = 0) -> None:
@@ -108,7 +112,7 @@ class HotnessPolicy:
         self._forget(key)
 
     def evict(self, protected: Container[Hashable] = ()) -> Hashable:
-        window_start = self._inserted - self.window  # insertion numbers above it are in the window
+        window_start = self._admit_exited()
         births = self._births
         skipped: list[tuple[int, int, Hashable]] = []
         victim = None
@@ -139,7 +143,21 @@ class HotnessPolicy:
         if self._tick % self.cooling == 0:
             self._cool()
 
+    def _admit_exited(self) -> int:
+        """Put keys that left the window into the heap; returns the window's first-excluded number."""
+        window_start = self._inserted - self.window  # insertion numbers above it are in the window
+        while self._window_keys and self._window_keys[0][0] <= window_start:
+            number, key = self._window_keys.popleft()
+            if self._births.get(key) == number:
+                heapq.heappush(self._heap, (self._heat[key], -self._last[key], key))
+        return window_start
+
+    def _in_window(self, key: Hashable) -> bool:
+        return self._births[key] > self._inserted - self.window
+
     def _push(self, key: Hashable) -> None:
+        if self._in_window(key):
+            return
         heapq.heappush(self._heap, (self._heat[key], -self._last[key], key))
         if len(self._heap) > 4 * len(self._heat) + 64:
             self._rebuild()
@@ -152,7 +170,7 @@ class HotnessPolicy:
         self._rebuild()
 
     def _rebuild(self) -> None:
-        self._heap = [(h, -self._last[k], k) for k, h in self._heat.items()]
+        self._heap = [(h, -self._last[k], k) for k, h in self._heat.items() if not self._in_window(k)]
         heapq.heapify(self._heap)
 
     def _remember(self, key: Hashable, heat: int) -> None:
