@@ -322,3 +322,18 @@ def test_real_time_read_returns_after_completion(impl):
     later = dp.read(0, bytearray(64), wait=False)
     dp.wait_until(later)
     assert time.monotonic_ns() >= later
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_registered_host_buffers_move_the_same_bytes(impl):
+    dp, media, *_ = make(impl, QEMU, clock=SimClock(0))
+    out = np.zeros(4096, np.uint8)
+    with dp.register(out) as reg:
+        assert dp.read(0x100, reg) == 256 + 150
+        assert bytes(out) == bytes(media[0x100:0x1100])
+        src = dp.register(np.full(64, 7, np.uint8), writable=False)
+        dp.write(0, src)
+        assert bytes(media[:64]) == b"\x07" * 64
+    dp.read(0, reg)  # released: falls back to a per-call view of the same buffer
+    with pytest.raises(ValueError, match="read-only"):
+        dp.register(b"bytes are read-only")

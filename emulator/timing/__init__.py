@@ -24,7 +24,7 @@ from emulator.timing._pyimpl import E_POISON, E_RANGE, PyCore
 from emulator.timing.clock import Clock, SimClock, SimpyClock
 from emulator.timing.config import LinkParams, TimingConfig
 
-__all__ = ["Clock", "DataPath", "LinkParams", "SimClock", "SimpyClock", "TimingConfig",
+__all__ = ["Clock", "DataPath", "HostBuffer", "LinkParams", "SimClock", "SimpyClock", "TimingConfig",
            "c_available", "host_view"]
 
 _IMPLS = ("auto", "c", "py")
@@ -37,6 +37,36 @@ def c_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+class HostBuffer:
+    """A host buffer registered with the C data path: checked and pinned once (its memory
+    cannot be resized or unmapped while registered), then passed to ``read``/``write`` with
+    no per-call conversion, as RDMA memory regions or CUDA-pinned buffers are registered.
+    ``release()`` (or ``with``) unpins it."""
+
+    __slots__ = ("obj", "cdata", "nbytes", "writable")
+
+    def __init__(self, obj: Any, cdata: Any, nbytes: int, writable: bool) -> None:
+        self.obj, self.cdata, self.nbytes, self.writable = obj, cdata, nbytes, writable
+
+    def release(self) -> None:
+        if self.cdata is not None:
+            from emulator.timing._cimpl import ffi
+
+            ffi.release(self.cdata)
+            self.cdata = None
+
+    def __enter__(self) -> HostBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+
+def _unwrap(buf: Any) -> Any:
+    return buf.obj if buf.__class__ is HostBuffer else buf
 
 
 class DataPath:
@@ -63,6 +93,11 @@ class DataPath:
         linkstate.initialize(self._link)
         self.impl = self._choose_impl(impl)
         self._core = self._make_core(config.link_params())
+        self._c_read = self._from_buffer = None
+        if self.impl == "c":
+            from emulator.timing._cimpl import ffi, lib
+
+            self._c_read, self._from_buffer = lib.cxl_read, ffi.from_buffer
 
     def _choose_impl(self, impl: str) -> str:
         if impl == "py" or c_available():
@@ -108,6 +143,15 @@ class DataPath:
         return value
 
     # -- the API --------------------------------------------------------------------------
+    def register(self, buf: Any, *, writable: bool = True) -> HostBuffer:
+        """Register a host buffer for repeated transfers (see ``HostBuffer``).  On the
+        Python twin registration only validates."""
+        view = host_view(buf, writable=writable)
+        cdata = None
+        if self.impl == "c":
+            cdata = self._from_buffer("uint8_t[]", view, require_writable=writable)
+        return HostBuffer(view, cdata, view.nbytes, writable)
+
     # read/write are the hot path (one call per KV block, per pointer-chase hop from Python):
     # the buffer goes straight to the core, which falls back to host_view() for a clear error.
     def read(self, dpa: int, out: Any, *, wait: bool = True) -> int:
@@ -116,18 +160,32 @@ class DataPath:
         consider the data arrived before ``wait_until(completion)`` (the DMA engine's use)."""
         if dpa.__class__ is not int or dpa < 0:
             dpa = self._dpa(dpa, "read")
-        rc = self._core.transfer(0, dpa, out, -1 if self.clock is None else self._now(), wait)
+        if self._c_read is not None and self.clock is None:  # the C core, real time: one call
+            if out.__class__ is HostBuffer and out.cdata is not None and out.writable:
+                buf = out.cdata
+            else:
+                try:
+                    buf = self._from_buffer("uint8_t[]", out, require_writable=True)
+                except (TypeError, ValueError, BufferError):
+                    buf = self._from_buffer("uint8_t[]", host_view(_unwrap(out), writable=True),
+                                            require_writable=True)
+            rc = self._c_read(self._core.dp, dpa, buf, len(buf), -1, wait, self._core.err)
+        else:
+            rc = self._core.transfer(0, dpa, _unwrap(out), self._now(), wait)
         if rc < 0:
-            self._check(rc, "read", dpa, host_view(out, writable=True).nbytes)
+            self._check(rc, "read", dpa, host_view(_unwrap(out), writable=True).nbytes)
         return rc
 
     def write(self, dpa: int, src: Any, *, wait: bool = True) -> int:
         """Write ``src`` to media at ``dpa`` (poisoned lines may be written); returns completion."""
         if dpa.__class__ is not int or dpa < 0:
             dpa = self._dpa(dpa, "write")
-        rc = self._core.transfer(1, dpa, src, -1 if self.clock is None else self._now(), wait)
+        data = src
+        if src.__class__ is HostBuffer:
+            data = src.cdata if self.impl == "c" and src.cdata is not None else src.obj
+        rc = self._core.transfer(1, dpa, data, -1 if self.clock is None else self._now(), wait)
         if rc < 0:
-            self._check(rc, "write", dpa, host_view(src, writable=False).nbytes)
+            self._check(rc, "write", dpa, host_view(_unwrap(src), writable=False).nbytes)
         return rc
 
     def copy(self, src_dpa: int, dst_dpa: int, n: int, *, wait: bool = True) -> int:

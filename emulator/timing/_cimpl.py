@@ -44,7 +44,7 @@ class CCore:
         dp.untimed = int(params.untimed)
         self.dp = dp
         self.params = params
-        self._err = ffi.new("uint64_t *")
+        self.err = ffi.new("uint64_t *")
 
     def _ptr(self, buf: memoryview) -> Any:
         cdata = ffi.from_buffer("uint8_t[]", buf, require_writable=not buf.readonly)
@@ -58,28 +58,31 @@ class CCore:
 
     @property
     def err_dpa(self) -> int:
-        return int(self._err[0])
+        return int(self.err[0])
 
     def transfer(self, d: int, dpa: int, host: Any, now: int, wait: bool) -> int:
         """Any C-contiguous buffer goes to C as is; anything else through ``host_view``
         (torch tensors, or a clear error for a buffer that cannot be used)."""
-        try:
-            buf = _from_buffer(_U8, host, require_writable=d == 0)
-        except (TypeError, ValueError, BufferError):
-            buf = _from_buffer(_U8, host_view(host, writable=d == 0), require_writable=d == 0)
+        if isinstance(host, ffi.CData):  # a registered HostBuffer's pinned view
+            buf = host
+        else:
+            try:
+                buf = _from_buffer(_U8, host, require_writable=d == 0)
+            except (TypeError, ValueError, BufferError):
+                buf = _from_buffer(_U8, host_view(host, writable=d == 0), require_writable=d == 0)
         if d == 0:
-            return _read(self.dp, dpa, buf, len(buf), now, wait, self._err)
-        return _write(self.dp, dpa, buf, len(buf), now, wait, self._err)
+            return _read(self.dp, dpa, buf, len(buf), now, wait, self.err)
+        return _write(self.dp, dpa, buf, len(buf), now, wait, self.err)
 
     def copy(self, src: int, dst: int, n: int, now: int, wait: bool) -> int:
-        return lib.cxl_copy(self.dp, src, dst, n, now, wait, self._err)
+        return lib.cxl_copy(self.dp, src, dst, n, now, wait, self.err)
 
     def untimed(self, d: int, dpa: int, host: memoryview) -> int:
         if d == ls.DIR_READ:
             buf = ffi.from_buffer("uint8_t[]", host, require_writable=True)
-            return lib.cxl_read_untimed(self.dp, dpa, buf, host.nbytes, self._err)
+            return lib.cxl_read_untimed(self.dp, dpa, buf, host.nbytes, self.err)
         return lib.cxl_write_untimed(self.dp, dpa, ffi.from_buffer("uint8_t[]", host),
-                                     host.nbytes, self._err)
+                                     host.nbytes, self.err)
 
     def chase(self, dpa: int, hops: int, timed: bool, nsamples: int = 0) -> tuple[int, list[int]]:
         """Dependent pointer chase (see ``cxl_chase``): total ns and per-hop samples."""

@@ -57,6 +57,8 @@ def configured_gbps(dp: DataPath, mode: str) -> float:
 
 def _descriptors(mode: str, size: int, region_dpa: int, region_size: int, host: np.ndarray,
                  first: int) -> list[Descriptor]:
+    """One submission's worth (about 1 MiB) of transfers; in mixed mode directions alternate
+    starting with ``first``'s parity."""
     count = max(1, _BATCH_BYTES // size)
     slots = max(1, region_size // size)
     out = []
@@ -72,8 +74,11 @@ def stream(dp: DataPath, mode: str, size: int, region_dpa: int, region_size: int
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     hosts = [np.ones(size, dtype=np.uint8) for _ in range(channels)]
-    lists = [_descriptors(mode, size, region_dpa, region_size, hosts[k], k) for k in range(channels)]
-    per_list = len(lists[0]) * size
+    # two lists per channel, alternated per submission: in mixed mode with one descriptor per
+    # submission every channel then serves both directions, so neither link waits on one channel
+    lists = [[_descriptors(mode, size, region_dpa, region_size, hosts[k], k + j) for j in (0, 1)]
+             for k in range(channels)]
+    per_list = len(lists[0][0]) * size
     moved = 0
     inflight: deque[Any] = deque()
     with DmaEngine(dp, channels=channels, queue_depth=depth) as eng:
@@ -84,7 +89,7 @@ def stream(dp: DataPath, mode: str, size: int, region_dpa: int, region_size: int
             if len(inflight) >= channels * depth:
                 inflight.popleft().check()
                 moved += per_list
-            inflight.append(eng.submit(lists[k % channels], channel=k % channels))
+            inflight.append(eng.submit(lists[k % channels][(k // channels) % 2], channel=k % channels))
             k += 1
         while inflight:
             inflight.popleft().check()
