@@ -108,3 +108,24 @@ def test_poison_without_model_is_a_clear_error(model, batch) -> None:
     with pytest.raises(KVLoadError, match="pass model= to CxlCache"):
         run(model, ids, mask, cache, [PoisonAt(cache, step=3)])
     cache.close()
+
+
+def test_counters_published_in_the_device_telemetry_page(model, batch) -> None:
+    """A monitor reading the device's telemetry page sees the generation's counters; after close
+    the host section is released and holds the final totals."""
+    from emulator.telemetry import TelemetryReader
+
+    ids, mask, _ = batch
+    cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 25), block_tokens=4)
+    run(model, ids, mask, cache)
+    stats = cache.stats()
+    md = cache._engine.store.memdev
+    reader = TelemetryReader(md.bar)
+    cache._telemetry.publish(force=True)
+    live = reader.snapshot().host
+    assert live.writer_pid == __import__("os").getpid()
+    assert (live.loads, live.hits, live.misses) == (stats["loads"], stats["hits"], stats["misses"])
+    assert live.tokens_generated == 3 * (ids.shape[1] + NEW - 1)
+    assert live.hbm_budget_bytes == 2 * frame_bytes(3, 25)
+    reader.close()
+    cache.close()

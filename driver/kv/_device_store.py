@@ -61,6 +61,7 @@ class DeviceBlockStore:
         self.chunk_bytes = 0
         self.capacity_chunks = 0
         self.pool: ChunkPool | None = None
+        self.telemetry: Any = None  # a HostPublisher when shared through open_device_store
 
     def configure(self, chunk_bytes: int) -> None:
         configure_chunks(self, chunk_bytes, self.size)
@@ -100,9 +101,13 @@ class _SharedStore:
     chunk pool (so prefix sharing spans generations) and never overlap on the media."""
 
     def __init__(self, store: DeviceBlockStore, stack: contextlib.ExitStack) -> None:
+        from driver.kv._telemetry import HostPublisher
+
         self.store = store
         self.stack = stack
         self.users = 0
+        store.telemetry = HostPublisher(store.memdev, store.dma)
+        stack.callback(store.telemetry.close)
 
 
 _OPEN: dict[str, _SharedStore] = {}

@@ -77,6 +77,7 @@ class _Layer:
     seq_len: int = 0
     clean_upto: int = 0  # tokens [0, clean_upto) are on the device (or on their way)
     load: _Load | None = None
+    prefetched: bool = False  # loaded ahead of need and not yet used
     saves: list[tuple[Any, int, int, int]] = field(default_factory=list)  # (token, j0, j1, seq_len)
     writes: list[_Write] = field(default_factory=list)
 
@@ -86,7 +87,8 @@ class ResidencyEngine(ChunkIO):
 
     COUNTERS = ("loads", "offloads", "hits", "misses", "prefetch_late", "prefetch_issued",
                 "stall_ns", "bytes_loaded", "bytes_offloaded", "shared_chunks", "dedup_write_bytes",
-                "dedup_load_bytes", "cow_copies", "load_retries", "recomputed_chunks", "regrows")
+                "dedup_load_bytes", "cow_copies", "load_retries", "recomputed_chunks", "regrows",
+                "evictions", "prefetch_wasted", "tokens_generated")
 
     def __init__(self, *, budget: int, policy: str, block_tokens: int, store: BlockStore,
                  device: torch.device, dtype: torch.dtype, prefetch_depth: int = 2,
@@ -131,6 +133,8 @@ class ResidencyEngine(ChunkIO):
         if new_len > self.arena.capacity:
             self._regrow(new_len)
         frame = self._acquire(st)
+        if layer == 0:
+            self.counters["tokens_generated"] += k.shape[0] * k.shape[-2]
         frame.data[0][:, :, st.seq_len:new_len].copy_(k)
         frame.data[1][:, :, st.seq_len:new_len].copy_(v)
         st.seq_len = new_len
@@ -157,6 +161,7 @@ class ResidencyEngine(ChunkIO):
     def _acquire(self, st: _Layer) -> Frame:
         """Make ``st`` resident for compute, counting a hit, a late prefetch or a miss."""
         self._tick += 1
+        st.prefetched = False
         if st.load is not None:
             self.counters["hits" if self._load_done(st.load) else "prefetch_late"] += 1
             self._finish_load(st, stall=True)
@@ -195,6 +200,7 @@ class ResidencyEngine(ChunkIO):
             if not self._start_load(st, protected=protected):
                 return
             self.counters["prefetch_issued"] += 1
+            st.prefetched = True
             self._tick += 1
             self.policy.insert(nxt, self._tick)
 
@@ -212,6 +218,9 @@ class ResidencyEngine(ChunkIO):
 
     def _evict(self, st: _Layer) -> None:
         assert st.frame is not None and st.load is None
+        self.counters["evictions"] += 1
+        self.counters["prefetch_wasted"] += st.prefetched
+        st.prefetched = False
         self._save(st)
         self.mover.release(st.frame)
         self.arena.give(st.frame)
@@ -407,6 +416,7 @@ class ResidencyEngine(ChunkIO):
     def close(self) -> None:
         """Wait for every transfer, free every frame, drop every device chunk reference."""
         for st in self.layers:
+            self.counters["prefetch_wasted"] += st.prefetched
             if st.load is not None:  # nobody needs these bytes any more: discard, even if it failed
                 try:
                     st.load.transfer.wait()

@@ -77,10 +77,17 @@ class CudaMover:
 
     cuda = True
 
-    def __init__(self, staging: StagingPool, device: torch.device) -> None:
+    def __init__(self, staging: StagingPool, device: torch.device, *, delay_cycles: int = 0) -> None:
         self.staging = staging
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
+        # test hook: a GPU-side sleep before every copy on the side stream, so that a missing
+        # wait would let compute read a frame before its bytes land (tests/test_kv_cuda.py)
+        self.delay_cycles = delay_cycles
+
+    def _delay(self) -> None:
+        if self.delay_cycles:
+            torch.cuda._sleep(self.delay_cycles)
 
     @staticmethod
     def _pieces(frame: torch.Tensor, image: torch.Tensor, t0: int, t1: int, to_frame: bool) -> None:
@@ -102,6 +109,7 @@ class CudaMover:
         with torch.cuda.stream(self.stream):
             if frame.free_event is not None:
                 self.stream.wait_event(frame.free_event)
+            self._delay()
             self._pieces(frame.data, image, 0, seq_len, to_frame=True)
             frame.ready_event = torch.cuda.Event()
             frame.ready_event.record(self.stream)
@@ -122,6 +130,7 @@ class CudaMover:
         done = torch.cuda.Event()
         with torch.cuda.stream(self.stream):
             self.stream.wait_event(compute_done)
+            self._delay()
             self._pieces(frame.data, image, t0, t1, to_frame=False)
             done.record(self.stream)
         return (buf, done)

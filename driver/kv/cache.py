@@ -106,6 +106,7 @@ class CxlCache(Cache):
         self._backing = _Backing(device, store, device_capacity)
         self._recorder = ForwardRecorder(model, self) if model is not None else None
         self._engine: ResidencyEngine | None = None
+        self._telemetry: Any = None  # the device's HostPublisher (none for a store passed in)
         self._closed = False
 
     # -- transformers Cache API ------------------------------------------------------------
@@ -113,16 +114,22 @@ class CxlCache(Cache):
                *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         while len(self.layers) <= layer_idx:
             self.layers.append(_CxlLayer(self, len(self.layers)))
-        return self.layers[layer_idx].update(key_states, value_states)
+        out = self.layers[layer_idx].update(key_states, value_states)
+        if layer_idx == 0 and self._telemetry is not None:
+            self._telemetry.publish()
+        return out
 
     def _engine_for(self, key_states: torch.Tensor) -> ResidencyEngine:
         if self._closed:
             raise RuntimeError("CxlCache is closed: make a new one")
         if self._engine is None:
+            store = self._backing.store()
             self._engine = ResidencyEngine(
-                store=self._backing.store(), device=key_states.device,
-                dtype=key_states.dtype,
+                store=store, device=key_states.device, dtype=key_states.dtype,
                 recompute=self._recorder.recompute if self._recorder else None, **self._kw)
+            self._telemetry = getattr(store, "telemetry", None)
+            if self._telemetry is not None:
+                self._telemetry.attach(self._engine)
         return self._engine
 
     # -- cxlemu API --------------------------------------------------------------------------
@@ -143,6 +150,8 @@ class CxlCache(Cache):
         self._closed = True
         if self._engine is not None:
             self._engine.close()
+            if self._telemetry is not None:
+                self._telemetry.detach(self._engine)
         if self._recorder is not None:
             self._recorder.remove()
         self._backing.close()

@@ -1,0 +1,123 @@
+"""CxlCache with the arena in GPU memory: tokens equal DynamicCache's on CUDA, including when
+every side-stream copy is delayed on the GPU (no copy / compute race), and pinned-memory failure
+falls back with a notice. Run on a GPU host: ``python -m pytest -m gpu tests/test_kv_*``."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers import DynamicCache  # noqa: E402
+
+from driver.kv import CxlCache, KVLayout, MemoryBlockStore  # noqa: E402
+from driver.kv._arena import StagingPool  # noqa: E402
+from driver.kv._mover import CudaMover  # noqa: E402
+from driver.kv.testing import padded_batch, tiny_llama  # noqa: E402
+
+NEW = 10
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def frame_bytes(batch: int, tokens: int) -> int:
+    return KVLayout(batch=batch, kv_heads=2, head_dim=16, itemsize=4, block_tokens=1).frame_bytes(tokens)
+
+
+@pytest.fixture(scope="module")
+def gpu_model():
+    return tiny_llama(layers=4, hidden=64, heads=4, kv_heads=2).to("cuda")
+
+
+@pytest.fixture(scope="module")
+def gpu_batch(gpu_model):
+    ids, mask = padded_batch([16, 11, 14])
+    ids, mask = ids.cuda(), mask.cuda()
+    return ids, mask, generate(gpu_model, ids, mask, DynamicCache())
+
+
+def generate(model, ids, mask, cache):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
+                              past_key_values=cache)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("policy", ["lru", "hotness", "s3fifo"])
+@pytest.mark.parametrize("fraction", ["min", "half"])
+@pytest.mark.parametrize("device_backed", [False, True])
+def test_cuda_tokens_equal_dynamic_cache(gpu_model, gpu_batch, policy, fraction, device_backed) -> None:
+    """GPU frames, pinned staging, side stream: DynamicCache's tokens at every budget."""
+    ids, mask, ref = gpu_batch
+    final = ids.shape[1] + NEW - 1
+    budget = 2 * frame_bytes(3, final) if fraction == "min" else 4 * frame_bytes(3, final) // 2
+    store = None if device_backed else MemoryBlockStore(4 << 20)
+    cache = CxlCache(hbm_budget_bytes=budget, policy=policy, block_tokens=5, store=store)
+    out = generate(gpu_model, ids, mask, cache)
+    stats = cache.stats()
+    engine = cache._engine
+    assert engine.arena.device.type == "cuda" and engine.mover.cuda
+    cache.close()
+    assert torch.equal(out, ref)
+    assert stats["loads"] > 0 and stats["hbm_peak_bytes"] <= budget
+    assert engine.staging.total == 0 and engine.arena.allocated == 0
+
+
+def _delayed_run(gpu_model, ids, mask, mover_cls, delay_cycles: int):
+    cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(3, ids.shape[1] + NEW - 1), block_tokens=4,
+                     store=MemoryBlockStore(4 << 20), prefetch_depth=1)
+    # the engine is built at the first update: build it now so its mover can be replaced
+    cache._engine_for(torch.zeros(3, 2, 1, 16, device="cuda"))
+    engine = cache._engine
+    engine.mover = mover_cls(engine.staging, torch.device("cuda"), delay_cycles=delay_cycles)
+    out = generate(gpu_model, ids, mask, cache)
+    cache.close()
+    return out
+
+
+@pytest.mark.gpu
+@cuda
+def test_delayed_copies_do_not_race(gpu_model, gpu_batch) -> None:
+    """Every side-stream copy sleeps ~2 ms on the GPU first; compute waits on the load's event
+    and loads wait on compute's, so the tokens are still DynamicCache's."""
+    ids, mask, ref = gpu_batch
+    assert torch.equal(_delayed_run(gpu_model, ids, mask, CudaMover, 4_000_000), ref)
+
+
+class _NoWaitMover(CudaMover):
+    """The bug the test above guards against: compute does not wait for the load's event."""
+
+    def before_compute(self, frame) -> None:
+        pass
+
+
+@pytest.mark.gpu
+@cuda
+def test_the_race_test_can_fail(gpu_model, gpu_batch) -> None:
+    """Control: with the compute-side wait removed, the delayed copies corrupt the tokens — so
+    the test above would catch a missing wait."""
+    ids, mask, ref = gpu_batch
+    assert not torch.equal(_delayed_run(gpu_model, ids, mask, _NoWaitMover, 4_000_000), ref)
+
+
+def test_pinned_memory_failure_falls_back_with_a_notice(monkeypatch) -> None:
+    """If the host cannot pin (small hosts, see kv-offload.md), staging is pageable and says so."""
+    real_empty = torch.empty
+
+    def no_pinning(*args, **kwargs):
+        if kwargs.get("pin_memory"):
+            raise RuntimeError("cannot pin 64 KiB: out of locked memory")
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", no_pinning)
+    pool = StagingPool(pin=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        buf = pool.get(1000)
+    assert not buf.is_pinned() and buf.numel() == StagingPool.GRANULE
+    assert pool.pin is False and "pinned host memory unavailable" in pool.notice
+    assert any("staging in pageable memory" in str(w.message) for w in caught)
+    pool.put(buf)
+    pool.clear()
