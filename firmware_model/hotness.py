@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import simpy
 
+from firmware_model.clock import Clock
+
 __all__ = ["MODES", "RANGE_GRANULE", "HotlistRing", "HotnessConfig", "HotnessStatus", "HotnessUnit"]
 
 RANGE_GRANULE = 256 << 20  # one range-bitmap bit per 256 MiB of DPA (CHMU range configuration)
@@ -158,15 +160,20 @@ class HotnessUnit:
     """Counters, epochs and hotlist of one CHMU instance over ``capacity`` bytes of DPA."""
 
     def __init__(self, capacity: int, config: HotnessConfig | None = None,
-                 on_interrupt: Callable[[str], None] | None = None) -> None:
+                 on_interrupt: Callable[[str], None] | None = None, clock: Clock | None = None) -> None:
+        """``clock``: read when ``record`` / ``configure`` get no explicit ``now``."""
         if capacity <= 0:
             raise ValueError(f"capacity must be > 0 bytes, got {capacity}")
         self.capacity = capacity
         self.on_interrupt = on_interrupt
-        self.configure(config or HotnessConfig(), now=0)
+        self.clock = clock
+        self.configure(config or HotnessConfig())
 
-    def configure(self, config: HotnessConfig, now: float = 0) -> None:
-        """Apply a configuration: counters, hotlist and status reset; a new epoch starts at ``now``."""
+    def configure(self, config: HotnessConfig, now: float | None = None) -> None:
+        """Apply a configuration: counters, hotlist and status reset; a new epoch starts at ``now``
+        (default: the clock's time, or 0 without a clock)."""
+        if now is None:
+            now = self.clock.now_ns() if self.clock is not None else 0
         self.config = config
         self._shift = config.unit_size.bit_length() - 1
         self.num_units = -(-self.capacity // config.unit_size)
@@ -192,8 +199,11 @@ class HotnessUnit:
     def record(self, dpas: np.ndarray, is_write: np.ndarray | bool = False, now: float | None = None) -> int:
         """Count a batch of accesses (DPAs, optionally per-access write flags); returns how many counted.
 
-        In epoch mode, pass ``now`` to end the epochs that finished before this batch first.
+        In epoch mode the epochs that finished before this batch end first, by ``now`` or, when it
+        is not given, by the clock.
         """
+        if now is None and self.clock is not None:
+            now = self.clock.now_ns()
         if now is not None:
             self.advance(now)
         if not self.enabled:
