@@ -30,13 +30,16 @@ class ImageError(ValueError):
 
 def build_image(revision: str, body: bytes = b"") -> bytes:
     """A cxlemu firmware package carrying `revision` (at most 16 ASCII characters)."""
-    rev = revision.encode("ascii", errors="strict") if revision.isascii() else b""
-    if not rev or len(rev) > F.FW_REVISION_LEN:
+    if not revision.isascii() or not 1 <= len(revision) <= F.FW_REVISION_LEN:
         raise ConfigError(f"firmware revision {revision!r} must be 1-16 ASCII characters")
     if F.FW_IMAGE_HEADER.size + len(body) > F.FW_MAX_SIZE:
         raise ConfigError(f"firmware body of {len(body)} bytes exceeds the {F.FW_MAX_SIZE >> 20} MiB package limit")
+    return _pack(revision.encode("ascii"), body)
+
+
+def _pack(revision: bytes, body: bytes) -> bytes:
     return F.FW_IMAGE_HEADER.pack(magic=F.FW_IMAGE_MAGIC, version=F.FW_IMAGE_VERSION, body_len=len(body),
-                                  body_crc32=zlib.crc32(body), revision=rev) + bytes(body)
+                                  body_crc32=zlib.crc32(body), revision=revision) + bytes(body)
 
 
 def authenticate(image: bytes | memoryview) -> Generator[int, None, str]:
@@ -84,7 +87,9 @@ class FwSlots:
             raise ConfigError(f"slots must be 2..{F.FW_MAX_SLOTS} (§8.2.9.3.1), got {slots}")
         self.slots = slots
         self.revisions: list[str | None] = [initial_revision] + [None] * (slots - 1)
-        self.images: list[bytes | None] = [None] * slots  # the booted firmware came with the device
+        # slot 1 holds the package the device booted (so the host can switch back to it);
+        # DeviceConfig admits any 16 UTF-8 bytes as its revision, so pack those bytes as given
+        self.images: list[bytes | None] = [_pack(initial_revision.encode(), b"")] + [None] * (slots - 1)
         self.active = 1
         self.staged = 0
         self.transfer: Transfer | None = None

@@ -227,3 +227,12 @@ def test_driver_update_failure_aborts_and_raises(memdev):
         memdev.update_firmware(image, 1)  # slot 1 is active: End is refused
     assert err.value.retcode == RetCode.FW_INVALID_SLOT
     memdev.update_firmware(image, 2)  # the failed transfer was aborted: a new one starts cleanly
+
+
+def test_switching_back_to_the_boot_slot(fw):
+    """Slot 1 holds the package the device booted, so a host can roll back to it."""
+    assert run(fw, TRANSFER, part(FULL, 2, 0, build_image("new")))[0] == RetCode.SUCCESS
+    assert run(fw, ACTIVATE, bytes([0, 2]))[0] == RetCode.SUCCESS
+    assert run(fw, ACTIVATE, bytes([0, 1]))[0] == RetCode.SUCCESS
+    assert info(fw)[1] == 1
+    assert dispatch(fw, 0x4000, b"")[1][:16] == rev("boot-1.0")
