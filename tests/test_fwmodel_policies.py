@@ -224,3 +224,43 @@ def test_reuse_treats_long_silence_as_cold() -> None:
         p.touch("y")  # now 7; x silent for 5 > 2 gaps
     assert p.predicted_use("x") == 12.0 and p.predicted_use("y") == 8.0
     assert p.evict() == "x"
+
+
+@pytest.mark.parametrize("name", ONLINE_POLICY_NAMES)
+def test_every_policy_tracks_residency_like_a_set(name: str) -> None:
+    """Random insert / touch / remove / evict(protected): the policy agrees with a plain set."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    ops = st.lists(st.tuples(st.sampled_from("itre"), st.integers(0, 9), st.sets(st.integers(0, 9), max_size=4)),
+                   max_size=80)
+
+    @settings(max_examples=60, deadline=None)
+    @given(ops)
+    def run(seq: list[tuple[str, int, set[int]]]) -> None:
+        p = make_policy(name, 4)
+        model: set[int] = set()
+        for op, key, protected in seq:
+            if op == "i" and key not in model:
+                if len(model) >= 4:
+                    if not model - protected:
+                        with pytest.raises(NoVictimError):
+                            p.evict(protected)
+                        continue
+                    victim = p.evict(protected)
+                    assert victim in model and victim not in protected
+                    model.discard(victim)
+                p.insert(key)
+                model.add(key)
+            elif op == "t" and key in model:
+                p.touch(key)
+            elif op == "r" and key in model:
+                p.remove(key)
+                model.discard(key)
+            elif op == "e" and model - protected:
+                victim = p.evict(protected)
+                assert victim in model and victim not in protected
+                model.discard(victim)
+            assert len(p) == len(model) and all(k in p for k in model)
+
+    run()
