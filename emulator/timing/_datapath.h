@@ -33,7 +33,7 @@ typedef struct {
     uint64_t fs_per_byte[2]; /* femtoseconds per byte, time scale applied; 0 = unthrottled */
     uint64_t txn_bytes;      /* power of two, 64..4096 */
     int64_t comp_ns[2];      /* emulator's own per-access cost, deducted from real-time waits:
-                                [0] latency-only transfers, [1] transfers that reserve the link */
+                                [0] short transfers (<= 4 KiB), [1] longer ones */
     int untimed;             /* all of lat_ns and fs_per_byte are 0: count, never read the clock */
 } cxl_dp;
 

@@ -59,7 +59,8 @@ def _descriptors(mode: str, size: int, region_dpa: int, region_size: int, host: 
                  first: int) -> list[Descriptor]:
     """One submission's worth (about 1 MiB) of transfers; in mixed mode directions alternate
     starting with ``first``'s parity."""
-    count = max(1, _BATCH_BYTES // size)
+    # mixed: at least one read and one write per submission, so a channel keeps both links busy
+    count = max(2 if mode == "mixed" else 1, _BATCH_BYTES // size)
     slots = max(1, region_size // size)
     out = []
     for i in range(count):
