@@ -98,6 +98,9 @@ def replay(trace: Sequence[Access], policy: str, capacity: int, *,
     keys = [a.block for a in trace]
     opt_hits = opt_hit_count(keys, capacity) if with_opt else 0
     if prefetch:
+        if policy == "opt":
+            raise ValueError("policy 'opt' scores demand fill (it needs the exact access sequence): "
+                             "replay it without prefetch")
         if cost is None:
             raise ValueError("prefetch replay needs a transfer cost model (cost=TransferCost(...))")
         from firmware_model.prefetch_replay import replay_with_prefetch

@@ -147,3 +147,6 @@ def test_cli_argument_errors(tmp_path, capsys) -> None:
     assert main(["trace", "replay", str(path), "--capacity", "2", "--policy", "mru"]) == 2
     assert main(["trace", "replay", str(path), "--capacity", "2", "--prefetch"]) == 2
     assert "needs a cost model" in capsys.readouterr().err
+    assert main(["trace", "replay", str(path), "--capacity", "2", "--prefetch", "--policy", "opt",
+                 "--bandwidth-gbps", "1"]) == 2
+    assert "without prefetch" in capsys.readouterr().err
