@@ -59,32 +59,27 @@ def transfer_fw(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
 
 def _transfer_job(slots: FwSlots, action: int, slot: int, offset: int,
                   data: bytes) -> Generator[int, None, RetCode]:
-    done = False
+    if action == F.XFER_FULL:
+        image = data
+    else:
+        slots.write_part(action, offset, data)
+        if action != F.XFER_END:
+            return RetCode.SUCCESS
+        assert slots.transfer is not None
+        image = bytes(slots.transfer.buf)
     try:
-        if action == F.XFER_FULL:
-            image = data
-        else:
-            slots.write_part(action, offset, data)
-            if action != F.XFER_END:
-                done = True
-                return RetCode.SUCCESS
-            assert slots.transfer is not None
-            image = bytes(slots.transfer.buf)
-            yield 1
-        try:
-            revision = yield from authenticate(image)
-        except ImageError as exc:
-            log.info("firmware package for slot %d refused: %s", slot, exc)
-            slots.abort()
-            done = True
-            return RetCode.FW_AUTHENTICATION_FAILED
-        slots.store(slot, image, revision)
-        slots.abort()  # the transfer is complete
-        done = True
-        return RetCode.SUCCESS
-    finally:
-        if not done and action != F.XFER_FULL:
-            slots.abort()  # aborted (or failed) mid-part: the package is incomplete
+        yield 1
+        revision = yield from authenticate(image)
+    except ImageError as exc:
+        log.info("firmware package for slot %d refused: %s", slot, exc)
+        slots.abort()
+        return RetCode.FW_AUTHENTICATION_FAILED
+    except BaseException:  # Request Background Operation Abort (GeneratorExit) or a bug
+        slots.abort()  # the package never became whole: the host starts again with Init
+        raise
+    slots.store(slot, image, revision)
+    slots.abort()  # the transfer is complete
+    return RetCode.SUCCESS
 
 
 @command(Opcode.ACTIVATE_FW, "Activate FW", in_len=F.ACTIVATE_FW.size, effects=_BACKGROUND,
