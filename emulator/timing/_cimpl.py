@@ -22,7 +22,7 @@ _from_buffer, _read, _write, _U8 = ffi.from_buffer, lib.cxl_read, lib.cxl_write,
 _CALIBRATE_LAT_NS = 1000
 _CALIBRATE_FS = 15_625  # 64 GB/s: a 64-B hop holds the link 1 ns, so the reservation runs
 _CALIBRATE_HOPS = 1500
-_CALIBRATE_ROUNDS = 11
+_CALIBRATE_ROUNDS = 7
 
 
 class CCore:
@@ -161,35 +161,9 @@ def py_chase(transfer: Any, dpa: int, hops: int) -> list[int]:
     return samples
 
 
-def _calibrate_path(fs_per_byte: int) -> float:
-    """(timed hop − untimed hop − configured added latency), interquartile means, median over
-    interleaved rounds
-    of a Python-level chase on a cache-resident ring: the timed path's cost as a Python
-    caller sees it (its extra cache lines included), with the probe's estimator."""
-    lines = 256
-    media = memoryview(bytearray(lines * 64))
-    start = build_chase_ring(media, 0, lines)
-    expected = _CALIBRATE_LAT_NS + (64 * fs_per_byte + 500_000) // 1_000_000
-
-    def core(lat: int, fs: int) -> CCore:
-        return CCore(media, None, memoryview(bytearray(ls.USED_BYTES)).cast("Q"),
-                     LinkParams(lat_ns=(lat, 0), fs_per_byte=(fs, 0), txn_bytes=64))
-
-    timed, local = core(_CALIBRATE_LAT_NS, fs_per_byte), core(0, 0)
-    py_chase(timed.transfer, start, 5000)  # warm caches, and the core's clock up to speed
-    estimates = []
-    for _ in range(_CALIBRATE_ROUNDS):
-        t = py_chase(timed.transfer, start, _CALIBRATE_HOPS)
-        u = py_chase(local.transfer, start, _CALIBRATE_HOPS)
-        estimates.append(interquartile_mean(t) - interquartile_mean(u) - expected)
-    timed.close()
-    local.close()
-    return statistics.median(estimates)
-
-
 def _calibrate_native(fs_per_byte: int) -> float:
-    """As ``_calibrate_path`` but for the C-level chase (``cxl_chase``), whose hops pay no
-    interpreter and find the link page hot in cache."""
+    """(timed hop − untimed hop − configured added latency) of a C-level chase on a
+    cache-resident ring, interquartile means, median over interleaved rounds."""
     lines = 256
     media = memoryview(bytearray(lines * 64))
     start = build_chase_ring(media, 0, lines)
@@ -207,26 +181,18 @@ def _calibrate_native(fs_per_byte: int) -> float:
 
 
 @functools.cache
-def calibrated_native_comp_ns() -> tuple[int, int]:
-    """Compensation for callers in C (the native latency probe): see ``calibrated_comp_ns``."""
-    tsc_ticks_per_ns()
-    comp = int(round(min(max(_calibrate_native(_CALIBRATE_FS), -200), 500)))
-    return comp, comp
-
-
-@functools.cache
 def calibrated_comp_ns() -> tuple[int, int]:
-    """The timed path's own cost per access over the same access with timing off (TSC reads,
-    counters, the spin's exit; negative where the untimed path's counters cost more than what
-    the timed path leaves on its critical path), measured once per process for both paths of
-    the C core: [0] short transfers, [1] longer ones (the same figure: see below).
-    ``CXLEMU_TIMING_COMP_NS=A[,B]`` overrides it (0 disables compensation)."""
+    """The timed path's own cost per access over the same access with timing off (the TSC
+    reading, the reservation, the counters, the spin's exit), measured once per process
+    (about 0.1 s) by a C-level chase, where no interpreter noise blurs it; deducted from every
+    real-time wait so a configured latency is *added* latency.  A Python caller also pays
+    the cache misses its interpreter causes between calls (tens of ns; see BENCHMARKS).
+    [0] short transfers, [1] longer ones: one figure, since a longer transfer's link time
+    dwarfs it.  ``CXLEMU_TIMING_COMP_NS=A[,B]`` overrides it (0 disables compensation)."""
     tsc_ticks_per_ns()
     override = os.environ.get("CXLEMU_TIMING_COMP_NS")
     if override is not None:
         parts = [int(x) for x in override.split(",")]
         return parts[0], parts[-1]
-    # One figure for both paths: the short path (<= 4 KiB, what is calibrated here) is where
-    # tens of ns matter; a longer transfer's link time dwarfs them.
-    comp = int(round(min(max(_calibrate_path(_CALIBRATE_FS), -200), 500)))
+    comp = int(round(min(max(_calibrate_native(_CALIBRATE_FS), -200), 500)))
     return comp, comp

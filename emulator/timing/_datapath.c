@@ -425,9 +425,9 @@ int64_t cxl_write_untimed(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, ui
 
 /* MLC-style dependent chase: each hop reads the u64 at dpa (through the timed path when
  * timed != 0; otherwise through the same path with timing off, the local baseline an
- * untimed device would give) and jumps to it.  One clock read per hop in both
- * modes, so per-hop samples (if samples != NULL, the first nsamples hops) compare like
- * with like.  Returns total ns; *end_dpa gets the last DPA (defeats dead-code removal). */
+ * untimed device would give) and jumps to it.  While per-hop samples are taken (the first
+ * nsamples hops) there is one clock read per hop in both modes, so they compare like with
+ * like; beyond them the loop reads no clock.  Returns total ns; *end_dpa gets the last DPA (defeats dead-code removal). */
 int64_t cxl_chase(const cxl_dp *dp, uint64_t dpa, uint64_t hops, int timed_hops,
                   int64_t *samples, uint64_t nsamples, uint64_t *end_dpa)
 {
@@ -451,11 +451,14 @@ int64_t cxl_chase(const cxl_dp *dp, uint64_t dpa, uint64_t hops, int timed_hops,
                 return rc;
         }
         dpa = next;
-        int64_t t = tsc_ok ? (int64_t)((double)ticks_now() / ticks_per_ns) : cxl_now();
-        if (i < nsamples)
+        if (i < nsamples) {
+            int64_t t = tsc_ok ? (int64_t)((double)ticks_now() / ticks_per_ns) : cxl_now();
             samples[i] = t - prev;
-        prev = t;
+            prev = t;
+        }
     }
+    if (nsamples < hops)
+        prev = tsc_ok ? (int64_t)((double)ticks_now() / ticks_per_ns) : cxl_now();
     *end_dpa = dpa;
     return prev - t0;
 }

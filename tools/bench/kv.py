@@ -124,7 +124,7 @@ def run(*, layers: int, hidden: int, heads: int, kv_heads: int, contexts: list[i
             rows.append(_row(ctx, 100, "resident", layers, ref_times, compute, compute, {}, True))
             for pct in budgets:
                 budget = max(total * pct // 100, lay.min_budget(final))
-                modes = [("demand", dict(policy="hotness", prefetch_depth=0, hbm_budget_bytes=budget)),
+                modes = [("demand", dict(policy="reuse", prefetch_depth=0, hbm_budget_bytes=budget)),
                          ("layerwise", dict(policy="lru", prefetch_depth=1, full_writeback=True,
                                             hbm_budget_bytes=lay.min_budget(final)))]
                 modes += [(f"cxlemu:{p}", dict(policy=p, prefetch_depth=prefetch_depth, hbm_budget_bytes=budget))
@@ -174,7 +174,7 @@ def register(bench: Any) -> None:
     p.add_argument("--budget", type=int, action="append", help="HBM budget, %% of the KV (repeatable; default 100, 50, 25)")
     p.add_argument("--steps", type=int, default=12, help=f"decode steps (the first {WARMUP_STEPS} are not timed)")
     p.add_argument("--block-tokens", type=int, default=256)
-    p.add_argument("--prefetch-depth", type=int, default=2)
+    p.add_argument("--prefetch-depth", type=int, default=1, help="layers loaded ahead (default 1)")
     p.add_argument("--policy", action="append", help="firmware policies (repeatable; default all online ones)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the DMA engine gets a core)")
     p.add_argument("--json", action="store_true", help="JSON instead of a table")

@@ -10,9 +10,8 @@ interpreter's own hiccups on a shared host); p50 / p99 come from the per-hop sam
 expected added latency per hop is the configured read latency plus one transaction's link
 time, all times time_scale.
 
-``native=True`` (``--native``) chases in C instead (``cxl_chase``), as MLC does, with the
-compensation calibrated for C callers: no interpreter noise, so its p99 shows the jitter the
-data path itself adds.
+``native=True`` (``--native``) chases in C instead (``cxl_chase``), as MLC does: no
+interpreter noise, so its mean and p99 show what the data path itself adds.
 """
 from __future__ import annotations
 
@@ -92,10 +91,9 @@ def measure(dp: DataPath, region: memoryview, base_dpa: int, *, hops: int = 100_
 def _measure_native(dp: DataPath, working_set: int, start: int, hops: int,
                     rounds: int) -> LatencyResult:
     """The chase in C over the device's media and link page, compensated for C callers."""
-    from emulator.timing._cimpl import CCore, calibrated_native_comp_ns, interquartile_mean
+    from emulator.timing._cimpl import CCore, calibrated_comp_ns, interquartile_mean
 
-    core = CCore(dp.media, dp.poison_bits, dp._link, dp.config.link_params(),
-                 calibrated_native_comp_ns())
+    core = CCore(dp.media, dp.poison_bits, dp._link, dp.config.link_params(), calibrated_comp_ns())
     per_round = max(1000, hops // rounds)
     core.chase(start, min(hops, 20_000), False)
     local: list[int] = []
