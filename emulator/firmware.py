@@ -57,12 +57,17 @@ class Firmware:
         self._bg_abortable = False
         self._bg_percent = 0
         init_device_registers(self.regs)
-        from emulator import component
+        from emulator import chmu, component
 
         self.hdm = component.attach(self)
+        self.chmu = chmu.attach(self)
         import emulator.commands
 
         emulator.commands.attach_all(self)
+        from emulator.fw_telemetry import FirmwarePublisher
+
+        self.telemetry = FirmwarePublisher(self)
+        self.services.append(self.telemetry.service)
         self.regs.set_fields(R.MEMDEV_STATUS, MEDIA_STATUS=R.MEDIA_READY, MBOX_READY=1)
 
     # time ------------------------------------------------------------------------------------
@@ -74,6 +79,13 @@ class Firmware:
         if self._ts_base is None:
             return 0
         return self._ts_base + (time.monotonic_ns() - self._ts_mono)
+
+    @property
+    def capacity_used_bytes(self) -> int:
+        """DPA bytes backed by memory: media pages written since the last sanitize (the file is sparse)."""
+        import os
+
+        return os.stat(self.files.path / "media").st_blocks * 512
 
     # media state -----------------------------------------------------------------------------
     @property
@@ -166,6 +178,7 @@ class Firmware:
 
     def close(self) -> None:
         self.regs.set_field(R.MEMDEV_STATUS, "MBOX_READY", 0)
+        self.telemetry.close()
         for attr in ("media", "lsa", "poison_bits"):
             setattr(self, attr, np.zeros(0, np.uint8))  # drop views so the mmaps can close
         self.regs = RegisterFile(bytearray(R.BAR_SIZE))

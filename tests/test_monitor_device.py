@@ -16,7 +16,7 @@ import pytest
 
 from emulator.device import DeviceConfig, DeviceFiles, Served, device_path, serve
 from emulator.spec import registers as R
-from emulator.telemetry import EventEntry, PoisonEntry, TelemetryReader, TelemetryWriter
+from emulator.telemetry import TelemetryReader, TelemetryWriter
 from emulator.timing import DataPath, TimingConfig
 from tools.monitor.source import DeviceSet, DeviceSource
 
@@ -34,32 +34,17 @@ def frames(stdout: str) -> list[str]:
     return ["\n".join(" ".join(line.split()) for line in part.splitlines()) for part in parts]
 
 
-def publish_firmware_section(served: Served) -> TelemetryWriter:
-    """What the firmware runner should do (until it does so itself): a service, run in the
-    runner thread, publishing section (a) from the firmware's state every 100 ms."""
-    fw = served.firmware
-    writer = TelemetryWriter(served.files.bar, "firmware")
-    last = [0]
+def wait_for_firmware_section(source: DeviceSource):
+    """Poll until the firmware runner has published section (a) (it does within ~one loop)."""
+    import time
 
-    def service(now_ns: int) -> None:
-        if now_ns - last[0] < 100_000_000:
-            return
-        last[0] = now_ns
-        running, percent, opcode, _ = fw.background_status
-        info, warn, fail, fatal, dcd = fw.events.counts()
-        records = fw.poison.records
-        writer.publish(
-            uptime_ns=now_ns - fw.boot_ns, timestamp_ns=fw.timestamp_ns(), capacity_bytes=fw.config.capacity,
-            media_status=fw.regs.get_field(R.MEMDEV_STATUS, "MEDIA_STATUS"),
-            health_status=fw.health.health_status(), temperature_c=fw.health.temperature,
-            life_used_pct=fw.health.life_used, poison_count=len(records),
-            events_info=info, events_warn=warn, events_fail=fail, events_fatal=fatal, events_dcd=dcd,
-            bg_running=int(running), bg_opcode=opcode, bg_percent=percent,
-            recent_events=[EventEntry(ts, log, text) for ts, log, text in list(fw.events.recent)[:16]],
-            recent_poison=[PoisonEntry(r.dpa, r.length, int(r.source)) for r in records[:16]])
-
-    fw.services.append(service)
-    return writer
+    deadline = time.monotonic() + 10
+    while True:
+        view = source.poll()
+        if view.snapshot is not None and view.snapshot.firmware is not None:
+            return view
+        assert time.monotonic() < deadline, "the firmware never published its telemetry section"
+        time.sleep(0.01)
 
 
 class Load:
@@ -106,7 +91,6 @@ def test_frames_under_load_show_counters_moving(timed: Served) -> None:
     """`cxlemu monitor NAME --frames 3 --interval 0.5` in another process: exits 0, names the
     device, and transfers, tokens and uptime grow from frame to frame."""
     served = timed
-    publish_firmware_section(served)
     with Load(served):
         result = monitor_cli(served.name, "--frames", "3", "--interval", "0.5")
     assert result.returncode == 0, result.stderr
@@ -136,17 +120,15 @@ def test_source_follows_a_device_that_vanishes_and_returns(device_name: str) -> 
     source = DeviceSource(device_name)
     assert source.poll().state == "not found"
     with serve(DeviceConfig(name=device_name, capacity=256 * MiB)) as served:
-        TelemetryWriter(served.files.bar, "firmware").publish(capacity_bytes=256 * MiB, uptime_ns=5)
-        view = source.poll()
+        view = wait_for_firmware_section(source)
         assert (view.state, view.detail) == ("served", f"firmware pid {os.getpid()}")
-        assert view.snapshot is not None and view.snapshot.firmware is not None
-        assert view.snapshot.firmware.uptime_ns == 5
+        assert view.snapshot.firmware.capacity_bytes == 256 * MiB and view.snapshot.firmware.uptime_ns > 0
     view = source.poll()
     assert (view.state, view.detail) == ("gone", "device files removed")
-    with serve(DeviceConfig(name=device_name, capacity=512 * MiB)) as served:
-        view = source.poll()
+    with serve(DeviceConfig(name=device_name, capacity=512 * MiB)):
+        view = wait_for_firmware_section(source)
         assert view.state == "served" and view.capacity_bytes == 512 * MiB
-        assert view.snapshot is not None and view.snapshot.firmware is None  # the new page is blank
+        assert view.snapshot.firmware.capacity_bytes == 512 * MiB  # the new device's page, not the old one
     source.close()
 
 
@@ -208,7 +190,6 @@ def test_frames_show_poison_and_events(served: Served) -> None:
     """Poison injected through the mailbox and a data-path hit on it show up in the next frame."""
     from driver import MemDev
 
-    publish_firmware_section(served)
     with MemDev.open(served.name) as md:
         md.inject_poison(0x1000)
         md.inject_poison(0x8000)

@@ -96,6 +96,8 @@ def loaded(device_name: str) -> Iterator[Served]:
     timing = TimingConfig(read_latency_ns=200, write_latency_ns=200, read_bandwidth_gbps=4.0, write_bandwidth_gbps=4.0)
     with serve(DeviceConfig(name=device_name, capacity=256 * MiB, timing=timing)) as served:
         files = served.files
+        # quiesce the firmware's own publisher: this test writes section (a) with known values
+        served.firmware.services.remove(served.firmware.telemetry.service)
         dp = DataPath(files.media, files.poison,
                       memoryview(files.bar)[R.LINK_STATE_OFFSET:R.LINK_STATE_OFFSET + R.LINK_STATE_SIZE], timing)
         buf = np.zeros(64 << 10, np.uint8)

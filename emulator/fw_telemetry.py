@@ -1,0 +1,56 @@
+"""The firmware's half of the telemetry page: section (a), published ~10 times a second.
+
+Monitors and the Prometheus exporter read the page without asking the firmware anything
+(emulator/telemetry.py has the layout); this module gathers what the firmware knows — media
+state, health, event and poison counts, the running background operation, the CHMU — and
+publishes it from the runner's thread, its only writer.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from emulator.spec import registers as R
+from emulator.telemetry import EventEntry, PoisonEntry, TelemetryWriter
+
+if TYPE_CHECKING:
+    from emulator.firmware import Firmware
+
+PUBLISH_PERIOD_NS = 100_000_000  # 10 Hz: a monitor's refresh is 2-4 Hz; publishing costs ~0.2 ms
+MAX_LISTED = 16                  # events and poison records the page lists (layout 1.0)
+
+
+class FirmwarePublisher:
+    """A runner service: `service(now_ns)` publishes when the period has passed."""
+
+    def __init__(self, fw: "Firmware") -> None:
+        self.fw = fw
+        self.writer = TelemetryWriter(fw.files.bar, "firmware")
+        self._last_ns = 0
+
+    def service(self, now_ns: int) -> None:
+        if now_ns - self._last_ns < PUBLISH_PERIOD_NS:
+            return
+        self._last_ns = now_ns
+        self.publish(now_ns)
+
+    def publish(self, now_ns: int) -> None:
+        fw = self.fw
+        running, percent, opcode, _ = fw.background_status
+        records = fw.poison.records
+        info, warn, fail, fatal, dcd = fw.events.counts()
+        unit = fw.chmu.unit
+        self.writer.publish(
+            uptime_ns=now_ns - fw.boot_ns, timestamp_ns=fw.timestamp_ns(),
+            capacity_bytes=fw.config.capacity, capacity_used_bytes=fw.capacity_used_bytes,
+            media_status=fw.regs.get_field(R.MEMDEV_STATUS, "MEDIA_STATUS"),
+            health_status=fw.health.health_status(), temperature_c=fw.health.temperature,
+            life_used_pct=fw.health.life_used, poison_count=len(records),
+            events_info=info, events_warn=warn, events_fail=fail, events_fatal=fatal, events_dcd=dcd,
+            bg_running=int(running), bg_opcode=opcode, bg_percent=percent,
+            recent_events=[EventEntry(t, g, s) for t, g, s in list(fw.events.recent)[:MAX_LISTED]],
+            recent_poison=[PoisonEntry(r.dpa, r.length, int(r.source)) for r in records[:MAX_LISTED]],
+            chmu_enabled=int(unit.enabled), chmu_epoch_count=unit.status.epochs,
+            chmu_unit_size=unit.config.unit_size, hotlist=unit.hotlist.peek()[-256:])
+
+    def close(self) -> None:
+        self.writer.close()
