@@ -119,7 +119,7 @@ def test_source_follows_a_device_that_vanishes_and_returns(device_name: str) -> 
     """Served -> files removed ("gone", no traceback) -> created again (picked up afresh)."""
     source = DeviceSource(device_name)
     assert source.poll().state == "not found"
-    with serve(DeviceConfig(name=device_name, capacity=256 * MiB)) as served:
+    with serve(DeviceConfig(name=device_name, capacity=256 * MiB)):
         view = wait_for_firmware_section(source)
         assert (view.state, view.detail) == ("served", f"firmware pid {os.getpid()}")
         assert view.snapshot.firmware.capacity_bytes == 256 * MiB and view.snapshot.firmware.uptime_ns > 0
