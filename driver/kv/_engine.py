@@ -91,7 +91,7 @@ class ResidencyEngine(ChunkIO):
                 "evictions", "prefetch_wasted", "tokens_generated")
 
     def __init__(self, *, budget: int, policy: str, block_tokens: int, store: BlockStore,
-                 device: torch.device, dtype: torch.dtype, prefetch_depth: int = 2,
+                 device: torch.device, dtype: torch.dtype, prefetch_depth: int = 1,
                  max_retries: int = 2, prefix_sharing: bool = True, max_seq_len: int | None = None,
                  recompute: Recompute | None = None, full_writeback: bool = False) -> None:
         make_policy(policy, 1)  # fail fast on an unknown policy name, naming the known ones
@@ -159,25 +159,29 @@ class ResidencyEngine(ChunkIO):
         return 0 if self.max_seq_len else max(self.block_tokens, n // 4)
 
     def _acquire(self, st: _Layer) -> Frame:
-        """Make ``st`` resident for compute, counting a hit, a late prefetch or a miss."""
+        """Make ``st`` resident for compute, counting a hit, a late prefetch or a miss.
+
+        The policy sees exactly the compute trace (one access per layer computed): a prefetched
+        layer enters it when it is first used, not when its load starts, so prefetching does not
+        disturb the recency / frequency / reuse statistics it learns the loop from."""
         self._tick += 1
         st.prefetched = False
         if st.load is not None:
             self.counters["hits" if self._load_done(st.load) else "prefetch_late"] += 1
             self._finish_load(st, stall=True)
-            self.policy.touch(st.index, self._tick)
         elif st.frame is not None:
             self.counters["hits"] += bool(st.seq_len)
-            self.policy.touch(st.index, self._tick)
         elif st.seq_len == 0:
             st.frame = self._take_frame({st.index} | self._inflight())
             self.mover.before_overwrite(st.frame)
-            self.policy.insert(st.index, self._tick)
         else:
             self.counters["misses"] += 1
             if not self._start_load(st, protected={st.index} | self._inflight()):
                 raise AssertionError("no frame for the computing layer: budget below two frames")
             self._finish_load(st, stall=True)
+        if st.index in self.policy:
+            self.policy.touch(st.index, self._tick)
+        else:
             self.policy.insert(st.index, self._tick)
         assert st.frame is not None
         self.mover.before_compute(st.frame)
@@ -201,14 +205,13 @@ class ResidencyEngine(ChunkIO):
                 return
             self.counters["prefetch_issued"] += 1
             st.prefetched = True
-            self._tick += 1
-            self.policy.insert(nxt, self._tick)
 
     def _inflight(self) -> set[int]:
         return {st.index for st in self.layers if st.load is not None}
 
     # ------------------------------------------------------------------------- frames
     def _take_frame(self, protected: set[int]) -> Frame:
+        """A free frame, evicting the policy's victims (never a protected layer) until one is."""
         frame = self.arena.take()
         while frame is None:
             victim = self.policy.evict(protected)
@@ -232,7 +235,8 @@ class ResidencyEngine(ChunkIO):
         self._drain_loads()
         for st in self.layers:
             if st.frame is not None:
-                self.policy.remove(st.index)
+                if st.index in self.policy:
+                    self.policy.remove(st.index)
                 self._evict(st)
         self._drain_writes()
         self.arena.release_all()

@@ -86,8 +86,8 @@ class CxlCache(Cache):
     to a fault be recomputed from the tokens (recorded by a forward pre-hook).
     """
 
-    def __init__(self, hbm_budget_bytes: int, policy: str = "hotness", block_tokens: int = 16,
-                 device: str | None = None, *, prefetch_depth: int = 2, model: torch.nn.Module | None = None,
+    def __init__(self, hbm_budget_bytes: int, policy: str = "reuse", block_tokens: int = 16,
+                 device: str | None = None, *, prefetch_depth: int = 1, model: torch.nn.Module | None = None,
                  store: BlockStore | None = None, max_seq_len: int | None = None,
                  prefix_sharing: bool = True, max_retries: int = 2,
                  device_capacity: int = DEFAULT_DEVICE_CAPACITY, full_writeback: bool = False) -> None:
