@@ -111,3 +111,18 @@ def test_rendered_tables_carry_the_numbers():
     console.print(latency.render("mem0", r))
     text = console.export_text()
     assert "250.5" in text and "error 0.20 %" in text and "p99 jitter 0.80 %" in text
+
+
+def test_chase_rounds_continue_the_chain():
+    """Rounds resume where the last stopped, so a probe walks its whole working set."""
+    from emulator.timing._cimpl import build_chase_ring, py_chase
+
+    dp = DataPath(bytearray(16 * 64), None, bytearray(4096), TimingConfig(), impl="c")
+    start = build_chase_ring(dp.media, 0, 16, seed=3)
+    _, mid = py_chase(dp._core.transfer, start, 5)
+    _, end = py_chase(dp._core.transfer, mid, 5)
+    _, direct = py_chase(dp._core.transfer, start, 10)
+    dp._core.chase(start, 10, False)
+    assert end == direct == dp._core.last_end and mid != start
+    _, whole = py_chase(dp._core.transfer, start, 16)
+    assert whole == start  # one cycle through every line

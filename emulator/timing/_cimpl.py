@@ -92,6 +92,7 @@ class CCore:
         total = lib.cxl_chase(self.dp, dpa, hops, int(timed), samples, nsamples, end)
         if total < 0:
             raise ValueError(f"pointer chase left the media at hop from DPA {dpa:#x} (code {total})")
+        self.last_end = int(end[0])  # where a following round continues the chain
         return int(total), list(samples[0:nsamples])
 
 
@@ -143,10 +144,11 @@ def tsc_ticks_per_ns() -> float:
     return float(lib.cxl_ticks_per_ns())
 
 
-def py_chase(transfer: Any, dpa: int, hops: int) -> list[int]:
+def py_chase(transfer: Any, dpa: int, hops: int) -> tuple[list[int], int]:
     """Dependent pointer chase from Python: each hop is one ``transfer(0, dpa, buf, -1, True)``
     call (the call a DataPath.read makes) of 8 bytes, then a jump to the DPA read.  Returns
-    per-hop times in ns (perf_counter, one reading per hop in every mode)."""
+    per-hop times in ns (perf_counter, one reading per hop in every mode) and the DPA where a
+    following round continues the chain."""
     buf = bytearray(8)
     samples = [0] * hops
     clock = time.perf_counter_ns
@@ -158,7 +160,7 @@ def py_chase(transfer: Any, dpa: int, hops: int) -> list[int]:
         t = clock()
         samples[i] = t - prev
         prev = t
-    return samples
+    return samples, dpa
 
 
 def _calibrate_native(fs_per_byte: int) -> float:

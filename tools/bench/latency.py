@@ -78,12 +78,16 @@ def measure(dp: DataPath, region: memoryview, base_dpa: int, *, hops: int = 100_
     local = CCore(dp.media, dp.poison_bits, memoryview(bytearray(linkstate.USED_BYTES)).cast("Q"),
                   LinkParams(lat_ns=(0, 0), fs_per_byte=(0, 0), txn_bytes=64))
     per_round = max(1000, hops // rounds)
-    py_chase(local.transfer, start, min(hops, 20_000))  # warm the TLB and caches
+    _, dpa = py_chase(local.transfer, start, min(hops, 20_000))  # warm the TLB
     local_s: list[int] = []
     device_s: list[int] = []
+    # each round continues the chain where the last stopped: restarting at one DPA would
+    # chase the same few thousand lines, which then sit in cache, every round
     for _ in range(max(1, hops // per_round)):
-        local_s += py_chase(local.transfer, start, per_round)
-        device_s += py_chase(dp._core.transfer, start, per_round)
+        samples, dpa = py_chase(local.transfer, dpa, per_round)
+        local_s += samples
+        samples, dpa = py_chase(dp._core.transfer, dpa, per_round)
+        device_s += samples
     local.close()
     return _result(region.nbytes, local_s, device_s, configured_added_ns(dp), interquartile_mean)
 
@@ -98,9 +102,9 @@ def _measure_native(dp: DataPath, working_set: int, start: int, hops: int,
     core.chase(start, min(hops, 20_000), False)
     local: list[int] = []
     device: list[int] = []
-    for _ in range(max(1, hops // per_round)):
-        local += core.chase(start, per_round, False, per_round)[1]
-        device += core.chase(start, per_round, True, per_round)[1]
+    for _ in range(max(1, hops // per_round)):  # continuing the chain, as above
+        local += core.chase(core.last_end, per_round, False, per_round)[1]
+        device += core.chase(core.last_end, per_round, True, per_round)[1]
     core.close()
     return _result(working_set, local, device, configured_added_ns(dp), interquartile_mean)
 
