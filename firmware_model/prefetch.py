@@ -11,9 +11,11 @@ Accounting, per prefetched block:
 
 * **useful** — it arrived before the compute that needed it;
 * **late** — it was still queued or in flight when needed (the compute waited for it);
-* **wasted** — it arrived but left (eviction, sequence end) unused, or arrived after its
-  sequence was cancelled;
-* **cancelled** — still queued when its sequence ended or was preempted: it never transfers.
+* **wasted** — it arrived but left (eviction, sequence end) unused, or arrived after every
+  sequence that wanted it had ended;
+* **cancelled** — still queued when the last sequence that wanted it ended or was preempted: it
+  never transfers. A block hinted by several sequences (a shared prefix) lives on while any of
+  them does.
 
 Duplicate hints for a block already resident, queued or in flight are counted and dropped.
 """
@@ -60,7 +62,7 @@ class PrefetchStats:
 @dataclass(eq=False)
 class _Pending:
     key: Hashable
-    seq: Hashable
+    seqs: set[Hashable]  # sequences that hinted it (a shared prefix block has several); empty: orphaned
     request: DmaRequest | None = None
     arrived: bool = False
     demanded: bool = False  # needed while still in flight (counted late)
@@ -137,19 +139,21 @@ class PrefetchQueue:
             self.stats.wasted += 1
 
     def end_sequence(self, seq: Hashable) -> None:
-        """``seq`` ended or was preempted: drop its hints, cancel what has not started."""
+        """``seq`` ended or was preempted: drop its hints, cancel what only it was waiting for."""
         self._seqs.pop(seq, None)
         for key, pending in list(self._pending.items()):
-            if pending.seq != seq:
+            if seq not in pending.seqs:
                 continue
+            pending.seqs.discard(seq)
+            if pending.seqs:
+                continue  # another sequence still wants it
             if pending.arrived:
                 self.stats.wasted += 1
                 del self._pending[key]
             elif pending.request is not None and self.dma.cancel(pending.request):
                 self.stats.cancelled += 1
                 del self._pending[key]
-            else:
-                pending.seq = _CANCELLED  # in flight: it will land and be counted wasted
+            # else: in flight, now orphaned: it will land and be counted wasted
 
     preempt = end_sequence
 
@@ -167,14 +171,17 @@ class PrefetchQueue:
             del hints.points[p]
 
     def _issue_one(self, seq: Hashable, key: Hashable, priority: tuple[int, int]) -> bool:
-        if key in self._pending or self.is_resident(key):
+        pending = self._pending.get(key)
+        if pending is not None or self.is_resident(key):
+            if pending is not None:
+                pending.seqs.add(seq)
             self.stats.deduplicated += 1
             return True
         try:
             request = self.dma.submit("read", self.block_bytes, priority=priority, tag=key)
         except QueueFullError:
             return False
-        pending = _Pending(key, seq, request)
+        pending = _Pending(key, {seq}, request)
         request.done.callbacks.append(functools.partial(self._on_done, pending))
         self._pending[key] = pending
         self.stats.issued += 1
@@ -184,7 +191,7 @@ class PrefetchQueue:
         self._arrived(pending)
 
     def _arrived(self, pending: _Pending) -> None:
-        if pending.seq is _CANCELLED:
+        if not pending.seqs:  # every sequence that wanted it has ended
             self.stats.wasted += 1
             del self._pending[pending.key]
             return
@@ -205,5 +212,3 @@ class PrefetchQueue:
         """Blocks queued, in flight, or arrived and not yet used."""
         return len(self._pending)
 
-
-_CANCELLED = object()

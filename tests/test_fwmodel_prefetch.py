@@ -155,3 +155,19 @@ def test_telemetry_snapshot_folds_in_live_state() -> None:
     assert snap.hit_ratio == 0.75
     with pytest.raises(ValueError, match="hits must be an int"):
         TelemetrySnapshot(hits=-1)
+
+
+def test_a_shared_block_survives_the_end_of_one_sequence() -> None:
+    """Two sequences hint one prefix block: the first one's end does not cancel it."""
+    h = Harness(window=0)
+    h.pq.hint("s", 0, 0, ["a", "sys"])
+    h.pq.hint("t", 0, 0, ["sys"])
+    h.pq.progress("s", 0, 0)
+    h.pq.progress("t", 0, 0)  # "sys" deduplicated, now wanted by s and t
+    h.pq.end_sequence("s")  # "a" in flight: orphaned; "sys" queued but still wanted by t
+    h.env.run()
+    assert h.arrivals == [("sys", 1000)]
+    s = h.pq.stats
+    assert (s.issued, s.deduplicated, s.cancelled, s.wasted) == (2, 1, 0, 1)
+    h.pq.end_sequence("t")
+    assert h.pq.stats.wasted == 2 and h.pq.outstanding() == 0
