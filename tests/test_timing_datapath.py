@@ -337,3 +337,43 @@ def test_registered_host_buffers_move_the_same_bytes(impl):
     dp.read(0, reg)  # released: falls back to a per-call view of the same buffer
     with pytest.raises(ValueError, match="read-only"):
         dp.register(b"bytes are read-only")
+
+
+def _hammer(name: str, rounds: int) -> None:
+    """A separate process writing and reading through the device's own link page."""
+    from emulator.device import DeviceFiles
+
+    files = DeviceFiles.open(name)
+    dp = DataPath.for_device(files, impl="c")
+    try:
+        for _ in range(rounds):
+            dp.write(0, bytes(4096))
+            dp.read(4096, bytearray(4096))
+    finally:
+        dp.close()
+        files.close()
+
+
+def test_processes_share_one_link_page(served):
+    """Two processes and this one on one device: the link's counters add up exactly (the C
+    core's atomic updates in the BAR's shared page)."""
+    import multiprocessing as mp
+
+    from emulator.device import DeviceFiles
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_hammer, args=(served.name, 200)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    files = DeviceFiles.open(served.name)
+    dp = DataPath.for_device(files, config=TimingConfig(read_bandwidth_gbps=64), impl="c")
+    for _ in range(200):
+        dp.read(0, bytearray(4096))
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    c = dp.counters()
+    dp.close()
+    files.close()
+    assert (c["read_transfers"], c["read_bytes"]) == (600, 600 * 4096)
+    assert (c["write_transfers"], c["write_bytes"]) == (400, 400 * 4096)
