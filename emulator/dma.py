@@ -37,12 +37,12 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from emulator.spec.errors import DmaError, PoisonError
 from emulator.timing import DataPath, host_view
 
-__all__ = ["Descriptor", "DmaEngine", "DmaHandle", "Direction"]
+__all__ = ["Descriptor", "Direction", "DmaEngine", "DmaHandle"]
 
 
 class Direction(enum.Enum):
@@ -99,7 +99,7 @@ class DmaHandle:
     The event a waiter blocks on is made only when someone waits before completion: a
     submission that completes inline never pays for one."""
 
-    __slots__ = ("id", "channel", "count", "_done", "_event", "_results", "_callbacks", "_lock")
+    __slots__ = ("_callbacks", "_done", "_event", "_lock", "_results", "channel", "count", "id")
 
     def __init__(self, handle_id: int, channel: int, count: int) -> None:
         self.id = handle_id
@@ -262,7 +262,7 @@ class DmaEngine:
         for t in self._threads:
             t.join()
 
-    def __enter__(self) -> DmaEngine:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -134,7 +134,7 @@ def test_data_round_trips_through_numpy_and_bytes(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("clock", [None, SimClock(0)], ids=["real", "sim"])
 def test_poisoned_read_fails_before_copying(impl, clock):
-    dp, media, poison, _ = make(impl, QEMU, clock=clock)
+    dp, _media, poison, _ = make(impl, QEMU, clock=clock)
     poison_line(poison, 0x1C0)
     out = bytearray(b"\xaa" * 1024)
     with pytest.raises(PoisonError) as exc:
@@ -247,7 +247,7 @@ _cfgs = st.builds(TimingConfig,
 
 def _run(impl, cfg, ops, poisoned):
     clock = SimClock(5)
-    dp, media, poison, link = make(impl, cfg, clock=clock)
+    dp, media, poison, _link = make(impl, cfg, clock=clock)
     for dpa in poisoned:
         poison_line(poison, dpa)
     results = []
@@ -281,7 +281,7 @@ def test_four_threads_share_one_link(impl):
     accounting equals the sum of what the threads moved."""
     cfg = TimingConfig(read_latency_ns=50, write_latency_ns=50,
                        read_bandwidth_gbps=40, write_bandwidth_gbps=40)
-    dp, media, *_ = make(impl, cfg, size=1 << 20)
+    dp, _media, *_ = make(impl, cfg, size=1 << 20)
     chunk, rounds = 4096, 16
     errors: list[str] = []
 

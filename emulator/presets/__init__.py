@@ -10,11 +10,12 @@ How to add one: drop ``<name>.toml`` here with the fields above; ``cxlemu preset
 """
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from emulator.spec.errors import ConfigError
 from emulator.timing.config import TimingConfig

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import operator
 import sys
-from typing import Any
+from typing import Any, Self
 
 from emulator.spec.errors import ConfigError, PoisonError
 from emulator.timing import linkstate
@@ -45,7 +45,7 @@ class HostBuffer:
     no per-call conversion, as RDMA memory regions or CUDA-pinned buffers are registered.
     ``release()`` (or ``with``) unpins it."""
 
-    __slots__ = ("obj", "cdata", "nbytes", "writable")
+    __slots__ = ("cdata", "nbytes", "obj", "writable")
 
     def __init__(self, obj: Any, cdata: Any, nbytes: int, writable: bool) -> None:
         self.obj, self.cdata, self.nbytes, self.writable = obj, cdata, nbytes, writable
@@ -57,7 +57,7 @@ class HostBuffer:
             ffi.release(self.cdata)
             self.cdata = None
 
-    def __enter__(self) -> HostBuffer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -93,7 +93,9 @@ class DataPath:
         linkstate.initialize(self._link)
         self.impl = self._choose_impl(impl)
         self._core = self._make_core(config.link_params())
-        self._c_read = self._from_buffer = None
+        # the C entry points, bound once (None on the Python twin)
+        self._c_read: Any = None
+        self._from_buffer: Any = None
         if self.impl == "c":
             from emulator.timing._cimpl import ffi, lib
 
@@ -255,7 +257,7 @@ class DataPath:
             if view is not None:
                 view.release()
 
-    def __enter__(self) -> DataPath:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -196,5 +196,5 @@ def calibrated_comp_ns() -> tuple[int, int]:
     if override is not None:
         parts = [int(x) for x in override.split(",")]
         return parts[0], parts[-1]
-    comp = int(round(min(max(_calibrate_native(_CALIBRATE_FS), -200), 500)))
+    comp = round(min(max(_calibrate_native(_CALIBRATE_FS), -200), 500))
     return comp, comp

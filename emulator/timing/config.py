@@ -87,7 +87,7 @@ class TimingConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TimingConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TimingConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -65,7 +65,12 @@ def measure(dp: DataPath, region: memoryview, base_dpa: int, *, hops: int = 100_
         raise RuntimeError("the latency probe needs the C data path (the Python twin's own cost "
                            "is microseconds): pip install -e . or python -m emulator.timing._build")
     from emulator.timing import linkstate
-    from emulator.timing._cimpl import CCore, build_chase_ring, interquartile_mean, py_chase
+    from emulator.timing._cimpl import (
+        CCore,
+        build_chase_ring,
+        interquartile_mean,
+        py_chase,
+    )
     from emulator.timing.config import LinkParams
 
     lines = region.nbytes // 64
@@ -161,10 +166,9 @@ def cmd_latency(args: Any) -> int:
         raise CliError("--hops must be >= 1000 and --rounds >= 1")
     size, dpa = parse_size(args.working_set), parse_int(args.dpa, "--dpa")
     try:
-        with open_target(args) as target:
-            with scratch_region(target.datapath, dpa, size) as region:
-                result = measure(target.datapath, region, dpa, hops=args.hops, rounds=args.rounds,
-                                 native=args.native)
+        with open_target(args) as target, scratch_region(target.datapath, dpa, size) as region:
+            result = measure(target.datapath, region, dpa, hops=args.hops, rounds=args.rounds,
+                             native=args.native)
     except (ValueError, RuntimeError) as exc:
         raise CliError(str(exc)) from None
     if args.json:

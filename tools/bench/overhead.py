@@ -69,7 +69,6 @@ def copy_efficiency(media: Any, size: int, impl: str, reps: int = 30) -> dict[st
         dp.close()
     row["timed_registered_ns"] = min(reg_ns)
     row["timed_registered_ratio"] = row["numpy_ns"] / row["timed_registered_ns"]
-    del src
     return row
 
 
@@ -82,7 +81,7 @@ def per_transfer(media: Any, impl: str, reps: int = 20_000) -> dict[str, float]:
         res[f"datapath_read_{label}_ns"] = _median_ns(lambda dp=dp: dp.read(0, out), reps)
         with DmaEngine(dp, channels=1) as eng:
             desc = [Descriptor("read", 0, out, 0, 64)]
-            res[f"dma_submit_wait_{label}_ns"] = _median_ns(lambda: eng.submit(desc).wait(), reps // 10)
+            res[f"dma_submit_wait_{label}_ns"] = _median_ns(lambda desc=desc: eng.submit(desc).wait(), reps // 10)
         dp.close()
     return res
 
