@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
 
 
 def _register_replay(sub: Any) -> None:
-    from firmware_model.policies import ONLINE_POLICY_NAMES, POLICY_NAMES
+    from firmware_model.policies import POLICY_NAMES
 
     r = sub.add_parser("replay", help="replay a JSON-lines trace through an eviction policy")
     r.add_argument("file", metavar="FILE", help='JSON lines, each with "t" and "block"')
@@ -42,7 +42,7 @@ def _register_replay(sub: Any) -> None:
     g.add_argument("--bandwidth-gbps", type=float, default=0.0, help="link bandwidth, GB/s (0 = unthrottled)")
     g.add_argument("--time-scale", type=float, default=1.0, help="multiplies every device time")
     g.add_argument("--compute-ns", type=int, default=0, help="compute time per access, ns")
-    r.set_defaults(func=_cmd_replay, online_policies=ONLINE_POLICY_NAMES)
+    r.set_defaults(func=_cmd_replay)
 
 
 def _cost_from(args: argparse.Namespace):  # -> TransferCost | None
