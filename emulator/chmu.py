@@ -1,7 +1,8 @@
 """The CHMU register block: a CXL 3.2 Hotness Monitoring Unit over `firmware_model.hotness`.
 
-Layout (CXL r3.2 §8.2.8.x "CHMU register interface", as the Linux CHMU RFC driver reads it);
-offsets relative to ``CHMU_OFFSET`` in the BAR, one instance:
+Layout: the CXL r3.2 CHMU register interface as the Linux CHMU RFC perf driver (2025) reads it —
+the spec section number is not verified here; reference/cxl.md summarises the semantics. Offsets
+are relative to ``CHMU_OFFSET`` in the BAR, one instance:
 
     0x0000  common cap 0   version [3:0], number of instances [15:8]
     0x0008  common cap 1   instance length [15:0]
