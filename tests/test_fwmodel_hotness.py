@@ -169,3 +169,20 @@ def test_counters_saturate_at_counter_width() -> None:
 def test_bad_configuration_says_what_to_change(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         HotnessConfig(**kwargs)
+
+
+def test_hotlist_feeds_the_hotness_policy() -> None:
+    """End to end: block-sized units, the epoch's hotlist as heat; the hot block outlives the cold ones."""
+    from firmware_model.policies import HotnessPolicy
+
+    block = 64 * KiB
+    unit = HotnessUnit(1 << 30, HotnessConfig(unit_size=block, threshold=4, epoch_ns=1000))
+    policy = HotnessPolicy(4, window=0)
+    for b in range(4):
+        policy.insert(b)
+    unit.record(_dpas(*[2] * 9, 1, 3, unit_size=block), now=10)
+    unit.advance(1000)
+    entries = unit.hotlist.consume()
+    assert entries == [(2, 9)]
+    policy.feed_hotlist(entries)  # unit index == block id: unit size is the block size
+    assert [policy.evict() for _ in range(3)] == [3, 1, 0] and 2 in policy
