@@ -9,7 +9,9 @@ engine (``_engine.py``), which returns zero-copy views of the layer's frame on t
 after making it resident. All transformers versions from 4.57 on are served by the same
 ``update(key_states, value_states, layer_idx, *args, **kwargs)`` signature (4.57 passes
 ``cache_kwargs`` positionally, 5.12+ by keyword, 5.24 as ``kwargs=``; none of it is needed: the
-cache position is the layer's current length).
+cache position is the layer's current length). The layer class also speaks 4.57's names
+(``get_max_cache_shape``, ``get_mask_sizes(cache_position)``, one-argument
+``lazy_initialization``).
 """
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ class _CxlLayer(CacheLayerMixin):
         self._owner = owner
         self._index = index
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor | None = None) -> None:
+        # 4.57 passes key_states only; 5.x both
         self.device = key_states.device
         self.is_initialized = True
 
@@ -55,10 +58,17 @@ class _CxlLayer(CacheLayerMixin):
         engine = self._owner._engine
         return engine.seq_length(self._index) if engine is not None else 0
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query: int | torch.Tensor) -> tuple[int, int]:
+        """(kv_length, kv_offset); 5.x passes the query length, 4.57 the cache positions."""
+        query_length = query.shape[0] if isinstance(query, torch.Tensor) else int(query)
         return self.get_seq_length() + query_length, 0
 
     def get_max_length(self) -> int:
+        """No maximum: the device holds what the budget does not (5.x name)."""
+        return -1
+
+    def get_max_cache_shape(self) -> int:
+        """4.57's name of :meth:`get_max_length`."""
         return -1
 
     def offload(self) -> None:
