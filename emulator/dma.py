@@ -92,6 +92,21 @@ class Descriptor:
         object.__setattr__(self, "_window", window)
         return window
 
+    def c_descriptor(self) -> Any:
+        """The C core's ``cxl_desc`` for this descriptor, built once (it pins the window)."""
+        cached = self.__dict__.get("_cdesc")
+        if cached is not None:
+            return cached
+        from emulator.timing._cimpl import ffi
+
+        window = self.window()
+        host = ffi.from_buffer("uint8_t[]", window, require_writable=self.direction is Direction.READ)
+        cdesc = ffi.new("cxl_desc *", {"dir": 0 if self.direction is Direction.READ else 1,
+                                       "dpa": self.dpa, "host": host, "len": self.length})
+        object.__setattr__(self, "_cdesc", cdesc)
+        object.__setattr__(self, "_chost", host)  # keeps the pointer in cdesc valid
+        return cdesc
+
 
 class DmaHandle:
     """One submission: poll ``done()``, block in ``wait()``, or add a callback.
@@ -165,6 +180,9 @@ class DmaHandle:
 
 _STOP = object()
 INLINE_BYTES = 64 << 10
+#: From this many descriptors a submission goes to the C core in one call; below it, setting
+#: up the call's arrays costs more than issuing each descriptor from Python.
+BATCH_MIN = 4
 
 
 class DmaEngine:
@@ -290,6 +308,8 @@ class DmaEngine:
         handle._complete(results)
 
     def _run(self, descs: list[Descriptor]) -> list[int | DmaError]:
+        if self.datapath.impl == "c" and len(descs) >= BATCH_MIN:
+            return self._run_c(descs)
         results: list[int | DmaError] = []
         latest = 0
         for i, d in enumerate(descs):
@@ -299,6 +319,34 @@ class DmaEngine:
                 results.append(done)
             except DmaError as exc:
                 results.append(DmaError(i, exc.reason))
+        self.datapath.wait_until(latest)
+        return results
+
+    def _run_c(self, descs: list[Descriptor]) -> list[int | DmaError]:
+        """The whole list in one call to the C core (``cxl_issue_batch``): per descriptor only
+        its cached ``cxl_desc`` is touched from Python."""
+        results: list[int | DmaError] = [0] * len(descs)
+        cdescs, index = [], []
+        for i, d in enumerate(descs):
+            try:
+                cdescs.append(d.c_descriptor())
+                index.append(i)
+            except DmaError as exc:
+                results[i] = DmaError(i, exc.reason)
+        if not cdescs:
+            return results
+        codes, errs = self.datapath.issue_batch(cdescs)
+        latest = 0
+        for j, i in enumerate(index):
+            rc = codes[j]
+            if rc >= 0:
+                results[i] = rc
+                latest = max(latest, rc)
+            else:
+                d = descs[i]
+                what = "read" if d.direction is Direction.READ else "write"
+                error = self.datapath.error_for(rc, what, d.dpa, d.length, errs[j])
+                results[i] = DmaError(i, str(error))
         self.datapath.wait_until(latest)
         return results
 

@@ -126,12 +126,17 @@ class DataPath:
     def _check(self, rc: int, what: str, dpa: int, n: int) -> int:
         if rc >= 0:
             return rc
+        raise self.error_for(rc, what, dpa, n, self._core.err_dpa)
+
+    def error_for(self, rc: int, what: str, dpa: int, n: int, err_dpa: int) -> Exception:
+        """The exception a core's error code stands for (PoisonError, or ValueError naming the
+        bound), so every path words its errors alike."""
         if rc == E_POISON:
-            raise PoisonError(self._core.err_dpa)
+            return PoisonError(err_dpa)
         if rc == E_RANGE:
-            raise ValueError(f"{what} of {n} B at DPA {dpa:#x} runs past the end of the media "
-                             f"({self.size:#x} B): the last byte must be below {self.size:#x}")
-        raise RuntimeError(f"data path returned unknown code {rc}")
+            return ValueError(f"{what} of {n} B at DPA {dpa:#x} runs past the end of the media "
+                              f"({self.size:#x} B): the last byte must be below {self.size:#x}")
+        return RuntimeError(f"data path returned unknown code {rc}")
 
     @staticmethod
     def _dpa(dpa: Any, what: str) -> int:
@@ -200,6 +205,20 @@ class DataPath:
             bad = src_dpa if src_dpa + n > self.size else dst_dpa
             return self._check(rc, "copy", bad, n)
         return self._check(rc, "copy", src_dpa, n)
+
+    def issue_batch(self, cdescs: list[Any]) -> tuple[list[int], list[int]]:
+        """C core only: issue ``cxl_desc *`` elements in order without waiting (the DMA
+        engine's path); returns each one's completion time or error code, and the poisoned
+        DPA for those that hit poison.  The caller waits for the latest completion."""
+        if self.impl != "c":
+            raise RuntimeError("issue_batch needs the C data path")
+        from emulator.timing._cimpl import ffi, lib
+
+        n = len(cdescs)
+        results, errs = ffi.new("int64_t[]", n), ffi.new("uint64_t[]", n)
+        lib.cxl_issue_batch(self._core.dp, ffi.new("cxl_desc *[]", cdescs), n, self._now(),
+                            results, errs)
+        return list(results), list(errs)
 
     def read_untimed(self, dpa: int, out: Any) -> None:
         """Fill ``out`` without timing or accounting (setup, inspection); poison still fails."""

@@ -423,6 +423,27 @@ int64_t cxl_write_untimed(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, ui
     return rc;
 }
 
+/* Issue a scatter-gather list in order without waiting (the DMA engine waits once, for the
+ * latest completion): results[i] is descriptor i's completion time or its error code
+ * (err_dpas[i] the poisoned line's DPA).  Returns the latest completion, 0 if none. */
+int64_t cxl_issue_batch(const cxl_dp *dp, cxl_desc *const *descs, uint64_t n, int64_t now,
+                        int64_t *results, uint64_t *err_dpas)
+{
+    int64_t latest = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        const cxl_desc *d = descs[i];
+        uint64_t err = 0;
+        int64_t rc = d->dir == CXL_DIR_READ
+                         ? cxl_read(dp, d->dpa, d->host, d->len, now, 0, &err)
+                         : cxl_write(dp, d->dpa, d->host, d->len, now, 0, &err);
+        results[i] = rc;
+        err_dpas[i] = err;
+        if (rc > latest)
+            latest = rc;
+    }
+    return latest;
+}
+
 /* MLC-style dependent chase: each hop reads the u64 at dpa (through the timed path when
  * timed != 0; otherwise through the same path with timing off, the local baseline an
  * untimed device would give) and jumps to it.  While per-hop samples are taken (the first

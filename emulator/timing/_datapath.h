@@ -37,6 +37,14 @@ typedef struct {
     int untimed;             /* all of lat_ns and fs_per_byte are 0: count, never read the clock */
 } cxl_dp;
 
+/* One scatter-gather element for cxl_issue_batch (the DMA engine's C path). */
+typedef struct {
+    int32_t dir;             /* CXL_DIR_READ: media -> host; CXL_DIR_WRITE: host -> media */
+    uint64_t dpa;
+    uint8_t *host;
+    uint64_t len;
+} cxl_desc;
+
 int64_t cxl_now(void);
 int cxl_tsc_calibrate(int64_t window_ns);
 double cxl_ticks_per_ns(void);
@@ -53,6 +61,8 @@ int64_t cxl_read_untimed(const cxl_dp *dp, uint64_t dpa, uint8_t *out, uint64_t 
                          uint64_t *err_dpa);
 int64_t cxl_write_untimed(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, uint64_t n,
                           uint64_t *err_dpa);
+int64_t cxl_issue_batch(const cxl_dp *dp, cxl_desc *const *descs, uint64_t n, int64_t now,
+                        int64_t *results, uint64_t *err_dpas);
 int64_t cxl_chase(const cxl_dp *dp, uint64_t dpa, uint64_t hops, int timed_hops,
                   int64_t *samples, uint64_t nsamples, uint64_t *end_dpa);
 #endif
