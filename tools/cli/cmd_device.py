@@ -70,17 +70,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from emulator.spec.errors import ConfigError
 
     config = build_config(args)
-    try:
-        served = Served(config, keep=True)
-    except ConfigError as exc:
-        raise CliError(str(exc)) from None
-    if served.numa_notice:
-        print(f"cxlemu: {served.numa_notice}", file=sys.stderr)
     exporter = None
     if args.metrics_port is not None:
         from tools.exporter import start_exporter
 
-        exporter = start_exporter([config.name], "127.0.0.1", args.metrics_port)
+        try:
+            exporter = start_exporter([config.name], "127.0.0.1", args.metrics_port)
+        except OSError as exc:
+            raise CliError(f"cannot serve metrics on 127.0.0.1:{args.metrics_port}: {exc.strerror or exc}") from None
+    try:
+        served = Served(config, keep=True)
+    except ConfigError as exc:
+        if exporter is not None:
+            exporter.shutdown()
+        raise CliError(str(exc)) from None
+    if served.numa_notice:
+        print(f"cxlemu: {served.numa_notice}", file=sys.stderr)
 
     def stop(signum: int, frame: object) -> None:
         served.runner.stop()
