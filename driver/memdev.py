@@ -21,6 +21,7 @@ from driver._cmd_generic import GenericCommands
 from driver._cmd_memdev import MemdevCommands
 from driver._cmd_poison import PoisonCommands
 from driver.mailbox import MBOX_TIMEOUT_S, MailboxClient
+from emulator.chmu_feed import AccessFeed
 from emulator.device import DeviceFiles, firmware_pid
 from emulator.regfile import RegisterFile, find_capabilities
 from emulator.spec import registers as R
@@ -40,6 +41,7 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
         self.media = np.frombuffer(files.media, dtype=np.uint8)
         self._poison = np.frombuffer(files.poison, dtype=np.uint8)
         self.datapath = DataPath.for_device(files)
+        self.access_feed = AccessFeed(files.bar, files.path / "chmu.lock")  # what the CHMU counts
         regs = RegisterFile(files.bar)
         super().__init__(regs, files.path / "mbox.lock", files.name, timeout_s=timeout_s,
                          alive=lambda: firmware_pid(files.name) is not None)
@@ -81,15 +83,20 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
             raise ValueError(f"size must be an int >= 0, got {size!r}")
         out = bytearray(size)
         self.datapath.read(dpa, out)
+        self.access_feed.note(dpa, size, False)
         return bytes(out)
 
     def read_into(self, dpa: int, out: Any) -> int:
         """Timed read filling `out` (bytearray, numpy array, CPU tensor); returns completion ns."""
-        return self.datapath.read(dpa, out)
+        done = self.datapath.read(dpa, out)
+        self.access_feed.note(dpa, _nbytes(out), False)
+        return done
 
     def write(self, dpa: int, data: Any) -> int:
         """Timed write of a bytes-like / numpy / CPU tensor at `dpa`; returns completion ns."""
-        return self.datapath.write(dpa, data)
+        done = self.datapath.write(dpa, data)
+        self.access_feed.note(dpa, _nbytes(data), True)
+        return done
 
     def read_untimed(self, dpa: int, size: int) -> bytes:
         """Read without the link's cost (setup, inspection); poison still fails the read."""
@@ -110,6 +117,7 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
         return None if hit.size == 0 else (first + int(hit[0])) * 64
 
     def close(self) -> None:
+        self.access_feed.close()
         self.close_mailbox()
         self.media = np.zeros(0, np.uint8)
         self._poison = np.zeros(0, np.uint8)
@@ -124,3 +132,9 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
 
     def __repr__(self) -> str:
         return f"MemDev({self.name!r}, capacity={self.config.capacity:#x})"
+
+
+def _nbytes(buf: Any) -> int:
+    """Size of a bytes-like, numpy array or torch tensor without copying it."""
+    n = getattr(buf, "nbytes", None)
+    return int(n) if n is not None else memoryview(buf).nbytes

@@ -61,6 +61,10 @@ class Firmware:
 
         self.hdm = component.attach(self)
         self.chmu = chmu.attach(self)
+        from emulator.chmu_feed import FeedDrain
+
+        self.access_feed = FeedDrain(files.bar, self.chmu)
+        self.services.append(self.access_feed.service)
         import emulator.commands
 
         emulator.commands.attach_all(self)

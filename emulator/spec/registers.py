@@ -149,3 +149,8 @@ DEVICE_CAPABILITIES: tuple[tuple[int, int, int, int], ...] = (
     (CAP_ID_PRIMARY_MAILBOX, 1, MAILBOX_OFFSET, MAILBOX_LENGTH),
     (CAP_ID_MEMDEV_STATUS, 1, MEMDEV_STATUS_OFFSET, MEMDEV_STATUS_LENGTH),
 )
+
+# Within the CHMU block, past the instance's registers and hotlist: the ring through which hosts
+# feed their accesses to the CHMU (emulator/chmu_feed.py).
+ACCESS_FEED_OFFSET = CHMU_OFFSET + 0x8000
+ACCESS_FEED_SIZE = 0x8000
