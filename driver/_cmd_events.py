@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from driver._cmd_base import CommandMixin
 from emulator.spec.opcodes import Opcode
 from emulator.spec.payloads_events import (
     CLEAR_EVENT_RECORDS,
@@ -108,11 +109,9 @@ def decode_record(log: str, raw: bytes) -> EventRecord:
                        flags & SEVERITY_MASK, flags, h["maint_op_class"], fields, bytes(raw))
 
 
-class EventCommands:
+class EventCommands(CommandMixin):
     """Mixin: needs `call(opcode, payload) -> bytes` (MailboxClient)."""
 
-    def call(self, opcode: int, payload: bytes = b"", **kw: Any) -> bytes:  # provided by MailboxClient
-        raise NotImplementedError
 
     def get_event_records(self, log: str | int) -> EventBatch:
         """Get Event Records: the oldest records of one log (as many as fit), not removed."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from driver._cmd_base import CommandMixin
 from emulator.spec import payloads_fw as F
 from emulator.spec.errors import MailboxError
 from emulator.spec.opcodes import Opcode
@@ -35,16 +36,8 @@ def transfer_payload(action: int, slot: int, offset: int, data: bytes = b"") -> 
     return F.TRANSFER_FW.pack(action=action, slot=slot, offset=offset // F.FW_XFER_ALIGN) + bytes(data)
 
 
-class FwCommands:
+class FwCommands(CommandMixin):
     """Mixin: needs `send` and `call` (MailboxClient)."""
-
-    def call(self, opcode: int, payload: bytes = b"", *,
-             progress: Callable[[int], None] | None = None) -> bytes:  # provided by MailboxClient
-        raise NotImplementedError
-
-    def send(self, opcode: int, payload: bytes = b"", *, wait_background: bool = False,
-             progress: Callable[[int], None] | None = None) -> tuple[int, bytes]:  # provided by MailboxClient
-        raise NotImplementedError
 
     def fw_info(self) -> FwInfo:
         out = self.call(Opcode.GET_FW_INFO)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from driver._cmd_base import CommandMixin
 from emulator.spec.opcodes import Opcode
 from emulator.spec.payloads import BG_OP_STATUS, IDENTIFY
 
@@ -26,11 +27,9 @@ class BackgroundStatus:
     retcode: int
 
 
-class GenericCommands:
+class GenericCommands(CommandMixin):
     """Mixin: needs `call(opcode, payload) -> bytes` (MailboxClient)."""
 
-    def call(self, opcode: int, payload: bytes = b"", **kw: object) -> bytes:  # provided by MailboxClient
-        raise NotImplementedError
 
     def identify(self) -> Identify:
         return Identify(**IDENTIFY.unpack(self.call(Opcode.IDENTIFY)))

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from driver._cmd_base import CommandMixin
 from emulator.spec import payloads_memdev as P
 from emulator.spec.layout import Layout
 from emulator.spec.opcodes import Opcode
@@ -113,12 +114,9 @@ def _decode(layout: Layout, out: bytes) -> dict[str, Any]:
     return layout.unpack(out)
 
 
-class MemdevCommands:
+class MemdevCommands(CommandMixin):
     """Mixin: needs `call(opcode, payload) -> bytes` (MailboxClient)."""
 
-    def call(self, opcode: int, payload: bytes = b"", *,
-             progress: Callable[[int], None] | None = None) -> bytes:  # provided by MailboxClient
-        raise NotImplementedError
 
     def identify_memdev(self) -> MemdevIdentity:
         d = _decode(P.IDENTIFY_MEMDEV, self.call(Opcode.IDENTIFY_MEMORY_DEVICE))

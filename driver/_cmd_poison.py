@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from driver._cmd_base import CommandMixin
 from emulator.spec.opcodes import Opcode
 from emulator.spec.payloads_poison import (
     CLEAR_POISON,
@@ -85,13 +86,11 @@ def decode_media_errors(buf: bytes, offset: int, count: int) -> list[MediaError]
     return out
 
 
-class PoisonCommands:
+class PoisonCommands(CommandMixin):
     """Mixin: needs `call(opcode, payload, progress=) -> bytes` and `config.capacity`."""
 
     config: Any
 
-    def call(self, opcode: int, payload: bytes = b"", **kw: Any) -> bytes:  # provided by MailboxClient
-        raise NotImplementedError
 
     def _dpa_range(self, dpa: int, length: int | None) -> tuple[int, int]:
         """Validate [dpa, dpa+length) (length None: to the end); returns (dpa, 64-B units)."""

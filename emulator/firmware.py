@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,14 @@ from emulator.mailbox import dispatch
 from emulator.regfile import RegisterFile, init_device_registers
 from emulator.spec import registers as R
 from emulator.spec.retcodes import RetCode
+
+if TYPE_CHECKING:
+    from emulator.commands.event_policy import EventInterruptPolicy
+    from emulator.commands.scan import ScanState
+    from emulator.events import EventLogs
+    from emulator.fwslots import FwSlots
+    from emulator.health import HealthState
+    from emulator.poison import PoisonList
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +46,14 @@ ABORT_LIMIT_PERCENT = 85
 class Firmware:
     """Device state the command handlers act on. Command groups attach their own state objects
     (events, poison, fw slots, ...) through `attach(fw)` hooks in `emulator.commands`."""
+
+    # attached by the command groups (emulator/commands/*.py `attach`)
+    events: "EventLogs"
+    poison: "PoisonList"
+    health: "HealthState"
+    fwslots: "FwSlots"
+    event_policy: "EventInterruptPolicy"
+    scan_media: "ScanState"
 
     def __init__(self, files: DeviceFiles) -> None:
         self.files = files
