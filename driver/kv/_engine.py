@@ -9,7 +9,8 @@ Per ``update(layer, k, v)`` (one attention layer of one forward)::
 
 Eviction is the firmware model's: an ``EvictionPolicy`` from ``firmware_model.policies``, keyed
 by layer, orders the resident frames; the engine prefetches the layers the decode loop visits
-next (``prefetch_depth`` ahead), protecting them and the computing layer from eviction. A frame
+next (``prefetch_depth`` ahead; ``"auto"``: the firmware model's prefetch window for the link's
+timing and the measured compute per layer), protecting them and the computing layer. A frame
 leaves by writing back only its dirty blocks (the tokens appended since its last save); a load
 reads each distinct device chunk once, straight into the frame on CPU. Faults: a failed load is
 retried, then the chunks still unreadable are recomputed from the tokens and rewritten, so no
@@ -38,6 +39,18 @@ from firmware_model.policies import NoVictimError, make_policy
 __all__ = ["KVLoadError", "ResidencyEngine"]
 
 Recompute = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _transfer_cost(store: BlockStore) -> Any:
+    """The firmware model's cost of the store's link (None for an untimed store)."""
+    timing = getattr(store, "timing", None)
+    if timing is None or timing.untimed:
+        return None
+    from firmware_model.dma import TransferCost
+
+    return TransferCost(read_latency_ns=timing.read_latency_ns, write_latency_ns=timing.write_latency_ns,
+                        read_bandwidth_gbps=timing.read_bandwidth_gbps,
+                        write_bandwidth_gbps=timing.write_bandwidth_gbps, time_scale=timing.time_scale)
 
 
 class KVLoadError(CxlemuError):
@@ -91,7 +104,7 @@ class ResidencyEngine(ChunkIO):
                 "evictions", "prefetch_wasted", "tokens_generated")
 
     def __init__(self, *, budget: int, policy: str, block_tokens: int, store: BlockStore,
-                 device: torch.device, dtype: torch.dtype, prefetch_depth: int = 1,
+                 device: torch.device, dtype: torch.dtype, prefetch_depth: int | str = "auto",
                  max_retries: int = 2, prefix_sharing: bool = True, max_seq_len: int | None = None,
                  recompute: Recompute | None = None, full_writeback: bool = False) -> None:
         make_policy(policy, 1)  # fail fast on an unknown policy name, naming the known ones
@@ -116,6 +129,9 @@ class ResidencyEngine(ChunkIO):
         self._tick = 0
         self._num_layers = 0
         self._init_chunkio()
+        self._cost = _transfer_cost(store)
+        self._layer_ns = 0.0
+        self._last_layer, self._last_ns, self._last_stall = -1, 0, 0
 
     # ---------------------------------------------------------------- the path attention takes
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,6 +143,7 @@ class ResidencyEngine(ChunkIO):
         while len(self.layers) <= layer:
             self.layers.append(_Layer(len(self.layers), LayerChunks(lay.batch, lay.pieces)))
         self._num_layers = max(self._num_layers, layer + 1)
+        self._time_layer(layer, k.shape[-2])
         self._poll()
         st = self.layers[layer]
         new_len = st.seq_len + k.shape[-2]
@@ -188,10 +205,32 @@ class ResidencyEngine(ChunkIO):
         return st.frame
 
     # ------------------------------------------------------------------------- prefetch hints
+    def _depth(self) -> int:
+        """Layers to load ahead: fixed, or (``"auto"``) the firmware model's prefetch window —
+        just enough layers of compute to hide one layer's transfer (``window_points``), from the
+        link's timing and the measured compute time per layer."""
+        if self.prefetch_depth != "auto":
+            return int(self.prefetch_depth)
+        if self._cost is None or self._layer_ns <= 0 or self.layout is None:
+            return 1
+        from firmware_model.prefetch import window_points
+
+        layer_bytes = self.layout.frame_bytes(self.layers[0].seq_len if self.layers else 1)
+        return window_points(self._cost, layer_bytes, self._layer_ns, max_window=self._num_layers)
+
     def _upcoming(self, layer: int) -> list[int]:
         n = self._num_layers
-        depth = min(self.prefetch_depth, self.arena.max_frames - 1, n - 1)
+        depth = min(self._depth(), self.arena.max_frames - 1, n - 1)
         return [(layer + i) % n for i in range(1, depth + 1)]
+
+    def _time_layer(self, layer: int, tokens: int) -> None:
+        """Keep a moving average of decode compute time per layer: update to update, less the
+        time this shim stalled in between (a stall is not compute it can hide transfers in)."""
+        now, stalled = time.perf_counter_ns(), self.counters["stall_ns"]
+        if tokens == 1 and layer == self._last_layer + 1 and self._last_ns:
+            dt = max(1, now - self._last_ns - (stalled - self._last_stall))
+            self._layer_ns = dt if self._layer_ns <= 0 else 0.8 * self._layer_ns + 0.2 * dt
+        self._last_layer, self._last_ns, self._last_stall = layer, now, stalled
 
     def _prefetch_after(self, layer: int) -> None:
         """The firmware's hint: layers ``layer+1 ..`` run next; load the absent ones now."""

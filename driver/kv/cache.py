@@ -97,7 +97,7 @@ class CxlCache(Cache):
     """
 
     def __init__(self, hbm_budget_bytes: int, policy: str = "reuse", block_tokens: int = 16,
-                 device: str | None = None, *, prefetch_depth: int = 1, model: torch.nn.Module | None = None,
+                 device: str | None = None, *, prefetch_depth: int | str = "auto", model: torch.nn.Module | None = None,
                  store: BlockStore | None = None, max_seq_len: int | None = None,
                  prefix_sharing: bool = True, max_retries: int = 2,
                  device_capacity: int = DEFAULT_DEVICE_CAPACITY, full_writeback: bool = False) -> None:
@@ -106,8 +106,8 @@ class CxlCache(Cache):
             raise ConfigError(f"hbm_budget_bytes must be a positive int, got {hbm_budget_bytes!r}")
         if block_tokens < 1:
             raise ConfigError(f"block_tokens must be >= 1, got {block_tokens}")
-        if prefetch_depth < 0:
-            raise ConfigError(f"prefetch_depth must be >= 0, got {prefetch_depth}")
+        if prefetch_depth != "auto" and (not isinstance(prefetch_depth, int) or prefetch_depth < 0):
+            raise ConfigError(f"prefetch_depth must be an int >= 0 or 'auto', got {prefetch_depth!r}")
         from firmware_model.policies import make_policy
         make_policy(policy, 1)  # unknown names fail here, naming the known ones
         self._kw = dict(budget=hbm_budget_bytes, policy=policy, block_tokens=block_tokens,
