@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from emulator.spec.errors import DmaError, PoisonError
-from emulator.timing import DataPath, host_view
+from emulator.timing import DataPath, HostBuffer, host_view
 
 __all__ = ["Descriptor", "Direction", "DmaEngine", "DmaHandle"]
 
@@ -91,6 +91,17 @@ class Descriptor:
         window = view[self.host_offset:end]
         object.__setattr__(self, "_window", window)
         return window
+
+    def registered(self) -> HostBuffer:
+        """The window registered with the C core (one pointer conversion per descriptor's
+        life rather than per transfer); the plain window on the Python twin's side."""
+        cached = self.__dict__.get("_registered")
+        if cached is None:
+            self.c_descriptor()
+            cached = HostBuffer(self.window(), self.__dict__["_chost"], self.length,
+                                self.direction is Direction.READ)
+            object.__setattr__(self, "_registered", cached)
+        return cached
 
     def c_descriptor(self) -> Any:
         """The C core's ``cxl_desc`` for this descriptor, built once (it pins the window)."""
@@ -212,6 +223,7 @@ class DmaEngine:
         self._busy = [0] * channels
         self._issuing = [threading.Lock() for _ in range(channels)]
         self._inline_ok = datapath.config.untimed or datapath.clock is not None
+        self._c = datapath.impl == "c"
         self._threads = [threading.Thread(target=self._channel_loop, args=(k,), daemon=True,
                                           name=f"cxlemu-dma-{k}") for k in range(channels)]
         for t in self._threads:
@@ -229,9 +241,12 @@ class DmaEngine:
         """Queue a scatter-gather list; returns at once unless the channel's submission
         queue is full (then it blocks up to ``timeout`` s and raises ``TimeoutError``)."""
         descs = list(descriptors)
-        for i, d in enumerate(descs):
+        total = 0
+        for d in descs:
             if d.__class__ is not Descriptor:
+                i = descs.index(d)
                 raise TypeError(f"descriptor {i} must be an emulator.dma.Descriptor, got {type(d).__name__}")
+            total += d.length
         if channel is not None and not (isinstance(channel, int) and 0 <= channel < self.channels):
             raise ValueError(f"channel must be an int from 0 to {self.channels - 1}, got {channel!r}")
         with self._submit_lock:
@@ -239,8 +254,7 @@ class DmaEngine:
                 raise RuntimeError("DmaEngine is closed")
             k = next(self._rr) % self.channels if channel is None else channel
             handle = DmaHandle(next(self._ids), k, len(descs))
-            inline = (self._inline_ok and self._busy[k] == 0
-                      and sum(d.length for d in descs) <= INLINE_BYTES)
+            inline = self._inline_ok and self._busy[k] == 0 and total <= INLINE_BYTES
             self._busy[k] += 1
         if inline:
             with self._issuing[k]:
@@ -315,11 +329,13 @@ class DmaEngine:
         for i, d in enumerate(descs):
             try:
                 done = self._issue(d)
-                latest = max(latest, done)
-                results.append(done)
             except DmaError as exc:
                 results.append(DmaError(i, exc.reason))
-        self.datapath.wait_until(latest)
+                continue
+            latest = max(latest, done)
+            results.append(done)
+        if latest:
+            self.datapath.wait_until(latest)
         return results
 
     def _run_c(self, descs: list[Descriptor]) -> list[int | DmaError]:
@@ -353,7 +369,7 @@ class DmaEngine:
     def _issue(self, d: Descriptor) -> int:
         """Start one descriptor's transfer; DmaError(reason) for anything that would copy a
         byte outside the device or the host buffer, or return poison."""
-        window = d.window()
+        window = d.registered() if self._c else d.window()
         try:
             if d.direction is Direction.READ:
                 return self.datapath.read(d.dpa, window, wait=False)
