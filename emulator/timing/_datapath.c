@@ -13,11 +13,17 @@
  * compare-and-swap; counters with atomic adds.  The pure-Python twin (_pyimpl.py)
  * implements the same arithmetic; tests compare the two on a simulated clock.
  *
- * Real time (now < 0): the caller waits, spinning (GIL released by cffi), until
+ * Real time (now < 0): the caller waits, spinning on the TSC (GIL released by cffi), until
  *     max(t_copied + lat, start + occ + lat) - dp->comp_ns[path]
  * i.e. the configured latency is *added* to the emulator's own copy (a local access),
- * never overlapped with it, and the emulator's fixed bookkeeping cost (clock reads,
- * CAS, spin exit), measured once per process by calibration, is deducted.
+ * never overlapped with it, and the emulator's fixed bookkeeping cost (TSC reading, CAS,
+ * counters, spin exit), measured once per process by calibration, is deducted.
+ *
+ *     transfers <= 4 KiB  short_transfer(): copy, one fenced TSC reading (= request time),
+ *                         reserve, count, spin            (one clock access on the path)
+ *     longer ones         timed(): stamp, reserve, copy (overlapping the link time),
+ *                         count, spin until link done + lat
+ *     simulated time      timed() with now >= 0: nothing waits; same arithmetic as the twin
  */
 #include <stdint.h>
 #include <string.h>
