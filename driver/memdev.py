@@ -121,7 +121,7 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
         self.close_mailbox()
         self.media = np.zeros(0, np.uint8)
         self._poison = np.zeros(0, np.uint8)
-        self.datapath = None  # type: ignore[assignment]  # drops its views of the mmaps
+        self.datapath.close()  # releases its views of the mmaps before they are unmapped
         self.files.close()
 
     def __enter__(self) -> "MemDev":

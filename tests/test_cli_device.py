@@ -89,6 +89,8 @@ def test_raw_device_error_names_the_code(served_subprocess) -> None:
     (("serve", "--name", "x", "--capacity", "100M"), "multiple of 256 MiB"),
     (("serve", "--name", "x", "--transaction-bytes", "100"), "power of two"),
     (("serve", "--name", "x", "--read-latency-ns", "-5"), "must be >= 0"),
+    (("serve", "--name", "x", "--bandwidth-gbps", "0"), "unthrottled link"),
+    (("serve", "--name", "x", "--preset", "nope"), "unknown preset 'nope'"),
     (("raw", "nosuchdev", "0x10000"), "out of range"),
     (("raw", "nosuchdev", "zz"), "malformed opcode"),
     (("raw", "nosuchdev", "0x4000", "--payload", "abc"), "malformed hex"),

@@ -198,7 +198,8 @@ def test_negative_dpa_and_bad_buffers_are_refused(impl):
 # -- configuration --------------------------------------------------------------------------
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"read_latency_ns": -1}, "read_latency_ns must be >= 0"),
-    ({"write_bandwidth_gbps": -2}, "write_bandwidth_gbps must be > 0"),
+    ({"write_bandwidth_gbps": -2}, "write_bandwidth_gbps must be at least 0.001 GB/s"),
+    ({"read_bandwidth_gbps": 0}, "leave it unset \\(None\\) for an unthrottled link"),
     ({"read_bandwidth_gbps": 1e-6}, "at least 0.001 GB/s"),
     ({"transaction_bytes": 96}, "power of two from 64 to 4096"),
     ({"transaction_bytes": 8192}, "power of two from 64 to 4096"),
@@ -239,8 +240,8 @@ _ops = st.lists(st.tuples(
 _cfgs = st.builds(TimingConfig,
                   read_latency_ns=st.sampled_from([0, 1, 150, 999.6]),
                   write_latency_ns=st.sampled_from([0, 250, 31.4]),
-                  read_bandwidth_gbps=st.sampled_from([0, 0.7, 16, 64]),
-                  write_bandwidth_gbps=st.sampled_from([0, 3, 16]),
+                  read_bandwidth_gbps=st.sampled_from([None, 0.7, 16, 64]),
+                  write_bandwidth_gbps=st.sampled_from([None, 3, 16]),
                   transaction_bytes=st.sampled_from([64, 256, 4096]),
                   time_scale=st.sampled_from([1, 0.5, 3.3]))
 

@@ -35,30 +35,32 @@ class TimingConfig:
     ``max(now, link_free[d]) + latency_d + charged / bandwidth_d`` (all times multiplied by
     ``time_scale``); the link is then busy until ``max(now, link_free[d]) + charged / bandwidth_d``,
     so latency pipelines and bandwidth is shared. Latencies are *added* to what the emulator's
-    own access costs (local DRAM). ``bandwidth_gbps == 0`` means unthrottled; latencies of 0 add
-    nothing.
+    own access costs (local DRAM). A bandwidth of ``None`` means unthrottled (zero bandwidth is a
+    configuration error: nothing would ever arrive); latencies of 0 add nothing.
     """
 
     read_latency_ns: float = 0.0
     write_latency_ns: float = 0.0
-    read_bandwidth_gbps: float = 0.0  # GB/s (1e9 B/s); 0 = unthrottled
-    write_bandwidth_gbps: float = 0.0
+    read_bandwidth_gbps: float | None = None  # GB/s (1e9 B/s); None = unthrottled
+    write_bandwidth_gbps: float | None = None
     transaction_bytes: int = 64
     time_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if value is None and f.name.endswith("bandwidth_gbps"):
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"{f.name} must be a finite number, got {value!r}")
         for name in ("read_latency_ns", "write_latency_ns"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 ns, got {getattr(self, name)}")
         for name in ("read_bandwidth_gbps", "write_bandwidth_gbps"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be > 0 GB/s (or 0 for unthrottled), got {getattr(self, name)}")
-            if 0 < getattr(self, name) < 1e-3:
-                raise ConfigError(f"{name} must be at least 0.001 GB/s (1 MB/s), got {getattr(self, name)}")
+            bw = getattr(self, name)
+            if bw is not None and bw < 1e-3:
+                raise ConfigError(f"{name} must be at least 0.001 GB/s (1 MB/s), got {bw}; "
+                                  "leave it unset (None) for an unthrottled link")
         tb = self.transaction_bytes
         if not isinstance(tb, int) or not (64 <= tb <= 4096) or tb & (tb - 1):
             raise ConfigError(f"transaction_bytes must be a power of two from 64 to 4096, got {tb}")
@@ -68,14 +70,14 @@ class TimingConfig:
     @property
     def untimed(self) -> bool:
         return (self.read_latency_ns == 0 and self.write_latency_ns == 0
-                and self.read_bandwidth_gbps == 0 and self.write_bandwidth_gbps == 0)
+                and self.read_bandwidth_gbps is None and self.write_bandwidth_gbps is None)
 
     def link_params(self) -> LinkParams:
         """Integer parameters (ns, femtoseconds per byte), time scale applied."""
         k = self.time_scale
 
-        def fs(gbps: float) -> int:
-            return round(_FS_PER_BYTE_AT_1GBPS * k / gbps) if gbps else 0
+        def fs(gbps: float | None) -> int:
+            return 0 if gbps is None else round(_FS_PER_BYTE_AT_1GBPS * k / gbps)
 
         return LinkParams(
             lat_ns=(round(self.read_latency_ns * k), round(self.write_latency_ns * k)),

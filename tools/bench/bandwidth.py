@@ -44,7 +44,8 @@ class BandwidthResult:
 def configured_gbps(dp: DataPath, mode: str) -> float:
     """Model throughput (GB/s) for the mode, time scale applied; 0 if a direction is unthrottled."""
     t = dp.config
-    r, w = t.read_bandwidth_gbps / t.time_scale, t.write_bandwidth_gbps / t.time_scale
+    r = (t.read_bandwidth_gbps or 0.0) / t.time_scale
+    w = (t.write_bandwidth_gbps or 0.0) / t.time_scale
     if mode == "read":
         return r
     if mode == "write":

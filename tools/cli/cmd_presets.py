@@ -19,7 +19,7 @@ def record(preset: Any) -> dict[str, Any]:
             "note": preset.note, "derived_from": preset.derived_from, "timing": preset.timing.to_dict()}
 
 
-def _bw(gbps: float) -> str:
+def _bw(gbps: float | None) -> str:
     return f"{gbps:g}" if gbps else "unthrottled"
 
 
