@@ -114,3 +114,27 @@ def test_bad_arguments_say_what_to_change() -> None:
         CxlCache(hbm_budget_bytes=1 << 20, policy="belady", store=MemoryBlockStore(1 << 20))
     with pytest.raises(ValueError, match="block_tokens must be >= 1"):
         CxlCache(hbm_budget_bytes=1 << 20, block_tokens=0, store=MemoryBlockStore(1 << 20))
+
+
+@pytest.mark.parametrize("shape", [
+    dict(layers=3, hidden=48, heads=6, kv_heads=6, dtype="float32", block_tokens=7),   # MHA, odd block
+    dict(layers=5, hidden=64, heads=8, kv_heads=1, dtype="bfloat16", block_tokens=16),  # MQA, bf16
+    dict(layers=2, hidden=96, heads=4, kv_heads=2, dtype="float16", block_tokens=1),    # fp16, 1-token blocks
+], ids=["mha-fp32", "mqa-bf16", "gqa-fp16"])
+def test_shapes_the_issue_does_not_name(shape) -> None:
+    """Other head layouts, dtypes and block sizes: same tokens, blocks really loaded from the
+    store, peak accelerator bytes within the budget."""
+    dtype = getattr(torch, shape["dtype"])
+    model = tiny_llama(layers=shape["layers"], hidden=shape["hidden"], heads=shape["heads"],
+                       kv_heads=shape["kv_heads"], dtype=dtype, seed=3)
+    ids, mask = padded_batch([12, 7, 10], seed=4)
+    ref = generate(model, ids, mask, DynamicCache())
+    lay = KVLayout(batch=3, kv_heads=shape["kv_heads"], head_dim=shape["hidden"] // shape["heads"],
+                   itemsize=torch.empty(0, dtype=dtype).element_size(), block_tokens=1)
+    budget = 2 * lay.frame_bytes(ids.shape[1] + NEW - 1) + 100
+    cache = CxlCache(hbm_budget_bytes=budget, block_tokens=shape["block_tokens"], store=MemoryBlockStore(4 << 20))
+    out = generate(model, ids, mask, cache)
+    stats = cache.stats()
+    cache.close()
+    assert torch.equal(out, ref)
+    assert stats["loads"] > 0 and stats["hbm_peak_bytes"] <= budget
