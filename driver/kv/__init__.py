@@ -1,4 +1,16 @@
-"""KV cache offload onto a cxlemu device: the transformers ``CxlCache`` and its parts."""
+"""KV cache offload onto a cxlemu device: the transformers ``CxlCache`` and its parts.
+
+    from driver.kv import CxlCache
+    cache = CxlCache(hbm_budget_bytes=256 << 20, policy="reuse")   # a private device
+    out = model.generate(input_ids, attention_mask=mask, past_key_values=cache)
+    print(cache.stats()); cache.close()
+
+Pieces: ``cache`` (the transformers Cache), ``_engine`` (residency of layer frames: hits,
+prefetch, eviction by the firmware model's policy), ``_chunkio`` (block tables, prefix sharing,
+transfer plans), ``_arena`` (frames within the budget, staging), ``_mover`` (CPU / CUDA copies
+and their ordering), ``_store`` / ``_device_store`` (where chunks live), ``_chunks`` (chunk ids
+on the firmware block pool), ``_recompute`` (lost chunks from the tokens), ``_telemetry``.
+"""
 from driver.kv._chunks import ChunkPool, DeviceFull
 from driver.kv._engine import KVLoadError, ResidencyEngine
 from driver.kv._layout import BudgetTooSmall, KVLayout

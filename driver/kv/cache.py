@@ -91,9 +91,18 @@ class _CxlLayer(CacheLayerMixin):
 class CxlCache(Cache):
     """KV cache on a cxlemu device with an HBM budget; see the module docstring.
 
-    ``device``: None serves a private in-process device (destroyed by :meth:`close`); a name
-    opens that device. ``store``: any ``BlockStore`` instead (tests). ``model``: lets chunks lost
-    to a fault be recomputed from the tokens (recorded by a forward pre-hook).
+    * ``hbm_budget_bytes``: KV bytes allowed on the accelerator, working buffers included; at
+      least two layers of the batch's KV (else ``BudgetTooSmall`` names the minimum).
+    * ``policy``: the firmware model's eviction policy (``firmware_model.policies``).
+    * ``block_tokens``: tokens per device chunk (prefix-sharing and transfer granularity).
+    * ``device``: None serves a private in-process device (stopped by :meth:`close`); a name
+      opens that served device; caches of one process on one device share its chunk pool.
+    * ``prefetch_depth``: layers loaded ahead; ``"auto"`` sizes it from the link and the
+      measured compute per layer (``firmware_model.prefetch.window_points``).
+    * ``model``: records the forward calls so chunks lost to a fault are recomputed from the
+      tokens; without it such a loss raises ``KVLoadError``.
+    * ``max_seq_len``: the final length, if known: frames are sized once (no regrowth).
+    * ``store``: any ``BlockStore`` instead of a device (tests).
     """
 
     def __init__(self, hbm_budget_bytes: int, policy: str = "reuse", block_tokens: int = 16,
