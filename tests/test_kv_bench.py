@@ -15,8 +15,8 @@ def brute_force_opt_misses(layers: int, frames: int, cycles: int = 12) -> float:
         if key in resident:
             continue
         if len(resident) >= frames:
-            def next_use(k: int) -> int:
-                return next((j for j in range(i + 1, len(seq)) if seq[j] == k), len(seq))
+            def next_use(k: int, now: int = i) -> int:
+                return next((j for j in range(now + 1, len(seq)) if seq[j] == k), len(seq))
             resident.remove(max(sorted(resident), key=next_use))
         resident.add(key)
         if i >= layers * (cycles // 2):

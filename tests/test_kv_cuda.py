@@ -10,12 +10,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from transformers import DynamicCache  # noqa: E402
+from transformers import DynamicCache
 
-from driver.kv import CxlCache, KVLayout, MemoryBlockStore  # noqa: E402
-from driver.kv._arena import StagingPool  # noqa: E402
-from driver.kv._mover import CudaMover  # noqa: E402
-from driver.kv.testing import padded_batch, tiny_llama  # noqa: E402
+from driver.kv import CxlCache, KVLayout, MemoryBlockStore
+from driver.kv._arena import StagingPool
+from driver.kv._mover import CudaMover
+from driver.kv.testing import padded_batch, tiny_llama
 
 NEW = 10
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

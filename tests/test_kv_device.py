@@ -7,10 +7,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList  # noqa: E402
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
-from driver.kv import CxlCache, KVLayout, KVLoadError  # noqa: E402
-from driver.kv.testing import padded_batch, tiny_llama  # noqa: E402
+from driver.kv import CxlCache, KVLayout, KVLoadError
+from driver.kv.testing import padded_batch, tiny_llama
 
 NEW = 10
 

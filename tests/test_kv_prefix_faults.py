@@ -6,10 +6,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from transformers import DynamicCache  # noqa: E402
+from transformers import DynamicCache
 
-from driver.kv import CxlCache, FaultInjectingStore, KVLayout, MemoryBlockStore  # noqa: E402
-from driver.kv.testing import padded_batch, tiny_llama  # noqa: E402
+from driver.kv import CxlCache, FaultInjectingStore, KVLayout, MemoryBlockStore
+from driver.kv.testing import padded_batch, tiny_llama
 
 NEW = 8
 LAYERS = 4

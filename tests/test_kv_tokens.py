@@ -7,11 +7,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from transformers import DynamicCache  # noqa: E402
+from transformers import DynamicCache
 
-from driver.kv import BudgetTooSmall, CxlCache, KVLayout, MemoryBlockStore  # noqa: E402
-from driver.kv.testing import padded_batch, tiny_llama  # noqa: E402
-from firmware_model.policies import ONLINE_POLICY_NAMES  # noqa: E402
+from driver.kv import BudgetTooSmall, CxlCache, KVLayout, MemoryBlockStore
+from driver.kv.testing import padded_batch, tiny_llama
+from firmware_model.policies import ONLINE_POLICY_NAMES
 
 NEW = 8
 LAYERS, KV_HEADS, HEAD_DIM = 4, 2, 16

@@ -26,7 +26,7 @@ class ChunkPool:
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
-            raise DeviceFull(f"the device holds no KV chunk: chunk larger than its capacity")
+            raise DeviceFull("the device holds no KV chunk: chunk larger than its capacity")
         self.pool = BlockPool(capacity)
         self.capacity = capacity
 

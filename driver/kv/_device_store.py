@@ -54,7 +54,7 @@ class _DmaTransfer:
     def done(self) -> bool:
         return self.handle.done()
 
-    def add_done_callback(self, fn: "Callable[[], None]") -> None:
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
         """``fn()`` on completion, from the DMA channel thread (or now, if done)."""
         self.handle.add_done_callback(lambda _h: fn())
 

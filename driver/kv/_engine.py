@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,15 +30,13 @@ from driver.kv._arena import Arena, Frame, StagingPool
 from driver.kv._chunkio import ChunkIO, LayerChunks
 from driver.kv._chunks import ChunkPool
 from driver.kv._layout import KVLayout
-from driver.kv._mover import host_bytes, make_mover
+from driver.kv._mover import make_mover
+from driver.kv._recompute import KVLoadError, Recompute, Recovery
 from driver.kv._store import BlockStore, Extent, Transfer
-from emulator.spec.errors import CxlemuError, DmaError, PoisonError
+from emulator.spec.errors import DmaError, PoisonError
 from firmware_model.policies import NoVictimError, make_policy
 
 __all__ = ["KVLoadError", "ResidencyEngine"]
-
-Recompute = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
-
 
 def _transfer_cost(store: BlockStore) -> Any:
     """The firmware model's cost of the store's link (None for an untimed store)."""
@@ -51,10 +48,6 @@ def _transfer_cost(store: BlockStore) -> Any:
     return TransferCost(read_latency_ns=timing.read_latency_ns, write_latency_ns=timing.write_latency_ns,
                         read_bandwidth_gbps=timing.read_bandwidth_gbps,
                         write_bandwidth_gbps=timing.write_bandwidth_gbps, time_scale=timing.time_scale)
-
-
-class KVLoadError(CxlemuError):
-    """A chunk could not be read back after every retry and could not be recomputed."""
 
 
 @dataclass
@@ -95,7 +88,7 @@ class _Layer:
     writes: list[_Write] = field(default_factory=list)
 
 
-class ResidencyEngine(ChunkIO):
+class ResidencyEngine(ChunkIO, Recovery):
     """Layer frames within an HBM budget over a chunk store; see the module docstring."""
 
     COUNTERS = ("loads", "offloads", "hits", "misses", "prefetch_late", "prefetch_issued",
@@ -373,48 +366,6 @@ class ResidencyEngine(ChunkIO):
         st.load = None
         if stall:
             self.counters["stall_ns"] += time.perf_counter_ns() - t0
-
-    def _wait_load(self, st: _Layer, ld: _Load) -> None:
-        """Wait for the read; retry a failure, then recompute what stays unreadable."""
-        while True:
-            try:
-                ld.transfer.wait()
-                return
-            except (DmaError, PoisonError) as exc:
-                if ld.attempts > self.max_retries:
-                    self._recover(st, ld, exc)
-                    return
-                ld.attempts += 1
-                self.counters["load_retries"] += 1
-                ld.transfer = self.store.read(ld.extents, ld.host)
-
-    def _recover(self, st: _Layer, ld: _Load, cause: Exception) -> None:
-        """Read chunk by chunk; recompute the unreadable ones from the tokens and rewrite them."""
-        bad = []
-        for c, (off, n) in ld.firsts.items():
-            try:
-                self.store.read([Extent(c, n, off)], ld.host).wait()
-            except (DmaError, PoisonError):
-                bad.append((c, off, n))
-        if not bad:
-            return
-        if self.recompute is None:
-            raise KVLoadError(f"layer {st.index}: {len(bad)} KV chunk(s) unreadable after "
-                              f"{self.max_retries} retries ({cause}); pass model= to CxlCache so "
-                              "lost chunks can be recomputed from the tokens") from cause
-        keys, values = self.recompute(st.index, ld.seq_len)
-        image = torch.stack([keys, values]).to("cpu", self.dtype).contiguous()
-        for c, off, n in bad:
-            ld.host[off:off + n] = host_bytes(image)[self._image_to_image(off, ld.cap, ld.seq_len):][:n]
-            self.store.scrub(c)  # same bytes back in place: its key and every sharer stay valid
-            self.store.write([Extent(c, n, off)], ld.host).wait()
-        self.counters["recomputed_chunks"] += len(bad)
-
-    def _image_to_image(self, off: int, cap: int, new_cap: int) -> int:
-        """Translate a byte offset in an image of ``cap`` tokens to one of ``new_cap`` tokens."""
-        tb = self.layout.piece_token_bytes  # type: ignore[union-attr]
-        run, token = divmod(off // tb, cap)
-        return (run * new_cap + token) * tb
 
     # ------------------------------------------------------------------------- bookkeeping
     def _poll(self) -> None:

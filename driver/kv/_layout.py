@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from emulator.spec.errors import ConfigError
 
-__all__ = ["KVLayout", "BudgetTooSmall"]
+__all__ = ["BudgetTooSmall", "KVLayout"]
 
 
 class BudgetTooSmall(ConfigError):

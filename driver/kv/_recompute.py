@@ -9,11 +9,22 @@ path, not the fast path.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["ForwardRecorder"]
+from driver.kv._mover import host_bytes
+from driver.kv._store import BlockStore, Extent
+from emulator.spec.errors import CxlemuError, DmaError, PoisonError
+
+__all__ = ["ForwardRecorder", "KVLoadError", "Recovery"]
+
+Recompute = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+class KVLoadError(CxlemuError):
+    """A chunk could not be read back after every retry and could not be recomputed."""
 
 
 class ForwardRecorder:
@@ -60,3 +71,57 @@ class ForwardRecorder:
     def remove(self) -> None:
         self._handle.remove()
         self.calls.clear()
+
+
+class Recovery:
+    """Mixin of ``ResidencyEngine``: retry a failed load, then recompute what stays unreadable."""
+
+    store: BlockStore
+    max_retries: int
+    recompute: Recompute | None
+    counters: dict[str, int]
+    dtype: torch.dtype
+    layout: Any
+
+    def _wait_load(self, st: Any, ld: Any) -> None:
+        """Wait for the read; retry a failure, then recompute what stays unreadable."""
+        while True:
+            try:
+                ld.transfer.wait()
+                return
+            except (DmaError, PoisonError) as exc:
+                if ld.attempts > self.max_retries:
+                    self._recover(st, ld, exc)
+                    return
+                ld.attempts += 1
+                self.counters["load_retries"] += 1
+                ld.transfer = self.store.read(ld.extents, ld.host)
+
+    def _recover(self, st: Any, ld: Any, cause: Exception) -> None:
+        """Read chunk by chunk; recompute the unreadable ones from the tokens and rewrite them."""
+        bad = []
+        for c, (off, n) in ld.firsts.items():
+            try:
+                self.store.read([Extent(c, n, off)], ld.host).wait()
+            except (DmaError, PoisonError):
+                bad.append((c, off, n))
+        if not bad:
+            return
+        if self.recompute is None:
+            raise KVLoadError(f"layer {st.index}: {len(bad)} KV chunk(s) unreadable after "
+                              f"{self.max_retries} retries ({cause}); pass model= to CxlCache so "
+                              "lost chunks can be recomputed from the tokens") from cause
+        keys, values = self.recompute(st.index, ld.seq_len)
+        image = torch.stack([keys, values]).to("cpu", self.dtype).contiguous()
+        for c, off, n in bad:
+            ld.host[off:off + n] = host_bytes(image)[self._image_to_image(off, ld.cap, ld.seq_len):][:n]
+            self.store.scrub(c)  # same bytes back in place: its key and every sharer stay valid
+            self.store.write([Extent(c, n, off)], ld.host).wait()
+        self.counters["recomputed_chunks"] += len(bad)
+
+    def _image_to_image(self, off: int, cap: int, new_cap: int) -> int:
+        """Translate a byte offset in an image of ``cap`` tokens to one of ``new_cap`` tokens."""
+        tb = self.layout.piece_token_bytes  # type: ignore[union-attr]
+        run, token = divmod(off // tb, cap)
+        return (run * new_cap + token) * tb
+

@@ -74,7 +74,7 @@ class BlockStore(Protocol):
     def close(self) -> None: ...
 
 
-def configure_chunks(store: "BlockStore", chunk_bytes: int, region_bytes: int) -> None:
+def configure_chunks(store: BlockStore, chunk_bytes: int, region_bytes: int) -> None:
     """Shared ``configure``: first caller fixes the chunk size and creates the pool."""
     if store.pool is not None:
         if chunk_bytes != store.chunk_bytes:
@@ -100,7 +100,7 @@ class CompletedTransfer:
         if self._error is not None:
             raise self._error
 
-    def add_done_callback(self, fn: "Callable[[], None]") -> None:
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
         fn()
 
 
@@ -147,7 +147,7 @@ class MemoryBlockStore:
 class _DelayedTransfer:
     """Starts the inner read only after ``delay_s``: the bytes really arrive late."""
 
-    def __init__(self, start: "callable[[], Transfer]", delay_s: float) -> None:  # type: ignore[valid-type]
+    def __init__(self, start: callable[[], Transfer], delay_s: float) -> None:  # type: ignore[valid-type]
         self._inner: Transfer | None = None
         self._error: BaseException | None = None
         self._started = threading.Event()

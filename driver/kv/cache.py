@@ -38,7 +38,7 @@ class _CxlLayer(CacheLayerMixin):
 
     is_sliding = False
 
-    def __init__(self, owner: "CxlCache", index: int) -> None:
+    def __init__(self, owner: CxlCache, index: int) -> None:
         super().__init__()
         self._owner = owner
         self._index = index
@@ -175,7 +175,7 @@ class CxlCache(Cache):
             self._recorder.remove()
         self._backing.close()
 
-    def __enter__(self) -> "CxlCache":
+    def __enter__(self) -> CxlCache:
         return self
 
     def __exit__(self, *exc: object) -> None:

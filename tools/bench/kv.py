@@ -218,7 +218,7 @@ def cmd_kv(args: Any) -> int:
         import torch
         import transformers  # noqa: F401
     except ImportError as exc:
-        raise CliError(f"bench kv needs torch and transformers ({exc}): pip install torch==2.13.0 transformers")
+        raise CliError(f"bench kv needs torch and transformers ({exc}): pip install torch==2.13.0 transformers") from None
     from emulator import presets
     from firmware_model.policies import ONLINE_POLICY_NAMES
 
@@ -236,7 +236,7 @@ def cmd_kv(args: Any) -> int:
     policies = args.policy or list(ONLINE_POLICY_NAMES)
     unknown = set(policies) - set(ONLINE_POLICY_NAMES)
     if unknown:
-        raise CliError(f"unknown policy {sorted(unknown)[0]!r}: choose from {', '.join(ONLINE_POLICY_NAMES)}")
+        raise CliError(f"unknown policy {min(unknown)!r}: choose from {', '.join(ONLINE_POLICY_NAMES)}")
     timing = replace(presets.load(args.preset).timing, time_scale=args.time_scale)
     if not timing.read_bandwidth_gbps:
         raise CliError(f"preset {args.preset!r} has an unthrottled link: pick one with a bandwidth (e.g. leo-x16)")
