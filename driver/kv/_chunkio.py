@@ -141,14 +141,39 @@ class ChunkIO:
             del self._pending_chunk_of[key]
 
     def _load_plan(self, chunks: LayerChunks, cap: int, seq_len: int
-                   ) -> tuple[list[Extent], dict[int, tuple[int, int]], list[tuple[int, int, int]]]:
-        """Extents reading each distinct chunk once into a host image of ``cap`` tokens; the
-        (from, to, bytes) copies serving the other sequences that share a chunk."""
+                   ) -> tuple[list[Extent], dict[int, tuple[int, int]] | None, list[tuple[int, int, int]]]:
+        """Extents reading each distinct chunk once into a host image of ``cap`` tokens, and the
+        (from, to, bytes) copies serving the sequences that share a chunk. Without sharing the
+        runs come from numpy over the block table (this is on every load's path); the per-chunk
+        map (``firsts``) is then left to :meth:`_chunk_map`, which only fault recovery needs."""
+        lay = self.layout
+        assert lay is not None
+        nblk = lay.blocks(seq_len)
+        ids = chunks.ids[:, :, :nblk]
+        if np.unique(ids).size != ids.size:
+            firsts, dups = self._chunk_map(chunks, cap, seq_len)
+            runs = [(c, n, off) for c, (off, n) in firsts.items()]
+            return coalesce(runs, lay.chunk_bytes), firsts, dups
+        tb, bt, cb = lay.piece_token_bytes, lay.block_tokens, lay.chunk_bytes
+        tail = (seq_len - (nblk - 1) * bt) * tb  # valid bytes of the last block
+        extents: list[Extent] = []
+        for b in range(lay.batch):
+            for p in range(lay.pieces):
+                row = ids[b, p]
+                base = lay.image_offset(p, b, 0, cap)
+                cuts = [0, *(np.flatnonzero(np.diff(row) != 1) + 1).tolist(), nblk]
+                for s, e in zip(cuts[:-1], cuts[1:]):
+                    nbytes = (e - s) * cb if e < nblk else (e - 1 - s) * cb + tail
+                    extents.append(Extent(int(row[s]), nbytes, base + s * bt * tb))
+        return extents, None, []
+
+    def _chunk_map(self, chunks: LayerChunks, cap: int, seq_len: int
+                   ) -> tuple[dict[int, tuple[int, int]], list[tuple[int, int, int]]]:
+        """Each distinct chunk's first (host offset, bytes), and the copies for its repeats."""
         lay = self.layout
         assert lay is not None
         firsts: dict[int, tuple[int, int]] = {}
         dups: list[tuple[int, int, int]] = []
-        runs: list[tuple[int, int, int]] = []
         for b in range(lay.batch):
             for p in range(lay.pieces):
                 for j in range(lay.blocks(seq_len)):
@@ -158,5 +183,4 @@ class ChunkIO:
                         dups.append((firsts[c][0], off, n))
                     else:
                         firsts[c] = (off, n)
-                        runs.append((c, n, off))
-        return coalesce(runs, lay.chunk_bytes), firsts, dups
+        return firsts, dups

@@ -57,10 +57,11 @@ class _Load:
     token: Any  # the mover's handle on it
     transfer: Transfer
     extents: list[Extent]
-    firsts: dict[int, tuple[int, int]]
+    firsts: dict[int, tuple[int, int]] | None  # None: recovery builds it from the table
     dups: list[tuple[int, int, int]]
     seq_len: int
     attempts: int = 1
+    chunks: LayerChunks | None = None  # the table it was planned from
     landed: threading.Event | None = None  # set by the completion callback (CPU)
     ok: bool = False  # the callback saw the DMA succeed and filled the shared copies
 
@@ -317,7 +318,8 @@ class ResidencyEngine(ChunkIO, Recovery):
         st.frame = frame
         host, cap, token = self.mover.load_image(frame, st.seq_len)
         extents, firsts, dups = self._load_plan(st.chunks, cap, st.seq_len)
-        st.load = _Load(host, cap, token, self.store.read(extents, host), extents, firsts, dups, st.seq_len)
+        st.load = _Load(host, cap, token, self.store.read(extents, host), extents, firsts, dups, st.seq_len,
+                        chunks=st.chunks)
         self.counters["loads"] += 1
         self.counters["bytes_loaded"] += sum(e.nbytes for e in extents)
         self.counters["dedup_load_bytes"] += sum(n for _, _, n in dups)

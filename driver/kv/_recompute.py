@@ -100,7 +100,8 @@ class Recovery:
     def _recover(self, st: Any, ld: Any, cause: Exception) -> None:
         """Read chunk by chunk; recompute the unreadable ones from the tokens and rewrite them."""
         bad = []
-        for c, (off, n) in ld.firsts.items():
+        firsts = ld.firsts if ld.firsts is not None else self._chunk_map(ld.chunks, ld.cap, ld.seq_len)[0]
+        for c, (off, n) in firsts.items():
             try:
                 self.store.read([Extent(c, n, off)], ld.host).wait()
             except (DmaError, PoisonError):
