@@ -41,9 +41,8 @@ class HostPublisher:
         """The engine closed: keep its totals, drop its live state."""
         if engine in self._engines:
             self._engines.remove(engine)
-            stats = engine.stats()
             for k in _SUMMED:
-                self._retired[k] += stats.get(k, 0)
+                self._retired[k] += engine.counters.get(k, 0)
         self.publish(force=True)
 
     def publish(self, force: bool = False) -> None:
@@ -56,13 +55,12 @@ class HostPublisher:
         totals = dict(self._retired)
         resident = frames = hbm = budget = inflight = 0
         for engine in self._engines:
-            stats = engine.stats()
             for k in _SUMMED:
-                totals[k] += stats.get(k, 0)
+                totals[k] += engine.counters.get(k, 0)
             resident += sum(1 for st in engine.layers if st.frame is not None)
-            frames += stats["frames"]
-            hbm += stats["hbm_bytes"]
-            budget += stats["hbm_budget_bytes"]
+            frames += engine.arena.max_frames
+            hbm += engine.arena.bytes_in_use
+            budget += engine.arena.budget
             inflight += sum(1 for st in engine.layers if st.load is not None)
         useful = totals["hits"]
         self._writer.publish(hits=totals["hits"], misses=totals["misses"], loads=totals["loads"],
