@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from driver import MemDev
 from emulator.device import DeviceConfig, Served, serve
 from emulator.spec import registers as R
 from emulator.telemetry import (
@@ -96,8 +97,12 @@ def loaded(device_name: str) -> Iterator[Served]:
     timing = TimingConfig(read_latency_ns=200, write_latency_ns=200, read_bandwidth_gbps=4.0, write_bandwidth_gbps=4.0)
     with serve(DeviceConfig(name=device_name, capacity=256 * MiB, timing=timing)) as served:
         files = served.files
-        # quiesce the firmware's own publisher: this test writes section (a) with known values
+        # quiesce the firmware's own publisher: this test writes section (a) with known values.
+        # Two mailbox round trips later every runner pass that could still publish has ended.
         served.firmware.services.remove(served.firmware.telemetry.service)
+        with MemDev.open(served.name) as md:
+            md.identify()
+            md.identify()
         dp = DataPath(files.media, files.poison,
                       memoryview(files.bar)[R.LINK_STATE_OFFSET:R.LINK_STATE_OFFSET + R.LINK_STATE_SIZE], timing)
         buf = np.zeros(64 << 10, np.uint8)
