@@ -30,7 +30,6 @@ class Frame:
     data: torch.Tensor  # (2, batch, kv_heads, capacity, head_dim)
     free_event: Any = None  # CUDA: compute finished reading it (set when it is released)
     ready_event: Any = None  # CUDA: a load into it has landed
-    layer: int = -1
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -88,7 +87,6 @@ class Arena:
         return Frame(data)
 
     def give(self, frame: Frame) -> None:
-        frame.layer = -1
         self._free.append(frame)
 
     def release_all(self) -> None:

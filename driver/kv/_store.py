@@ -236,16 +236,3 @@ class FaultInjectingStore:
 
     def close(self) -> None:
         self.inner.close()
-
-
-def wait_all(transfers: Sequence[Transfer]) -> None:
-    """Wait for every transfer; raise the first failure after all have finished."""
-    first: BaseException | None = None
-    for t in transfers:
-        try:
-            t.wait()
-        except (DmaError, PoisonError) as exc:
-            first = first or exc
-    if first is not None:
-        raise first
-
