@@ -91,6 +91,10 @@ class DeviceBlockStore:
 
     def _descs(self, direction: str, extents: Sequence[Extent], host: np.ndarray) -> list[Descriptor]:
         cb = self.chunk_bytes
+        feed = self.memdev.access_feed  # the device's CHMU counts what the KV cache touches
+        if feed.enabled:
+            for e in extents:
+                feed.note(self.base + e.chunk * cb, e.nbytes, direction == "write")
         return [Descriptor(direction, self.base + e.chunk * cb, host, e.host_offset, e.nbytes)
                 for e in extents]
 
