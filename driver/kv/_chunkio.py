@@ -90,7 +90,7 @@ class ChunkIO:
             parent = chunks.keys.get((b, p, j - 1), b"root") if j else b"root"
             h = hashlib.blake2b(parent, digest_size=16)
             h.update(np.array([layer, p, data.size], np.int64).tobytes())
-            h.update(data)
+            h.update(data.data)
             key = h.digest()
             chunks.keys[(b, p, j)] = key
             hit = pool.lookup(key)
@@ -162,7 +162,7 @@ class ChunkIO:
                 row = ids[b, p]
                 base = lay.image_offset(p, b, 0, cap)
                 cuts = [0, *(np.flatnonzero(np.diff(row) != 1) + 1).tolist(), nblk]
-                for s, e in zip(cuts[:-1], cuts[1:]):
+                for s, e in zip(cuts[:-1], cuts[1:], strict=True):
                     nbytes = (e - s) * cb if e < nblk else (e - 1 - s) * cb + tail
                     extents.append(Extent(int(row[s]), nbytes, base + s * bt * tb))
         return extents, None, []

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -248,7 +248,7 @@ class ResidencyEngine(ChunkIO, Recovery):
         frame = self.arena.take()
         while frame is None:
             victim = self.policy.evict(protected)
-            self._evict(self.layers[victim])  # type: ignore[index]
+            self._evict(self.layers[cast(int, victim)])
             frame = self.arena.take()
         return frame
 

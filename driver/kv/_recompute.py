@@ -65,7 +65,7 @@ class ForwardRecorder:
             self._replaying = False
         if fresh.get_seq_length() < upto:
             raise RuntimeError(f"replay produced {fresh.get_seq_length()} tokens, {upto} needed")
-        lay = fresh.layers[layer]
+        lay: Any = fresh.layers[layer]
         return lay.keys[:, :, :upto], lay.values[:, :, :upto]
 
     def remove(self) -> None:
@@ -82,6 +82,7 @@ class Recovery:
     counters: dict[str, int]
     dtype: torch.dtype
     layout: Any
+    _chunk_map: Callable[..., Any]  # from ChunkIO
 
     def _wait_load(self, st: Any, ld: Any) -> None:
         """Wait for the read; retry a failure, then recompute what stays unreadable."""

@@ -147,7 +147,7 @@ class MemoryBlockStore:
 class _DelayedTransfer:
     """Starts the inner read only after ``delay_s``: the bytes really arrive late."""
 
-    def __init__(self, start: callable[[], Transfer], delay_s: float) -> None:  # type: ignore[valid-type]
+    def __init__(self, start: Callable[[], Transfer], delay_s: float) -> None:
         self._inner: Transfer | None = None
         self._error: BaseException | None = None
         self._started = threading.Event()

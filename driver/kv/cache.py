@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -119,7 +119,7 @@ class CxlCache(Cache):
             raise ConfigError(f"prefetch_depth must be an int >= 0 or 'auto', got {prefetch_depth!r}")
         from firmware_model.policies import make_policy
         make_policy(policy, 1)  # unknown names fail here, naming the known ones
-        self._kw = dict(budget=hbm_budget_bytes, policy=policy, block_tokens=block_tokens,
+        self._kw: dict[str, Any] = dict(budget=hbm_budget_bytes, policy=policy, block_tokens=block_tokens,
                         prefetch_depth=prefetch_depth, prefix_sharing=prefix_sharing,
                         max_retries=max_retries, max_seq_len=max_seq_len, full_writeback=full_writeback)
         self._backing = _Backing(device, store, device_capacity)
@@ -133,7 +133,7 @@ class CxlCache(Cache):
                *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         while len(self.layers) <= layer_idx:
             self.layers.append(_CxlLayer(self, len(self.layers)))
-        out = self.layers[layer_idx].update(key_states, value_states)
+        out = cast(_CxlLayer, self.layers[layer_idx]).update(key_states, value_states)
         if layer_idx == 0 and self._telemetry is not None:
             self._telemetry.publish()
         return out

@@ -8,10 +8,11 @@ are checked against an all-resident ``DynamicCache`` run.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
@@ -27,7 +28,7 @@ LAYERS = 8
 class _Tick(LogitsProcessor):
     """Advances a progress bar once per generated token (logits untouched)."""
 
-    def __init__(self, progress: Progress, task: int) -> None:
+    def __init__(self, progress: Progress, task: TaskID) -> None:
         self.progress, self.task = progress, task
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -35,7 +36,7 @@ class _Tick(LogitsProcessor):
         return scores
 
 
-def _generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, cache: object,
+def _generate(model: Any, ids: torch.Tensor, mask: torch.Tensor, cache: object,
               processors: list) -> torch.Tensor:
     with torch.no_grad():
         return model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,

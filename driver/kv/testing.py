@@ -1,6 +1,8 @@
 """Seeded random tiny Llamas fed token ids: no hub, no tokenizer (for tests, bench and demo)."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 __all__ = ["padded_batch", "tiny_llama"]
@@ -17,7 +19,8 @@ def tiny_llama(*, layers: int = 4, hidden: int = 64, heads: int = 4, kv_heads: i
                       max_position_embeddings=max_positions, pad_token_id=0, bos_token_id=1,
                       eos_token_id=2)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(dtype).eval()
+    model: Any = LlamaForCausalLM(cfg)
+    model = model.to(dtype=dtype).eval()
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = None  # never stop early: every run makes all its tokens
     return model

@@ -119,7 +119,7 @@ def run(*, layers: int, hidden: int, heads: int, kv_heads: int, contexts: list[i
             context = seeded_context(layers, kv_heads, head_dim, ctx)
             final = ctx + steps
             lay = KVLayout(batch=1, kv_heads=kv_heads, head_dim=head_dim, itemsize=4, block_tokens=block_tokens)
-            plan = [("resident", 100, None)]
+            plan: list[tuple[str, int, dict[str, Any] | None]] = [("resident", 100, None)]
             for pct in budgets:
                 budget = max(layers * lay.frame_bytes(final) * pct // 100, lay.min_budget(final))
                 plan += [("demand", pct, dict(policy="reuse", prefetch_depth=0, hbm_budget_bytes=budget)),
@@ -156,7 +156,7 @@ def _measure(model: Any, device: str, context: list, steps: int, final: int, blo
     """One decode run: tokens, step times and the cache's counters over the timed steps."""
     from transformers import DynamicCache
 
-    from driver.kv import CxlCache
+    from driver.kv.cache import CxlCache
 
     if kw is None:
         tokens, times = decode(model, DynamicCache(), context, 5, steps)
