@@ -29,7 +29,7 @@ from emulator.spec.errors import ConfigError
 
 __all__ = ["CxlCache"]
 
-DEFAULT_DEVICE_CAPACITY = 1 << 30
+DEFAULT_DEVICE_CAPACITY = 256 << 20  # a private device; its chunk pool is built up front
 _serial = itertools.count()
 
 
