@@ -48,3 +48,19 @@ def test_tiny_run_covers_every_mode_with_equal_tokens() -> None:
     assert all(r.tokens_equal for r in rows)
     assert all(r.gb_loaded > 0 for r in rows[1:])
     assert rows[0].ratio == 1.0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--steps", "2"], "--steps must be > 2"),
+    (["--policy", "belady"], "unknown policy 'belady'"),
+    (["--prefetch-depth", "deep"], "--prefetch-depth must be a number of layers or 'auto'"),
+    (["--preset", "none"], "has an unthrottled link"),
+])
+def test_bad_arguments_are_one_line_errors(argv, message, capsys) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tools.cli.main import main
+
+    assert main(["bench", "kv", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cxlemu: error: ") and message in err

@@ -129,3 +129,37 @@ def test_counters_published_in_the_device_telemetry_page(model, batch) -> None:
     assert live.hbm_budget_bytes == 2 * frame_bytes(3, 25)
     reader.close()
     cache.close()
+
+
+def test_auto_prefetch_depth_is_the_firmware_window(served) -> None:
+    """prefetch_depth='auto' asks firmware_model.prefetch.window_points: layers of compute
+    needed to hide one layer's transfer on this device's link."""
+    import dataclasses
+
+    from driver.kv._device_store import DeviceBlockStore
+    from driver.kv._engine import ResidencyEngine
+    from driver.memdev import MemDev
+    from emulator import presets
+
+    with MemDev.open(served.name) as md:
+        store = DeviceBlockStore(md)
+        store.timing = dataclasses.replace(presets.load("leo-x16").timing, time_scale=40)
+        engine = ResidencyEngine(budget=1 << 20, policy="reuse", block_tokens=16, store=store,
+                                 device=torch.device("cpu"), dtype=torch.float32)
+        engine2 = ResidencyEngine(budget=1 << 20, policy="reuse", block_tokens=16, store=store,
+                                  device=torch.device("cpu"), dtype=torch.float32, prefetch_depth=3)
+        for eng in (engine, engine2):
+            for layer in range(6):
+                eng.update(layer, torch.zeros(1, 2, 64, 16), torch.zeros(1, 2, 64, 16))
+        # one layer of the batch: 64 tokens x (K, V) x 2 heads x 16 x fp32 = 16 KiB; its transfer
+        # on leo-x16 x 40: (90 ns + bytes / 50 GB/s) x 40
+        layer_bytes = 64 * 2 * 2 * 16 * 4
+        transfer_ns = (90 + layer_bytes / 50) * 40
+        engine._layer_ns = transfer_ns / 2.5  # compute per layer: 2.5 layers hide one transfer
+        assert engine._depth() == 3
+        engine._layer_ns = transfer_ns * 2
+        assert engine._depth() == 1
+        assert engine2._depth() == 3
+        engine.close()
+        engine2.close()
+        store.close()
