@@ -32,6 +32,9 @@ class LayerChunks:
     pieces: int
     ids: np.ndarray = field(init=False)
     keys: dict[tuple[int, int, int], bytes] = field(default_factory=dict)
+    version: int = 0  # bumped by every change of ids: keys the cached load plan
+    plan: tuple[tuple[int, int, int], list[tuple[int, int, int, int]]] | None = None
+    repeats: tuple[tuple[int, int], bool] | None = None
 
     def __post_init__(self) -> None:
         self.ids = np.full((self.batch, self.pieces, 0), -1, np.int64)
@@ -42,6 +45,7 @@ class LayerChunks:
             grown = np.full((self.batch, self.pieces, max(nblk, 2 * have)), -1, np.int64)
             grown[:, :, :have] = self.ids
             self.ids = grown
+            self.version += 1
 
 
 class ChunkIO:
@@ -102,6 +106,7 @@ class ChunkIO:
                     if cur >= 0:
                         self._decref(cur)
                     chunks.ids[b, p, j] = hit
+                    chunks.version += 1
                     self.counters["shared_chunks"] += 1
                 self.counters["dedup_write_bytes"] += data.size
                 return False
@@ -112,6 +117,7 @@ class ChunkIO:
         if cur < 0:
             cur = pool.alloc(1)[0]
             chunks.ids[b, p, j] = cur
+            chunks.version += 1
         if self.prefix_sharing:
             self._forget_pending(cur)
             self._pending_key_of[cur] = key
@@ -149,23 +155,43 @@ class ChunkIO:
         lay = self.layout
         assert lay is not None
         nblk = lay.blocks(seq_len)
-        ids = chunks.ids[:, :, :nblk]
-        if np.unique(ids).size != ids.size:
+        if self.prefix_sharing and self._has_repeats(chunks, nblk):
             firsts, dups = self._chunk_map(chunks, cap, seq_len)
             runs = [(c, n, off) for c, (off, n) in firsts.items()]
             return coalesce(runs, lay.chunk_bytes), firsts, dups
         tb, bt, cb = lay.piece_token_bytes, lay.block_tokens, lay.chunk_bytes
         tail = (seq_len - (nblk - 1) * bt) * tb  # valid bytes of the last block
-        extents: list[Extent] = []
+        return [Extent(c, n * cb if j + n < nblk else (n - 1) * cb + tail, off)
+                for c, j, n, off in self._runs(chunks, nblk, cap)], None, []
+
+    @staticmethod
+    def _has_repeats(chunks: LayerChunks, nblk: int) -> bool:
+        """Whether a chunk appears twice in the table (sequences sharing a prefix)."""
+        key = (chunks.version, nblk)
+        if chunks.repeats is None or chunks.repeats[0] != key:
+            ids = chunks.ids[:, :, :nblk]
+            chunks.repeats = (key, bool(np.unique(ids).size != ids.size))
+        return chunks.repeats[1]
+
+    def _runs(self, chunks: LayerChunks, nblk: int, cap: int) -> list[tuple[int, int, int, int]]:
+        """(first chunk, first block, blocks, host offset) of each run of consecutive chunk ids
+        per piece; cached on the table's version (a decode step rarely changes the table)."""
+        key = (chunks.version, nblk, cap)
+        if chunks.plan is not None and chunks.plan[0] == key:
+            return chunks.plan[1]
+        lay = self.layout
+        assert lay is not None
+        ids = chunks.ids[:, :, :nblk]
+        runs: list[tuple[int, int, int, int]] = []
+        step = lay.block_tokens * lay.piece_token_bytes
         for b in range(lay.batch):
             for p in range(lay.pieces):
                 row = ids[b, p]
                 base = lay.image_offset(p, b, 0, cap)
                 cuts = [0, *(np.flatnonzero(np.diff(row) != 1) + 1).tolist(), nblk]
-                for s, e in zip(cuts[:-1], cuts[1:], strict=True):
-                    nbytes = (e - s) * cb if e < nblk else (e - 1 - s) * cb + tail
-                    extents.append(Extent(int(row[s]), nbytes, base + s * bt * tb))
-        return extents, None, []
+                runs += [(int(row[s]), s, e - s, base + s * step) for s, e in zip(cuts[:-1], cuts[1:], strict=True)]
+        chunks.plan = (key, runs)
+        return runs
 
     def _chunk_map(self, chunks: LayerChunks, cap: int, seq_len: int
                    ) -> tuple[dict[int, tuple[int, int]], list[tuple[int, int, int]]]:

@@ -433,6 +433,7 @@ class ResidencyEngine(ChunkIO, Recovery):
             for c in ids[ids >= 0].tolist():
                 self._decref(int(c))
             ids[:] = -1
+            st.chunks.version += 1
         self.layers.clear()
         if self.layout is not None:
             self.arena.release_all()
