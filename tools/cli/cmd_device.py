@@ -93,8 +93,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     t = config.timing
+    link = "unthrottled" if t.read_bandwidth_gbps is None else f"{t.read_bandwidth_gbps:g} GB/s"
     print(f"cxlemu: serving {config.name}: {config.capacity >> 20} MiB, read {t.read_latency_ns:g} ns / "
-          f"write {t.write_latency_ns:g} ns, {t.read_bandwidth_gbps or 'unthrottled'} GB/s, "
+          f"write {t.write_latency_ns:g} ns, {link}, "
           f"pid {__import__('os').getpid()} (SIGINT/SIGTERM to stop)", file=sys.stderr, flush=True)
     try:
         served.run_foreground()
