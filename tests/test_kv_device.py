@@ -163,3 +163,13 @@ def test_auto_prefetch_depth_is_the_firmware_window(served) -> None:
         engine.close()
         engine2.close()
         store.close()
+
+
+def test_prefetch_accounting_adds_up(model, batch) -> None:
+    """Every issued prefetch is used (in time or late), wasted (evicted unused) or still in flight."""
+    ids, mask, _ = batch
+    with CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 16 + NEW + 16), policy="lru", block_tokens=4) as cache:
+        run(model, ids, mask, cache)
+        s = cache.stats()
+    assert s["prefetch_issued"] > 0 and s["prefetch_useful"] > 0
+    assert s["prefetch_useful"] + s["prefetch_wasted"] <= s["prefetch_issued"]

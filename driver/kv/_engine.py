@@ -95,7 +95,7 @@ class ResidencyEngine(ChunkIO, Recovery):
     COUNTERS = ("loads", "offloads", "hits", "misses", "prefetch_late", "prefetch_issued",
                 "stall_ns", "bytes_loaded", "bytes_offloaded", "shared_chunks", "dedup_write_bytes",
                 "dedup_load_bytes", "cow_copies", "load_retries", "recomputed_chunks", "regrows",
-                "evictions", "prefetch_wasted", "tokens_generated")
+                "evictions", "prefetch_useful", "prefetch_wasted", "tokens_generated")
 
     def __init__(self, *, budget: int, policy: str, block_tokens: int, store: BlockStore,
                  device: torch.device, dtype: torch.dtype, prefetch_depth: int | str = "auto",
@@ -176,6 +176,7 @@ class ResidencyEngine(ChunkIO, Recovery):
         layer enters it when it is first used, not when its load starts, so prefetching does not
         disturb the recency / frequency / reuse statistics it learns the loop from."""
         self._tick += 1
+        self.counters["prefetch_useful"] += st.prefetched  # used, in time or late
         st.prefetched = False
         if st.load is not None:
             self.counters["hits" if self._load_done(st.load) else "prefetch_late"] += 1

@@ -15,7 +15,7 @@ __all__ = ["HostPublisher"]
 
 PERIOD_S = 0.1
 _SUMMED = ("hits", "misses", "loads", "offloads", "prefetch_issued", "prefetch_late", "stall_ns",
-           "evictions", "prefetch_wasted", "tokens_generated")
+           "evictions", "prefetch_useful", "prefetch_wasted", "tokens_generated")
 
 
 class HostPublisher:
@@ -62,10 +62,9 @@ class HostPublisher:
             hbm += engine.arena.bytes_in_use
             budget += engine.arena.budget
             inflight += sum(1 for st in engine.layers if st.load is not None)
-        useful = totals["hits"]
         self._writer.publish(hits=totals["hits"], misses=totals["misses"], loads=totals["loads"],
                              offloads=totals["offloads"], prefetch_issued=totals["prefetch_issued"],
-                             prefetch_useful=useful, prefetch_late=totals["prefetch_late"],
+                             prefetch_useful=totals["prefetch_useful"], prefetch_late=totals["prefetch_late"],
                              prefetch_wasted=totals["prefetch_wasted"], evictions=totals["evictions"],
                              stall_ns=totals["stall_ns"], tokens_generated=totals["tokens_generated"],
                              blocks_resident=resident, blocks_total=frames, hbm_bytes=hbm,
