@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -60,6 +62,21 @@ def open_memdev(name: str):  # -> driver.MemDev (imported lazily: `cxlemu --help
         raise CliError(str(exc), exit_code=2) from None
     except DeviceGone as exc:
         raise CliError(str(exc), exit_code=1) from None
+
+
+@contextmanager
+def memdev_session(name: str) -> Iterator[Any]:
+    """An open MemDev for one subcommand: a bad argument (ValueError from a typed wrapper) exits 2,
+    a device error (return code, poison, timeout) exits 1, one line each."""
+    from driver import CxlemuError
+
+    with open_memdev(name) as md:
+        try:
+            yield md
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        except CxlemuError as exc:
+            raise CliError(f"{name}: {exc}", exit_code=1) from None
 
 
 def device_error(exc: Exception) -> CliError:

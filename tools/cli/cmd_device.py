@@ -6,7 +6,14 @@ import signal
 import sys
 from typing import Any
 
-from tools.cli._common import CliError, open_memdev, parse_hex, parse_int, parse_size, print_json
+from tools.cli._common import (
+    CliError,
+    open_memdev,
+    parse_hex,
+    parse_int,
+    parse_size,
+    print_json,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -107,7 +114,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def describe(name: str) -> dict[str, Any]:
     """One `cxl list -M`-style record."""
-    from emulator.device import device_path, device_state, firmware_pid, load_config, numa_node
+    from emulator.device import (
+        device_path,
+        device_state,
+        firmware_pid,
+        load_config,
+        numa_node,
+    )
 
     cfg = load_config(name)
     record: dict[str, Any] = {

@@ -26,11 +26,13 @@ from typing import Any
 from tools.cli._common import (
     CliError,
     human_table,
-    open_memdev,
     parse_hex,
     parse_int,
     parse_size,
     print_json,
+)
+from tools.cli._common import (
+    memdev_session as device,
 )
 
 _MEDIA_STATUS = ("normal", "not_ready", "persistence_lost", "data_lost", "powerloss_persistence_loss",
@@ -92,18 +94,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--on-reset", action="store_true", help="activate at the next reset, not now")
 
 
-@contextmanager
-def device(name: str) -> Iterator[Any]:
-    """An open MemDev; bad arguments exit 2, device errors exit 1, one line each."""
-    from driver import CxlemuError
-
-    with open_memdev(name) as md:
-        try:
-            yield md
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-        except CxlemuError as exc:
-            raise CliError(f"{name}: {exc}", exit_code=1) from None
 
 
 def _emit(args: argparse.Namespace, title: str, record: dict[str, Any]) -> int:

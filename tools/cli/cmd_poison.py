@@ -17,11 +17,13 @@ from typing import Any
 
 from tools.cli._common import (
     CliError,
-    open_memdev,
     parse_hex,
     parse_int,
     parse_size,
     print_json,
+)
+from tools.cli._common import (
+    memdev_session as device,
 )
 
 
@@ -57,18 +59,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_sanitize)
 
 
-@contextmanager
-def device(name: str) -> Iterator[Any]:
-    """An open MemDev whose bad arguments exit 2 and whose device errors exit 1, one line each."""
-    from driver import CxlemuError
-
-    with open_memdev(name) as md:
-        try:
-            yield md
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-        except CxlemuError as exc:
-            raise CliError(f"{name}: {exc}", exit_code=1) from None
 
 
 @contextmanager
