@@ -27,6 +27,13 @@ class KVLoadError(CxlemuError):
     """A chunk could not be read back after every retry and could not be recomputed."""
 
 
+def cache_argument(model: torch.nn.Module) -> str:
+    """The keyword a model's forward / generate take a cache under: ``cache`` from transformers
+    5.24 on (``past_key_values`` still works there, with a deprecation warning), else
+    ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class ForwardRecorder:
     """A forward pre-hook on ``model`` recording the calls that use ``cache``."""
 
@@ -35,8 +42,7 @@ class ForwardRecorder:
         self.cache = cache
         self.calls: list[dict[str, Any]] = []
         self._replaying = False
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._cache_arg = cache_argument(model)
         self._handle = model.register_forward_pre_hook(self._record, with_kwargs=True)
 
     def _record(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:

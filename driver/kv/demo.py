@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
+from driver.kv._recompute import cache_argument
 from driver.kv.cache import CxlCache
 from driver.kv.testing import padded_batch, tiny_llama
 
@@ -40,7 +41,7 @@ def _generate(model: Any, ids: torch.Tensor, mask: torch.Tensor, cache: object,
               processors: list) -> torch.Tensor:
     with torch.no_grad():
         return model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
-                              past_key_values=cache, logits_processor=LogitsProcessorList(processors))
+                              logits_processor=LogitsProcessorList(processors), **{cache_argument(model): cache})
 
 
 def run_kv_demo(console: Console, device: str | None = None) -> bool:

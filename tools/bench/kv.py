@@ -82,10 +82,12 @@ def decode(model: Any, cache: Any, context: list, first_token: int, steps: int,
     (s). ``mark()`` is called when the timed steps (after the warm-up) begin."""
     import torch
 
+    from driver.kv._recompute import cache_argument
+
     for layer, (k, v) in enumerate(context):
         cache.update(k, v, layer)
     pos = context[0][0].shape[2]
-    kwarg = "cache" if "cache" in __import__("inspect").signature(model.forward).parameters else "past_key_values"
+    kwarg = cache_argument(model)
     tok, tokens, times = first_token, [], []
     with torch.no_grad():
         for step in range(steps):
