@@ -35,6 +35,20 @@ def served(device_name: str) -> Iterator["object"]:
 
 
 @pytest.fixture
+def fw(device_name: str) -> Iterator["object"]:
+    """A 256 MiB device's `Firmware` with no runner: commands go through `dispatch` and background
+    jobs advance only when the test steps them; nothing runs behind the test."""
+    from emulator.device import DeviceConfig, DeviceFiles
+    from emulator.firmware import Firmware
+
+    files = DeviceFiles.create(DeviceConfig(name=device_name, capacity=256 << 20, lsa_size=4096))
+    firmware = Firmware(files)
+    yield firmware
+    firmware.close()
+    files.destroy()
+
+
+@pytest.fixture
 def memdev(served: "object") -> Iterator["object"]:
     """`MemDev` opened on the `served` device."""
     from driver import MemDev

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from emulator.device import DeviceConfig, DeviceFiles
 from emulator.events import EventLogs
 from emulator.firmware import Firmware
 from emulator.mailbox import dispatch
@@ -31,14 +29,6 @@ MEMORY_MODULE = uuid.UUID("fe927475-dd59-4339-a586-79bab113b774").bytes
 FAIL = EventLog.FAILURE
 
 
-@pytest.fixture
-def fw(device_name: str) -> Iterator[Firmware]:
-    """A firmware with no runner: commands go through `dispatch`, nothing runs behind the test."""
-    files = DeviceFiles.create(DeviceConfig(name=device_name, capacity=256 << 20))
-    f = Firmware(files)
-    yield f
-    f.close()
-    files.destroy()
 
 
 class Clock:

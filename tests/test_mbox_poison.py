@@ -3,13 +3,11 @@ the overflow flag, splitting a record on clear, and the bitmap hosts' reads chec
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from driver import MailboxError, PoisonError
-from emulator.device import DeviceConfig, DeviceFiles
 from emulator.firmware import Firmware
 from emulator.mailbox import dispatch
 from emulator.spec.opcodes import Opcode
@@ -22,14 +20,6 @@ LINES = CAPACITY // 64
 INJECTED, INTERNAL = PoisonSource.INJECTED, PoisonSource.INTERNAL
 
 
-@pytest.fixture
-def fw(device_name: str) -> Iterator[Firmware]:
-    """A firmware with no runner: commands go through `dispatch`, nothing runs behind the test."""
-    files = DeviceFiles.create(DeviceConfig(name=device_name, capacity=CAPACITY))
-    f = Firmware(files)
-    yield f
-    f.close()
-    files.destroy()
 
 
 def inject(fw: Firmware, dpa: int) -> RetCode:

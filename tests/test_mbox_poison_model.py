@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import Iterator
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emulator.device import DeviceConfig, DeviceFiles
 from emulator.firmware import Firmware
 from emulator.mailbox import dispatch
 from emulator.poison import PoisonList
@@ -22,13 +19,6 @@ LINES = 32   # operations stay in the first 32 lines (2 KiB): collisions are com
 LIMIT = 3    # small, so overflow and split-on-clear with a full list happen often
 
 
-@pytest.fixture
-def fw(device_name: str) -> Iterator[Firmware]:
-    files = DeviceFiles.create(DeviceConfig(name=device_name, capacity=256 << 20))
-    f = Firmware(files)
-    yield f
-    f.close()
-    files.destroy()
 
 
 ops = st.lists(st.one_of(

@@ -3,7 +3,6 @@ hand at the spec's offsets, Busy while it runs, abort, and the overflow it can c
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,14 +20,6 @@ MIB_LINES = (1 << 20) // 64
 INJECTED, INTERNAL = PoisonSource.INJECTED, PoisonSource.INTERNAL
 
 
-@pytest.fixture
-def fw(device_name: str) -> Iterator[Firmware]:
-    """A firmware with no runner: the test steps background jobs itself."""
-    files = DeviceFiles.create(DeviceConfig(name=device_name, capacity=CAPACITY))
-    f = Firmware(files)
-    yield f
-    f.close()
-    files.destroy()
 
 
 def scan(fw: Firmware, dpa: int, lines: int, flags: int = 0) -> RetCode:

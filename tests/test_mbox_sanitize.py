@@ -3,13 +3,10 @@ afterwards media, LSA, poison and events all gone, media enabled again."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pytest
 
-from emulator.device import DeviceConfig, DeviceFiles
 from emulator.firmware import Firmware
 from emulator.mailbox import COMMANDS, dispatch
 from emulator.spec import registers as R
@@ -20,14 +17,6 @@ from emulator.spec.retcodes import RetCode
 CAPACITY = 256 << 20
 
 
-@pytest.fixture
-def fw(device_name: str) -> Iterator[Firmware]:
-    """A firmware with no runner: the sanitize job advances only when the test steps it."""
-    files = DeviceFiles.create(DeviceConfig(name=device_name, capacity=CAPACITY, lsa_size=4096))
-    f = Firmware(files)
-    yield f
-    f.close()
-    files.destroy()
 
 
 def well_formed(opcode: int) -> bytes:
