@@ -173,3 +173,33 @@ def test_prefetch_accounting_adds_up(model, batch) -> None:
         s = cache.stats()
     assert s["prefetch_issued"] > 0 and s["prefetch_useful"] > 0
     assert s["prefetch_useful"] + s["prefetch_wasted"] <= s["prefetch_issued"]
+
+
+def test_a_second_process_is_refused_the_device(model, batch, served) -> None:
+    """Two processes keeping KV on one device would overwrite each other's chunks: the second is
+    refused by name, and the device is usable again once the first lets go."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from driver.kv import DeviceInUse
+
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from driver.kv._device_store import open_device_store
+        handle, _ = open_device_store({served.name!r}, 0, "unused")
+        print("held", flush=True)
+        sys.stdin.readline()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        ids, mask, _ = batch
+        with pytest.raises(DeviceInUse, match=f"process {holder.pid}"):
+            CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 16 + NEW + 16), device=served.name).update(
+                *([torch.zeros(3, 2, 16, 16)] * 2), 0)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    ids, mask, expected = batch
+    with CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 16 + NEW + 16), device=served.name) as cache:
+        assert torch.equal(run(model, ids, mask, cache), expected)

@@ -12,11 +12,12 @@ and their ordering), ``_store`` / ``_device_store`` (where chunks live), ``_chun
 on the firmware block pool), ``_recompute`` (lost chunks from the tokens), ``_telemetry``.
 """
 from driver.kv._chunks import ChunkPool, DeviceFull
+from driver.kv._device_store import DeviceInUse
 from driver.kv._engine import KVLoadError, ResidencyEngine
 from driver.kv._layout import BudgetTooSmall, KVLayout
 from driver.kv._store import BlockStore, FaultInjectingStore, MemoryBlockStore
 
-__all__ = ["BlockStore", "BudgetTooSmall", "ChunkPool", "CxlCache", "DeviceFull", "FaultInjectingStore",
+__all__ = ["BlockStore", "BudgetTooSmall", "ChunkPool", "CxlCache", "DeviceFull", "DeviceInUse", "FaultInjectingStore",
            "KVLayout", "KVLoadError", "MemoryBlockStore", "ResidencyEngine"]
 
 

@@ -9,6 +9,8 @@ engine retries and then recovers from.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +22,7 @@ from driver.kv._chunks import ChunkPool
 from driver.kv._store import Extent, configure_chunks
 from emulator.dma import Descriptor, DmaEngine, DmaHandle
 from emulator.spec import registers as R
-from emulator.spec.errors import ConfigError, DmaError
+from emulator.spec.errors import ConfigError, CxlemuError, DmaError
 from emulator.timing import DataPath
 
 __all__ = ["DeviceBlockStore", "open_device_store"]
@@ -169,6 +171,30 @@ class _StoreHandle:
             shared.stack.close()
 
 
+class DeviceInUse(CxlemuError):
+    """Another process keeps its KV cache on this device: sharing its media would corrupt both."""
+
+    def __init__(self, name: str, pid: str) -> None:
+        super().__init__(f"device {name!r} already holds the KV cache of process {pid or '?'}: "
+                         "serve another device for this process (caches within one process share one)")
+
+
+def _claim_kv(md: Any, stack: contextlib.ExitStack) -> None:
+    """One process's KV cache per device: an flock on the device's kv.lock, held while it is open
+    (released by the kernel if the process dies), so a second process is refused, never overlapped."""
+    path = md.files.path / "kv.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise DeviceInUse(md.name, holder) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    stack.callback(os.close, fd)
+
+
 def open_device_store(name: str | None, capacity: int, private_name: str) -> tuple[Any, str]:
     """A handle on device ``name``'s store, or on a private in-process device when None."""
     from driver.memdev import MemDev
@@ -183,6 +209,7 @@ def open_device_store(name: str | None, capacity: int, private_name: str) -> tup
             if name is None:
                 name = stack.enter_context(serve(DeviceConfig(name=private_name, capacity=capacity))).name
             md = stack.enter_context(MemDev.open(name))
+            _claim_kv(md, stack)
             _OPEN[name] = _SharedStore(DeviceBlockStore(md), stack)
         except BaseException:
             stack.close()
