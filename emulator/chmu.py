@@ -36,12 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from emulator.spec.registers import CHMU_OFFSET, CHMU_SIZE
 from firmware_model.hotness import RANGE_GRANULE, HotnessConfig, HotnessUnit
-
-try:
-    from emulator.spec.registers import CHMU_OFFSET, CHMU_SIZE
-except ImportError:  # registers.py predates the CHMU constants
-    CHMU_OFFSET, CHMU_SIZE = 0x20000, 0x10000
 
 __all__ = ["CHMU_OFFSET", "CHMU_SIZE", "EPOCH_SCALE_NS", "ChmuDevice", "ChmuRegs", "ChmuStatus", "attach",
            "decode_config", "encode_epoch"]
