@@ -26,7 +26,7 @@ from emulator.device import DeviceFiles, firmware_pid
 from emulator.regfile import RegisterFile, find_capabilities
 from emulator.spec import registers as R
 from emulator.spec.errors import DeviceGone
-from emulator.timing import DataPath
+from emulator.timing import DataPath, first_poisoned
 
 READY_TIMEOUT_S = 5.0  # Linux waits 60 s for mailbox ready at probe; a local emulator is faster
 
@@ -109,12 +109,7 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
 
     def first_poisoned(self, dpa: int, size: int) -> int | None:
         """DPA of the first poisoned 64-B line in [dpa, dpa+size), or None."""
-        if size == 0:
-            return None
-        first, last = dpa // 64, (dpa + size - 1) // 64
-        lines = np.unpackbits(self._poison[first // 8: last // 8 + 1], bitorder="little")
-        hit = np.flatnonzero(lines[first % 8: first % 8 + (last - first + 1)])
-        return None if hit.size == 0 else (first + int(hit[0])) * 64
+        return first_poisoned(self._poison, dpa, size)
 
     def close(self) -> None:
         self.access_feed.close()

@@ -20,12 +20,12 @@ from typing import Any, Self
 from emulator.spec.errors import ConfigError, PoisonError
 from emulator.timing import linkstate
 from emulator.timing._buffers import host_view
-from emulator.timing._pyimpl import E_POISON, E_RANGE, PyCore
+from emulator.timing._pyimpl import E_POISON, E_RANGE, PyCore, first_poisoned
 from emulator.timing.clock import Clock, SimClock, SimpyClock
 from emulator.timing.config import LinkParams, TimingConfig
 
 __all__ = ["Clock", "DataPath", "HostBuffer", "LinkParams", "SimClock", "SimpyClock", "TimingConfig",
-           "c_available", "host_view"]
+           "c_available", "first_poisoned", "host_view"]
 
 _IMPLS = ("auto", "c", "py")
 

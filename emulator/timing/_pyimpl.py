@@ -37,6 +37,22 @@ def occupancy_ns(charged: int, fs_per_byte: int) -> int:
     return (charged * fs_per_byte + 500_000) // 1_000_000
 
 
+def first_poisoned(poison_bits: np.ndarray, dpa: int, n: int) -> int | None:
+    """DPA of the first poisoned 64-B line in [dpa, dpa+n) of a poison bitmap (line i: byte i>>3,
+    bit i&7), or None. Lines past the bitmap's end count as clean."""
+    if n == 0:
+        return None
+    first, last = dpa >> 6, min((dpa + n - 1) >> 6, poison_bits.size * 8 - 1)
+    if last < first:
+        return None
+    chunk = poison_bits[first >> 3:(last >> 3) + 1]
+    if not chunk.any():
+        return None
+    bits = np.unpackbits(chunk, bitorder="little")[(first & 7):(first & 7) + last - first + 1]
+    hits = np.flatnonzero(bits)
+    return int(first + hits[0]) << 6 if hits.size else None
+
+
 class PyCore:
     """Timed transfers over a media buffer; errors come back as (code, dpa) like the C core."""
 
@@ -56,17 +72,7 @@ class PyCore:
     # -- validation ---------------------------------------------------------------------
     def first_poison(self, dpa: int, n: int) -> int | None:
         """DPA of the first poisoned 64-B line in [dpa, dpa+n), or None."""
-        if n == 0 or self.poison is None:
-            return None
-        first, last = dpa >> 6, min((dpa + n - 1) >> 6, self.poison.size * 8 - 1)
-        if last < first:
-            return None
-        chunk = self.poison[first >> 3:(last >> 3) + 1]
-        if not chunk.any():
-            return None
-        bits = np.unpackbits(chunk, bitorder="little")[(first & 7):(first & 7) + last - first + 1]
-        hits = np.flatnonzero(bits)
-        return int(first + hits[0]) << 6 if hits.size else None
+        return None if self.poison is None else first_poisoned(self.poison, dpa, n)
 
     def _validate(self, d: int, dpa: int, n: int, check_poison: bool) -> int:
         if dpa > self.size or n > self.size - dpa:
