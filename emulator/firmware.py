@@ -14,6 +14,7 @@ each other; hosts are serialised by the mailbox lock (driver) and the doorbell.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -103,8 +104,6 @@ class Firmware:
     @property
     def capacity_used_bytes(self) -> int:
         """DPA bytes backed by memory: media pages written since the last sanitize (the file is sparse)."""
-        import os
-
         return os.stat(self.files.path / "media").st_blocks * 512
 
     # media state -----------------------------------------------------------------------------
