@@ -5,7 +5,7 @@ a vendor-specific block (CXL r3.1 §8.2.8.2 reserves capability IDs 0x8000-0xFFF
 It holds sections, each with exactly one writer and its own seqlock, so a writer never waits for a
 reader and a reader in another process gets a consistent copy without a lock or a mailbox command.
 
-Layout version 1.0 (offsets in the page; all fields little-endian; `layout_table()` regenerates the
+Layout version 1.1 (offsets in the page; all fields little-endian; `layout_table()` regenerates the
 tables below and a test checks that they match this text):
 
 Page header (0x0000, 64 B; written identically by every writer, see `format_page`):
@@ -14,7 +14,7 @@ Page header (0x0000, 64 B; written identically by every writer, see `format_page
 |---|---|---|---|
 | 0x0000 | 4 | magic | 0x544C5843, "CXLT" |
 | 0x0004 | 2 | version_major | 1; a reader refuses another major |
-| 0x0006 | 2 | version_minor | 0; added fields bump it, old readers ignore them |
+| 0x0006 | 2 | version_minor | 1; fields appended to a section bump it (sections never move); old readers ignore them |
 | 0x0008 | 4 | page_size | bytes of the page this layout uses |
 | 0x000C | 4 | section_count | 2 |
 | 0x0010 | 4 | firmware_offset | 0x0040 |
@@ -92,9 +92,32 @@ Host/KV section (0x1200; single writer: the one KV shim process that claimed it)
 | 0x009C | 4 | dma_cq_depth | DMA completion queue entries unreaped |
 | 0x00A0 | 4 | prefetch_queue_depth | prefetches queued, not yet submitted |
 | 0x00A4 | 4 | reserved2 | 0 |
+| 0x00A8 | 8 | dedup_chunks | blocks stored by pointing at a device chunk already holding their bytes (chained-hash hit); since 1.1 |
+| 0x00B0 | 8 | dedup_write_bytes | bytes those hits did not write to the device; since 1.1 |
+| 0x00B8 | 8 | dedup_load_bytes | bytes not read from the device: one read of a shared chunk served every sequence using it; since 1.1 |
+| 0x00C0 | 8 | cow_copies | shared chunks copied to a fresh chunk when a sequence diverged (copy on write); since 1.1 |
+| 0x00C8 | 8 | chunk_bytes | bytes per device chunk (block_tokens tokens of one kv head's K or V); since 1.1 |
+| 0x00D0 | 8 | device_chunks_used | device chunks referenced now; since 1.1 |
+| 0x00D8 | 8 | device_chunks_shared | device chunks referenced by more than one block now; since 1.1 |
+| 0x00E0 | 8 | device_saved_bytes | device bytes saved now: (block references - chunks used) x chunk_bytes; since 1.1 |
 
 Link counters (bytes and transfers per direction, link_free, latency histogram) are not here: the
 timed data path keeps them with atomic adds in the link-state block at 0x30000 (`emulator.timing`).
+
+Prefix sharing (host section from 0x00A8): ``dedup_*`` and ``cow_copies`` are totals since the shim
+started, like the counters above; ``device_*`` describe the shim's device chunks at the publish. A
+chunk referenced by n blocks (sequences of one batch, or caches of one process on the device) counts
+once in ``device_chunks_used``, once in ``device_chunks_shared`` when n > 1, and saves
+(n - 1) x ``chunk_bytes`` of device memory in ``device_saved_bytes``.
+
+Versions. Within a major version a section never moves and never shrinks: a minor version only
+appends fields (1.1 appended the prefix-sharing fields of the host section). A reader refuses
+another major and sections whose header offsets are not these; it reads each section's
+``*_size`` bytes as the header states them, so a field the page's minor lacks reads 0 and
+`TelemetrySnapshot.has` says it is absent (the monitor and the exporter then show nothing rather
+than a false zero), and the fields of a newer minor it does not know are ignored. A writer finding
+a page of an older minor (an older firmware formatted it) raises the header's minor and sizes to
+its own; a page of a newer minor it leaves alone, and writes the prefix of it that it knows.
 
 Why the seqlock is sound here. A writer does ``seq += 1`` (odd), stores the fields, ``seq += 1``
 (even); a reader loads ``seq`` (retrying while odd), copies the section, loads ``seq`` again and keeps
@@ -142,7 +165,7 @@ __all__ = [
 ]
 
 MAGIC = 0x544C5843  # "CXLT" little-endian
-VERSION_MAJOR, VERSION_MINOR = 1, 0
+VERSION_MAJOR, VERSION_MINOR = 1, 1
 HOTLIST_MAX = 256
 EVENTS_MAX = 16
 POISON_MAX = 16
@@ -152,16 +175,18 @@ LOG_NAMES = ("info", "warn", "fail", "fatal", "dcd")  # CXL r3.1 §8.2.9.2.2 eve
 
 @dataclass(frozen=True)
 class _Field:
-    """One field of a layout: numpy format, element count (0 = scalar), meaning for the doc table."""
+    """One field of a layout: numpy format, element count (0 = scalar), meaning for the doc table,
+    and the minor version that added it (a page of an older minor lacks it)."""
 
     name: str
     fmt: str
     count: int
     meaning: str
+    since: int = 0
 
 
-def _f(name: str, fmt: str, meaning: str, count: int = 0) -> _Field:
-    return _Field(name, fmt, count, meaning)
+def _f(name: str, fmt: str, meaning: str, count: int = 0, since: int = 0) -> _Field:
+    return _Field(name, fmt, count, meaning, since)
 
 
 class _Layout:
@@ -170,6 +195,7 @@ class _Layout:
     def __init__(self, name: str, items: Iterable[_Field]) -> None:
         self.name = name
         self.fields = tuple(items)
+        self.by_name = {f.name: f for f in self.fields}
         offsets, pos = [], 0
         for f in self.fields:
             align = np.dtype(f.fmt).alignment
@@ -196,11 +222,13 @@ _SECTION_HEAD = [
     _f("reserved1", "<u8", "0"),
 ]
 _HEAD_NAMES = {f.name for f in _SECTION_HEAD}
+_SECTION_HEAD_SIZE = 0x20  # seq, updated_ns, writer_pid, reserved: what every section starts with
 
 HEADER = _Layout("header", [
     _f("magic", "<u4", '0x544C5843, "CXLT"'),
     _f("version_major", "<u2", "1; a reader refuses another major"),
-    _f("version_minor", "<u2", "0; added fields bump it, old readers ignore them"),
+    _f("version_minor", "<u2", "1; fields appended to a section bump it (sections never move); "
+       "old readers ignore them"),
     _f("page_size", "<u4", "bytes of the page this layout uses"),
     _f("section_count", "<u4", "2"),
     _f("firmware_offset", "<u4", "0x0040"),
@@ -266,6 +294,20 @@ HOST = _Layout("host", _SECTION_HEAD[:2] + [
     _f("dma_cq_depth", "<u4", "DMA completion queue entries unreaped"),
     _f("prefetch_queue_depth", "<u4", "prefetches queued, not yet submitted"),
     _f("reserved2", "<u4", "0"),
+    # 1.1: prefix sharing (driver/kv/_chunkio.py): what sharing device chunks by chained hash saves
+    _f("dedup_chunks", "<u8", "blocks stored by pointing at a device chunk already holding their "
+       "bytes (chained-hash hit)", since=1),
+    _f("dedup_write_bytes", "<u8", "bytes those hits did not write to the device", since=1),
+    _f("dedup_load_bytes", "<u8", "bytes not read from the device: one read of a shared chunk "
+       "served every sequence using it", since=1),
+    _f("cow_copies", "<u8", "shared chunks copied to a fresh chunk when a sequence diverged "
+       "(copy on write)", since=1),
+    _f("chunk_bytes", "<u8", "bytes per device chunk (block_tokens tokens of one kv head's K or V)",
+       since=1),
+    _f("device_chunks_used", "<u8", "device chunks referenced now", since=1),
+    _f("device_chunks_shared", "<u8", "device chunks referenced by more than one block now", since=1),
+    _f("device_saved_bytes", "<u8", "device bytes saved now: (block references - chunks used) x "
+       "chunk_bytes", since=1),
 ])
 
 
@@ -278,16 +320,16 @@ HOST_OFFSET = _align64(FIRMWARE_OFFSET + FIRMWARE.size)
 PAGE_SIZE = _align64(HOST_OFFSET + HOST.size)
 SECTIONS = {"firmware": (FIRMWARE, FIRMWARE_OFFSET), "host": (HOST, HOST_OFFSET)}
 # Build-time checks, like QEMU_BUILD_BUG_ON: the documented layout is the one packed here.
-assert HEADER.size == 0x20 and FIRMWARE.size == 0x1198 and HOST.size == 0xA8
-assert HOST_OFFSET == 0x1200 and PAGE_SIZE == 0x12C0 <= TELEMETRY_SIZE
+assert HEADER.size == 0x20 and FIRMWARE.size == 0x1198 and HOST.size == 0xE8
+assert HOST_OFFSET == 0x1200 and PAGE_SIZE == 0x1300 <= TELEMETRY_SIZE
 
 
 def layout_table(name: str) -> str:
     """The markdown table of layout `name` ("header", "firmware", "host"), as in the module doc."""
     layout = {"header": HEADER, "firmware": FIRMWARE, "host": HOST}[name]
     rows = ["| offset | width | name | meaning |", "|---|---|---|---|"]
-    rows += [f"| 0x{layout.offsets[f.name]:04X} | {layout.width(f)} | {f.name} | {f.meaning} |"
-             for f in layout.fields]
+    rows += [f"| 0x{layout.offsets[f.name]:04X} | {layout.width(f)} | {f.name} | {f.meaning}"
+             f"{f'; since {VERSION_MAJOR}.{f.since}' if f.since else ''} |" for f in layout.fields]
     return "\n".join(rows)
 
 
@@ -367,6 +409,14 @@ class HostTelemetry:
     dma_sq_depth: int = 0
     dma_cq_depth: int = 0
     prefetch_queue_depth: int = 0
+    dedup_chunks: int = 0
+    dedup_write_bytes: int = 0
+    dedup_load_bytes: int = 0
+    cow_copies: int = 0
+    chunk_bytes: int = 0
+    device_chunks_used: int = 0
+    device_chunks_shared: int = 0
+    device_saved_bytes: int = 0
     seq: int = 0
     updated_ns: int = 0
     writer_pid: int = 0
@@ -382,6 +432,17 @@ class TelemetrySnapshot:
     host: HostTelemetry | None = None
     link: Any = None
     notes: list[str] = field(default_factory=list)
+
+    def has(self, section: str, name: str) -> bool:
+        """Whether the page's layout version carries field `name` of `section` ("firmware",
+        "host"): a page of an older minor lacks later fields, which then read 0."""
+        if section not in SECTIONS:
+            raise ValueError(f"unknown telemetry section {section!r}: use one of {sorted(SECTIONS)}")
+        fld = SECTIONS[section][0].by_name.get(name)
+        if fld is None:
+            raise ValueError(f"telemetry section {section!r} has no field {name!r}")
+        return (self.version is not None and self.version[0] == VERSION_MAJOR
+                and self.version[1] >= fld.since)
 
 
 _DATACLASS = {"firmware": FirmwareTelemetry, "host": HostTelemetry}
@@ -419,22 +480,40 @@ def _check_region(region: Any, offset: int) -> None:
 
 
 def format_page(region: Any, offset: int = TELEMETRY_OFFSET) -> None:
-    """Write the page header if it is missing. Idempotent; every writer calls it, so concurrent
-    calls write the same bytes. The magic goes last, so a reader that sees it sees the rest."""
+    """Write the page header if it is missing, or raise an older minor's header to this one.
+    Idempotent; every writer calls it, so concurrent calls write the same bytes. The magic (and,
+    on an upgrade, the minor) goes last, so a reader that sees it sees the rest."""
     _check_region(region, offset)
     head = np.ndarray((), dtype=HEADER.dtype, buffer=region, offset=offset)
-    if int(head["magic"]) == MAGIC:
-        major = int(head["version_major"])
-        if major != VERSION_MAJOR:
-            raise TelemetryError(f"telemetry page has layout version {major}, this code writes "
-                                 f"{VERSION_MAJOR}: recreate the device")
-        return
     values = {"version_major": VERSION_MAJOR, "version_minor": VERSION_MINOR, "page_size": PAGE_SIZE,
               "section_count": len(SECTIONS), "firmware_offset": FIRMWARE_OFFSET,
               "firmware_size": FIRMWARE.size, "host_offset": HOST_OFFSET, "host_size": HOST.size}
+    if int(head["magic"]) == MAGIC:
+        problem = _header_problem(head)
+        if problem is not None:
+            raise TelemetryError(f"{problem}: recreate the device")
+        if int(head["version_minor"]) < VERSION_MINOR:  # our sections extend the older ones
+            for name in ("page_size", "firmware_size", "host_size"):
+                head[name] = values[name]
+            head["version_minor"] = VERSION_MINOR
+        return
     for name, value in values.items():
         head[name] = value
     head["magic"] = MAGIC
+
+
+def _header_problem(head: np.ndarray) -> str | None:
+    """Why a formatted page's header cannot be read or written by this layout (None: it can)."""
+    major = int(head["version_major"])
+    if major != VERSION_MAJOR:
+        return (f"telemetry page has layout version {major}.{int(head['version_minor'])}, this code "
+                f"reads and writes {VERSION_MAJOR}.x")
+    for name, (_, rel) in SECTIONS.items():
+        at, size = int(head[f"{name}_offset"]), int(head[f"{name}_size"])
+        if at != rel or size < _SECTION_HEAD_SIZE:
+            return (f"telemetry page header puts the {name} section at {at:#x} (+{size:#x} B), layout "
+                    f"{VERSION_MAJOR}.x has it at {rel:#x} (at least {_SECTION_HEAD_SIZE:#x} B)")
+    return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -671,15 +750,21 @@ class TelemetryReader:
             snap.notes.append(f"telemetry layout version {snap.version[0]}.{snap.version[1]} is not "
                               f"{VERSION_MAJOR}.x: upgrade cxlemu to read it")
             return snap
-        snap.firmware = self._section("firmware", snap.notes)  # type: ignore[assignment]
-        snap.host = self._section("host", snap.notes)  # type: ignore[assignment]
+        problem = _header_problem(head)
+        if problem is not None:
+            snap.notes.append(f"{problem}: cannot read it")
+            return snap
+        # An older minor's section is shorter: read what it has, its missing fields read 0.
+        sizes = {name: min(int(head[f"{name}_size"]), layout.size) for name, (layout, _) in SECTIONS.items()}
+        snap.firmware = self._section("firmware", sizes["firmware"], snap.notes)  # type: ignore[assignment]
+        snap.host = self._section("host", sizes["host"], snap.notes)  # type: ignore[assignment]
         if self.link_reader is not None:
             snap.link = self.link_reader()
         return snap
 
-    def _section(self, name: str, notes: list[str]) -> FirmwareTelemetry | HostTelemetry | None:
+    def _section(self, name: str, size: int, notes: list[str]) -> FirmwareTelemetry | HostTelemetry | None:
         try:
-            seq, raw = self._read_raw(name)
+            seq, raw = self._read_raw(name, size)
         except _Unstable as exc:
             notes.append(f"{name} section unreadable: writer {exc.args[0]} stopped mid-update")
             return None
@@ -688,6 +773,7 @@ class TelemetryReader:
                          else "no KV shim has published telemetry")
             return None
         dtype = self._layout(name).dtype
+        raw += bytes(dtype.itemsize - len(raw))
         # Plain Python ints, lists and bytes: callers get no numpy scalars.
         rec = {name: v.tolist() if isinstance(v, np.ndarray) else v
                for name, v in zip(dtype.names, np.frombuffer(raw, dtype).tolist()[0])}
@@ -697,8 +783,9 @@ class TelemetryReader:
     def _layout(name: str) -> _Layout:
         return SECTIONS[name][0]
 
-    def _read_raw(self, name: str) -> tuple[int, bytes]:
-        """The seqlock read side: seq (even), copy, seq again; retry until both loads agree."""
+    def _read_raw(self, name: str, size: int) -> tuple[int, bytes]:
+        """The seqlock read side: seq (even), copy ``size`` bytes, seq again; retry until both
+        loads agree."""
         assert self._mv is not None
         layout, rel = SECTIONS[name]
         base = self._offset + rel
@@ -707,7 +794,7 @@ class TelemetryReader:
         while True:
             before = int(cell[0])
             if not before & 1:
-                raw = self._mv[base:base + layout.size].tobytes()
+                raw = self._mv[base:base + size].tobytes()
                 if int(cell[0]) == before:
                     return before, raw
             if time.monotonic() > deadline:

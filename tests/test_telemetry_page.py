@@ -44,11 +44,17 @@ def test_module_doc_tables_match_packed_layout(name: str) -> None:
 
 
 def test_layout_offsets_are_fixed() -> None:
-    """Version 1.0 offsets that other programs may hard-code."""
-    assert (T.FIRMWARE_OFFSET, T.HOST_OFFSET, T.PAGE_SIZE) == (0x40, 0x1200, 0x12C0)
+    """Offsets that other programs may hard-code: 1.0's are unchanged, 1.1 appended to the host
+    section (the page grew from 0x12C0 to 0x1300)."""
+    assert (T.FIRMWARE_OFFSET, T.HOST_OFFSET, T.PAGE_SIZE) == (0x40, 0x1200, 0x1300)
     assert T.FIRMWARE.offsets["capacity_used_bytes"] == 0x38
     assert T.FIRMWARE.offsets["hot_unit"] == 0x98
     assert T.HOST.offsets["stall_ns"] == 0x68
+    assert T.HOST.offsets["reserved2"] == 0xA4  # the end of 1.0's host section: 0xA8
+    assert (T.HOST.offsets["dedup_chunks"], T.HOST.offsets["device_saved_bytes"], T.HOST.size) == (0xA8, 0xE0, 0xE8)
+    assert [f.name for f in T.HOST.fields if f.since == 1] == [
+        "dedup_chunks", "dedup_write_bytes", "dedup_load_bytes", "cow_copies", "chunk_bytes",
+        "device_chunks_used", "device_chunks_shared", "device_saved_bytes"]
 
 
 def test_unformatted_and_unpublished_pages_are_reported() -> None:
@@ -60,7 +66,7 @@ def test_unformatted_and_unpublished_pages_are_reported() -> None:
     assert snap.notes == ["telemetry page not formatted: no firmware has published yet"]
     TelemetryWriter(bar, "firmware")
     snap = reader.snapshot()
-    assert snap.version == (1, 0)
+    assert snap.version == (1, 1)
     assert snap.notes == ["firmware has not published telemetry yet", "no KV shim has published telemetry"]
 
 
@@ -100,7 +106,8 @@ def test_partial_publish_keeps_other_fields() -> None:
 @given(st.builds(HostTelemetry, **{f: st.integers(0, 2**64 - 1) for f in (
     "hits", "misses", "loads", "offloads", "prefetch_issued", "prefetch_useful", "prefetch_late",
     "prefetch_wasted", "evictions", "stall_ns", "tokens_generated", "blocks_resident", "blocks_total",
-    "hbm_bytes", "hbm_budget_bytes")}, dma_sq_depth=st.integers(0, 2**32 - 1),
+    "hbm_bytes", "hbm_budget_bytes", "dedup_chunks", "dedup_write_bytes", "dedup_load_bytes", "cow_copies",
+    "chunk_bytes", "device_chunks_used", "device_chunks_shared", "device_saved_bytes")}, dma_sq_depth=st.integers(0, 2**32 - 1),
     dma_cq_depth=st.integers(0, 2**32 - 1), prefetch_queue_depth=st.integers(0, 2**32 - 1)))
 def test_host_dataclass_round_trip(snapshot: HostTelemetry) -> None:
     """Any in-range HostTelemetry published whole reads back equal (header fields aside)."""
@@ -111,6 +118,73 @@ def test_host_dataclass_round_trip(snapshot: HostTelemetry) -> None:
     assert got is not None
     got.seq = got.updated_ns = got.writer_pid = 0
     assert got == snapshot
+
+
+def _header(bar: bytearray) -> np.ndarray:
+    return np.ndarray((), T.HEADER.dtype, bar, TELEMETRY_OFFSET)
+
+
+def _as_layout_1_0(bar: bytearray) -> None:
+    """Make the header say what a 1.0 writer formatted: minor 0, the 1.0 sizes."""
+    head = _header(bar)
+    head["version_minor"], head["page_size"], head["host_size"] = 0, 0x12C0, 0xA8
+
+
+def test_page_of_an_older_minor_lacks_the_new_fields() -> None:
+    """A 1.0 page: the reader copies only the 0xA8 bytes its header states (bytes after them read
+    0 even when not zero on the page) and says which fields the page lacks."""
+    bar = _bar()
+    TelemetryWriter(bar, "host").publish(hits=3, dedup_chunks=5, device_saved_bytes=4096)
+    _as_layout_1_0(bar)
+    snap = TelemetryReader(bar).snapshot()
+    assert snap.version == (1, 0) and snap.host is not None
+    assert (snap.host.hits, snap.host.dedup_chunks, snap.host.device_saved_bytes) == (3, 0, 0)
+    assert snap.has("host", "hits") and snap.has("firmware", "hot_unit")
+    assert not snap.has("host", "dedup_chunks") and not snap.has("host", "device_saved_bytes")
+    assert not T.TelemetrySnapshot().has("host", "hits")  # no page read: nothing is known
+    with pytest.raises(ValueError, match="has no field 'nope'"):
+        snap.has("host", "nope")
+
+
+def test_writer_raises_an_older_minor_to_its_own() -> None:
+    """A 1.1 writer claiming a page an older firmware formatted as 1.0 raises its header's minor
+    and sizes (offsets stay), so readers see the appended fields it publishes."""
+    bar = _bar()
+    TelemetryWriter(bar, "firmware").publish(uptime_ns=1)
+    _as_layout_1_0(bar)
+    TelemetryWriter(bar, "host").publish(device_chunks_shared=7)
+    head = _header(bar)
+    assert (int(head["version_minor"]), int(head["page_size"]), int(head["host_size"])) == (1, 0x1300, 0xE8)
+    assert (int(head["firmware_offset"]), int(head["host_offset"])) == (0x40, 0x1200)
+    snap = TelemetryReader(bar).snapshot()
+    assert snap.version == (1, 1) and snap.has("host", "device_chunks_shared")
+    assert snap.host is not None and snap.host.device_chunks_shared == 7
+    assert snap.firmware is not None and snap.firmware.uptime_ns == 1
+
+
+def test_newer_minor_is_read_as_far_as_known() -> None:
+    """A page of a later minor (longer sections) is read up to this layout's fields."""
+    bar = _bar()
+    TelemetryWriter(bar, "host").publish(cow_copies=2)
+    head = _header(bar)
+    head["version_minor"], head["host_size"] = 9, 0x200
+    TelemetryWriter(bar, "host")  # leaves a newer header alone
+    assert (int(head["version_minor"]), int(head["host_size"])) == (9, 0x200)
+    snap = TelemetryReader(bar).snapshot()
+    assert snap.version == (1, 9) and snap.host is not None and snap.host.cow_copies == 2
+
+
+def test_header_that_moves_a_section_is_refused() -> None:
+    """Within a major, sections never move: a header saying otherwise is not read or written."""
+    bar = _bar()
+    TelemetryWriter(bar, "host").publish(hits=1)
+    _header(bar)["host_offset"] = 0x1240
+    snap = TelemetryReader(bar).snapshot()
+    assert snap.host is None and snap.firmware is None
+    assert snap.notes == ["telemetry page header puts the host section at 0x1240 (+0xe8 B), layout 1.x "
+                          "has it at 0x1200 (at least 0x20 B): cannot read it"]
+    with pytest.raises(TelemetryError, match="host section at 0x1240.*: recreate the device"):
+        TelemetryWriter(bar, "host")
 
 
 @pytest.mark.parametrize("kwargs, message", [
