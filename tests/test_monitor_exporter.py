@@ -76,6 +76,36 @@ def test_render_metrics_exact_text() -> None:
     assert text.count("# TYPE cxlemu:uptime_seconds gauge") == 1
 
 
+SHARING = {"kv_dedup_chunks_total": 32, "kv_dedup_write_bytes_total": 8192, "kv_dedup_load_bytes_total": 59392,
+           "kv_cow_copies_total": 3, "kv_chunk_bytes": 256, "kv_device_chunks_used": 152,
+           "kv_device_chunks_shared": 32, "kv_device_saved_bytes": 16384}
+
+
+def _sharing_host() -> HostTelemetry:
+    return HostTelemetry(dedup_chunks=32, dedup_write_bytes=8192, dedup_load_bytes=59392, cow_copies=3,
+                         chunk_bytes=256, device_chunks_used=152, device_chunks_shared=32,
+                         device_saved_bytes=16384, seq=2)
+
+
+def test_prefix_sharing_metrics() -> None:
+    """Layout 1.1 pages export the sharing fields: totals as counters, the state now as gauges."""
+    text = render_metrics([DeviceView("a", "served", snapshot=TelemetrySnapshot((1, 1), None, _sharing_host()))])
+    got = samples(text)
+    assert {name: got[f'cxlemu:{name}{{device="a"}}'] for name in SHARING} == SHARING
+    assert "# TYPE cxlemu:kv_dedup_write_bytes_total counter" in text
+    assert "# TYPE cxlemu:kv_device_saved_bytes gauge" in text
+    assert "# HELP cxlemu:kv_device_saved_bytes Device bytes prefix sharing saves now: (references - chunks " \
+           "used) x chunk size." in text
+
+
+def test_prefix_sharing_metrics_absent_from_a_layout_1_0_page() -> None:
+    """A 1.0 page lacks the fields: no series rather than a false zero."""
+    got = samples(render_metrics([DeviceView("a", "served", snapshot=TelemetrySnapshot((1, 0), None,
+                                                                                       _sharing_host()))]))
+    assert got['cxlemu:kv_hits_total{device="a"}'] == 0
+    assert not [k for k in got if any(k.startswith(f"cxlemu:{name}{{") for name in SHARING)]
+
+
 def test_latency_histogram_is_cumulative() -> None:
     link = linkstate.snapshot(bytes(linkstate.USED_BYTES))
     link.update(read_transfers=15, read_latency_ns=3000, read_hist_07=10, read_hist_08=5, read_bytes=960)

@@ -143,6 +143,25 @@ def test_kv_panel_rates() -> None:
     assert "HBM 60.0 MiB of 128.0 MiB" in text
 
 
+def test_kv_panel_prefix_sharing() -> None:
+    """Layout 1.1: chunks shared now of those used, the device bytes that saves, and the totals of
+    writes and reads avoided and copies on write."""
+    host = HostTelemetry(device_chunks_shared=32, device_chunks_used=152, device_saved_bytes=16 * 1024,
+                         chunk_bytes=256, dedup_write_bytes=8192, dedup_load_bytes=59392, cow_copies=1234,
+                         dedup_chunks=32, writer_pid=7)
+    v = DeviceView("mon0", "served", "firmware pid 100", TelemetrySnapshot((1, 1), firmware(), host))
+    text = squeeze(render(P.kv_panel(v)))
+    assert "│ sharing 32/152 device chunks shared, 16.0 KiB saved │" in text
+    assert "│ dedup 8.0 KiB unwritten, 58.0 KiB unread, 1,234 CoW │" in text
+
+
+def test_kv_panel_of_a_layout_1_0_page_says_sharing_is_not_published() -> None:
+    """A 1.0 page has no sharing fields: the panel says so instead of showing zeros."""
+    text = squeeze(render(P.kv_panel(view(host=HostTelemetry(device_chunks_shared=5)))))
+    assert "│ sharing not published (telemetry layout 1.0) │" in text
+    assert "dedup" not in text and "device chunks" not in text
+
+
 def test_kv_panel_without_shim() -> None:
     assert "no KV shim attached (host section empty)" in squeeze(render(P.kv_panel(view())))
 

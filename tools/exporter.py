@@ -54,6 +54,24 @@ _HOST_METRICS = {
     "hbm_kv_bytes": ("gauge", "Accelerator bytes holding KV.", "hbm_bytes"),
     "hbm_kv_budget_bytes": ("gauge", "Accelerator bytes allowed for KV.", "hbm_budget_bytes"),
 }
+# Prefix sharing (host section since layout 1.1): left out for an older page, where they would
+# read as a false zero.
+_SHARING_METRICS = {
+    "kv_dedup_chunks_total": ("counter", "KV blocks stored by pointing at a device chunk already holding "
+                              "their bytes (prefix sharing).", "dedup_chunks"),
+    "kv_dedup_write_bytes_total": ("counter", "Bytes prefix sharing kept from being written to the device.",
+                                   "dedup_write_bytes"),
+    "kv_dedup_load_bytes_total": ("counter", "Bytes prefix sharing kept from being read from the device "
+                                  "(one read served every sequence sharing a chunk).", "dedup_load_bytes"),
+    "kv_cow_copies_total": ("counter", "Shared KV chunks copied on write when a sequence diverged.",
+                            "cow_copies"),
+    "kv_chunk_bytes": ("gauge", "Bytes per device KV chunk.", "chunk_bytes"),
+    "kv_device_chunks_used": ("gauge", "Device KV chunks referenced now.", "device_chunks_used"),
+    "kv_device_chunks_shared": ("gauge", "Device KV chunks referenced by more than one block now.",
+                                "device_chunks_shared"),
+    "kv_device_saved_bytes": ("gauge", "Device bytes prefix sharing saves now: (references - chunks "
+                              "used) x chunk size.", "device_saved_bytes"),
+}
 _LINK_COUNTERS = {
     "link_bytes_total": ("Bytes moved over the link.", "bytes", 1.0),
     "link_transfers_total": ("Timed transfers over the link.", "transfers", 1.0),
@@ -121,6 +139,9 @@ def _device_metrics(fam: _Families, view: DeviceView) -> None:
         host = snap.host
         for name, (kind, help_text, fld) in _HOST_METRICS.items():
             fam.add(name, kind, help_text, getattr(host, fld), device=d)
+        for name, (kind, help_text, fld) in _SHARING_METRICS.items():
+            if snap.has("host", fld):
+                fam.add(name, kind, help_text, getattr(host, fld), device=d)
         fam.add("kv_stall_seconds_total", "counter", "Time compute waited for KV.", host.stall_ns * 1e-9, device=d)
         queues = (("dma_sq", "dma_sq_depth"), ("dma_cq", "dma_cq_depth"), ("prefetch", "prefetch_queue_depth"))
         for queue, fld in queues:

@@ -104,7 +104,7 @@ def dashboard(views: list[DeviceView], selected: int, now: float, clock: str, *,
                       Layout(P.bandwidth_panel(view, now, _spark_width(width)), size=7),
                       Layout(P.latency_panel(view)))
     right = Layout()
-    right.split_column(Layout(P.kv_panel(view), size=8), Layout(P.queue_panel(view), size=7),
+    right.split_column(Layout(P.kv_panel(view), size=10), Layout(P.queue_panel(view), size=7),
                        Layout(P.events_panel(view)))
     body = Layout()
     body.split_row(left, right)

@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from emulator.telemetry import LOG_NAMES, FirmwareTelemetry
+from emulator.telemetry import LOG_NAMES, FirmwareTelemetry, HostTelemetry, TelemetrySnapshot
 from emulator.timing import linkstate
 from tools.monitor.history import DIRECTIONS, sparkline
 from tools.monitor.source import DeviceView
@@ -193,7 +193,8 @@ def queue_panel(view: DeviceView) -> Panel:
 
 
 def kv_panel(view: DeviceView) -> Panel:
-    """Hit rate, prefetch timeliness, stall time and accelerator residency of the KV shim."""
+    """Hit rate, prefetch timeliness, stall time, accelerator residency and the prefix-sharing
+    saving of the KV shim."""
     host = view.snapshot.host if view.snapshot else None
     if host is None:
         return Panel(Text("no KV shim attached (host section empty)", style="dim"),
@@ -212,7 +213,21 @@ def kv_panel(view: DeviceView) -> Panel:
     table.add_row("blocks", f"{bar(host.blocks_resident / host.blocks_total if host.blocks_total else 0, 20)} "
                             f"{host.blocks_resident:,}/{host.blocks_total:,} resident")
     table.add_row("HBM", f"{fmt_bytes(host.hbm_bytes)} of {fmt_bytes(host.hbm_budget_bytes)}")
+    for label, text in sharing_rows(view.snapshot, host):
+        table.add_row(label, text)
     return Panel(table, title=_title(view, f"KV cache (writer pid {host.writer_pid})"))
+
+
+def sharing_rows(snap: TelemetrySnapshot | None, host: HostTelemetry) -> list[tuple[str, str | Text]]:
+    """Prefix sharing: device chunks shared now and the bytes that saves, then the totals of
+    writes and reads avoided and copies on write. A page of layout 1.0 has no such fields."""
+    if snap is None or not snap.has("host", "device_saved_bytes"):
+        version = ".".join(map(str, snap.version)) if snap and snap.version else "?"
+        return [("sharing", Text(f"not published (telemetry layout {version})", style="dim"))]
+    return [("sharing", f"{host.device_chunks_shared:,}/{host.device_chunks_used:,} device chunks shared, "
+                        f"{fmt_bytes(host.device_saved_bytes)} saved"),
+            ("dedup", f"{fmt_bytes(host.dedup_write_bytes)} unwritten, {fmt_bytes(host.dedup_load_bytes)} "
+                      f"unread, {host.cow_copies:,} CoW")]
 
 
 def heat_cells(fw: FirmwareTelemetry, capacity: int, cells: int) -> list[int]:
