@@ -142,7 +142,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -608,7 +608,7 @@ class TelemetryWriter:
         self._claimed = False
         del self._rec, self._seq
 
-    def __enter__(self) -> TelemetryWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -775,8 +775,8 @@ class TelemetryReader:
         dtype = self._layout(name).dtype
         raw += bytes(dtype.itemsize - len(raw))
         # Plain Python ints, lists and bytes: callers get no numpy scalars.
-        rec = {name: v.tolist() if isinstance(v, np.ndarray) else v
-               for name, v in zip(dtype.names, np.frombuffer(raw, dtype).tolist()[0])}
+        rec = {key: v.tolist() if isinstance(v, np.ndarray) else v
+               for key, v in zip(dtype.names or (), np.frombuffer(raw, dtype).tolist()[0])}
         return _decode_firmware(rec) if name == "firmware" else _decode_host(rec)
 
     @staticmethod

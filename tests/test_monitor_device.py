@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Self
 
 import numpy as np
 import pytest
@@ -68,7 +69,7 @@ class Load:
             self.host.publish(tokens_generated=i, hits=3 * i, misses=i)
             time.sleep(0.002)  # leave the second core to the monitor process
 
-    def __enter__(self) -> Load:
+    def __enter__(self) -> Self:
         self.thread.start()
         return self
 

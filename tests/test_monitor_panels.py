@@ -5,7 +5,13 @@ import io
 
 from rich.console import Console, RenderableType
 
-from emulator.telemetry import EventEntry, FirmwareTelemetry, HostTelemetry, PoisonEntry, TelemetrySnapshot
+from emulator.telemetry import (
+    EventEntry,
+    FirmwareTelemetry,
+    HostTelemetry,
+    PoisonEntry,
+    TelemetrySnapshot,
+)
 from emulator.timing import linkstate
 from tools.monitor import panels as P
 from tools.monitor.app import dashboard, dashboard_grid, header

@@ -181,8 +181,8 @@ def test_header_that_moves_a_section_is_refused() -> None:
     _header(bar)["host_offset"] = 0x1240
     snap = TelemetryReader(bar).snapshot()
     assert snap.host is None and snap.firmware is None
-    assert snap.notes == ["telemetry page header puts the host section at 0x1240 (+0xe8 B), layout 1.x "
-                          "has it at 0x1200 (at least 0x20 B): cannot read it"]
+    assert snap.notes == [("telemetry page header puts the host section at 0x1240 (+0xe8 B), layout 1.x "
+                           "has it at 0x1200 (at least 0x20 B): cannot read it")]
     with pytest.raises(TelemetryError, match="host section at 0x1240.*: recreate the device"):
         TelemetryWriter(bar, "host")
 

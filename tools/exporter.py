@@ -57,20 +57,21 @@ _HOST_METRICS = {
 # Prefix sharing (host section since layout 1.1): left out for an older page, where they would
 # read as a false zero.
 _SHARING_METRICS = {
-    "kv_dedup_chunks_total": ("counter", "KV blocks stored by pointing at a device chunk already holding "
-                              "their bytes (prefix sharing).", "dedup_chunks"),
+    "kv_dedup_chunks_total": ("counter", ("KV blocks stored by pointing at a device chunk already holding "
+                                          "their bytes (prefix sharing)."), "dedup_chunks"),
     "kv_dedup_write_bytes_total": ("counter", "Bytes prefix sharing kept from being written to the device.",
                                    "dedup_write_bytes"),
-    "kv_dedup_load_bytes_total": ("counter", "Bytes prefix sharing kept from being read from the device "
-                                  "(one read served every sequence sharing a chunk).", "dedup_load_bytes"),
+    "kv_dedup_load_bytes_total": ("counter", ("Bytes prefix sharing kept from being read from the device "
+                                              "(one read served every sequence sharing a chunk)."),
+                                  "dedup_load_bytes"),
     "kv_cow_copies_total": ("counter", "Shared KV chunks copied on write when a sequence diverged.",
                             "cow_copies"),
     "kv_chunk_bytes": ("gauge", "Bytes per device KV chunk.", "chunk_bytes"),
     "kv_device_chunks_used": ("gauge", "Device KV chunks referenced now.", "device_chunks_used"),
     "kv_device_chunks_shared": ("gauge", "Device KV chunks referenced by more than one block now.",
                                 "device_chunks_shared"),
-    "kv_device_saved_bytes": ("gauge", "Device bytes prefix sharing saves now: (references - chunks "
-                              "used) x chunk size.", "device_saved_bytes"),
+    "kv_device_saved_bytes": ("gauge", ("Device bytes prefix sharing saves now: (references - chunks "
+                                        "used) x chunk size."), "device_saved_bytes"),
 }
 _LINK_COUNTERS = {
     "link_bytes_total": ("Bytes moved over the link.", "bytes", 1.0),

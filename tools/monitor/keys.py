@@ -12,7 +12,7 @@ import sys
 import termios
 import time
 import tty
-from typing import IO
+from typing import IO, Self
 
 # Arrow keys arrive as escape sequences (xterm / VT100 cursor keys in normal mode).
 _SEQUENCES = {"\x1b[C": "right", "\x1b[D": "left", "\x1b[A": "up", "\x1b[B": "down",
@@ -31,7 +31,7 @@ class KeyReader:
     def interactive(self) -> bool:
         return self._fd is not None
 
-    def __enter__(self) -> KeyReader:
+    def __enter__(self) -> Self:
         try:
             fd = self.stream.fileno()
         except (OSError, ValueError, AttributeError):

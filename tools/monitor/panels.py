@@ -14,7 +14,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from emulator.telemetry import LOG_NAMES, FirmwareTelemetry, HostTelemetry, TelemetrySnapshot
+from emulator.telemetry import (
+    LOG_NAMES,
+    FirmwareTelemetry,
+    HostTelemetry,
+    TelemetrySnapshot,
+)
 from emulator.timing import linkstate
 from tools.monitor.history import DIRECTIONS, sparkline
 from tools.monitor.source import DeviceView
@@ -224,10 +229,11 @@ def sharing_rows(snap: TelemetrySnapshot | None, host: HostTelemetry) -> list[tu
     if snap is None or not snap.has("host", "device_saved_bytes"):
         version = ".".join(map(str, snap.version)) if snap and snap.version else "?"
         return [("sharing", Text(f"not published (telemetry layout {version})", style="dim"))]
-    return [("sharing", f"{host.device_chunks_shared:,}/{host.device_chunks_used:,} device chunks shared, "
-                        f"{fmt_bytes(host.device_saved_bytes)} saved"),
-            ("dedup", f"{fmt_bytes(host.dedup_write_bytes)} unwritten, {fmt_bytes(host.dedup_load_bytes)} "
-                      f"unread, {host.cow_copies:,} CoW")]
+    shared = (f"{host.device_chunks_shared:,}/{host.device_chunks_used:,} device chunks shared, "
+              f"{fmt_bytes(host.device_saved_bytes)} saved")
+    avoided = (f"{fmt_bytes(host.dedup_write_bytes)} unwritten, {fmt_bytes(host.dedup_load_bytes)} unread, "
+               f"{host.cow_copies:,} CoW")
+    return [("sharing", shared), ("dedup", avoided)]
 
 
 def heat_cells(fw: FirmwareTelemetry, capacity: int, cells: int) -> list[int]:
