@@ -3,7 +3,9 @@
     python -m tools.monitor.bench [--rounds N]
 
 Prints microseconds per call: a full firmware publish (256 hotlist entries, 16 events, 16 poison
-records), a small host publish, and a reader snapshot of both sections. Figures are wall-clock
+records), a small and a full host publish, a reader snapshot of both sections, and the KV shim's
+prefix-sharing gauges (``driver.kv._telemetry.sharing_gauges``) over the block tables of a small
+and a large model (the shim computes them at each publish, ~10 times a second). Figures are wall-clock
 means over N rounds on this machine: compare them with each other, not across machines.
 """
 from __future__ import annotations
@@ -11,9 +13,20 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from dataclasses import fields
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
 
 from emulator.spec.registers import BAR_SIZE
-from emulator.telemetry import EventEntry, PoisonEntry, TelemetryReader, TelemetryWriter
+from emulator.telemetry import (
+    EventEntry,
+    HostTelemetry,
+    PoisonEntry,
+    TelemetryReader,
+    TelemetryWriter,
+)
 
 
 def _mean_us(fn: Callable[[], object], rounds: int) -> float:
@@ -24,7 +37,24 @@ def _mean_us(fn: Callable[[], object], rounds: int) -> float:
     return (time.perf_counter() - start) / rounds * 1e6
 
 
+def _tables(layers: int, batch: int, pieces: int, blocks: int, shared: int) -> Any:
+    """What `sharing_gauges` reads of an engine: block tables (half their capacity in use, the
+    first `shared` blocks of every row one chunk, as with a common prompt prefix) and the pool."""
+    tables, nxt = [], 0
+    for _ in range(layers):
+        ids = np.full((batch, pieces, 2 * blocks), -1, np.int64)
+        ids[:, :, :blocks] = np.arange(nxt, nxt + batch * pieces * blocks).reshape(batch, pieces, blocks)
+        ids[:, :, :shared] = ids[0, :, :shared]
+        nxt += batch * pieces * blocks
+        tables.append(SimpleNamespace(chunks=SimpleNamespace(ids=ids)))
+    used = layers * pieces * (batch * (blocks - shared) + shared)
+    return SimpleNamespace(pool=SimpleNamespace(used=used), layout=SimpleNamespace(chunk_bytes=4096),
+                           layers=tables)
+
+
 def run(rounds: int) -> dict[str, float]:
+    from driver.kv._telemetry import sharing_gauges
+
     bar = bytearray(BAR_SIZE)
     fw = TelemetryWriter(bar, "firmware")
     host = TelemetryWriter(bar, "host")
@@ -32,6 +62,7 @@ def run(rounds: int) -> dict[str, float]:
     hotlist = [(u * 7, 1000 - u) for u in range(256)]
     events = [EventEntry(i, i % 5, f"event {i}: general media error") for i in range(16)]
     poison = [PoisonEntry(i * 4096, 64, 3) for i in range(16)]
+    small, large = _tables(16, 1, 4, 32, 0), _tables(32, 4, 16, 512, 128)
     return {
         "firmware publish, full (256 hot, 16 events, 16 poison)": _mean_us(
             lambda: fw.publish(uptime_ns=1, capacity_bytes=1 << 30, hotlist=hotlist, recent_events=events,
@@ -40,7 +71,14 @@ def run(rounds: int) -> dict[str, float]:
             lambda: fw.publish(uptime_ns=2, timestamp_ns=3, temperature_c=40, media_status=1), rounds),
         "host publish, 6 counters": _mean_us(
             lambda: host.publish(hits=1, misses=2, loads=3, offloads=4, stall_ns=5, tokens_generated=6), rounds),
+        "host publish, every field (as the KV shim publishes)": _mean_us(
+            lambda: host.publish(**{f.name: 7 for f in fields(HostTelemetry)
+                                    if f.name not in ("seq", "updated_ns", "writer_pid")}), rounds),
         "reader snapshot, both sections": _mean_us(reader.snapshot, rounds),
+        "kv sharing gauges, 16 layers x 4 pieces x 32 blocks (bench kv's model)": _mean_us(
+            lambda: sharing_gauges([small]), rounds),
+        "kv sharing gauges, 32 x 4 seqs x 16 pieces x 512 blocks (1M references)": _mean_us(
+            lambda: sharing_gauges([large]), max(1, rounds // 100)),
     }
 
 
