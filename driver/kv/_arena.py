@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from driver.kv._layout import BudgetTooSmall, KVLayout
@@ -25,12 +26,22 @@ __all__ = ["Arena", "Frame", "StagingPool"]
 
 @dataclass(eq=False)
 class Frame:
-    """One layer's slot on the accelerator."""
+    """One layer's slot on the accelerator.
+
+    ``k`` / ``v`` are its two halves and ``host`` (CPU only, set by the mover) its flat byte
+    view: made once per frame, since every decode step of every layer would otherwise build
+    them again (a torch view costs microseconds, and they add up on the compute thread)."""
 
     data: torch.Tensor  # (2, batch, kv_heads, capacity, head_dim)
     free_event: Any = None  # CUDA: compute finished reading it (set when it is released)
     ready_event: Any = None  # CUDA: a load into it has landed
     extra: dict[str, Any] = field(default_factory=dict)
+    k: torch.Tensor = field(init=False, repr=False)
+    v: torch.Tensor = field(init=False, repr=False)
+    host: np.ndarray | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.k, self.v = self.data[0], self.data[1]
 
 
 class Arena:
@@ -97,13 +108,17 @@ class Arena:
 
 
 class StagingPool:
-    """Reusable host byte buffers (pinned for CUDA); pinning failure falls back with a notice."""
+    """Reusable host byte buffers (pinned for CUDA); pinning failure falls back with a notice.
+
+    Each buffer's numpy view (what the DMA engine addresses) is made once, when the buffer is
+    allocated, and kept beside it (:meth:`array`)."""
 
     GRANULE = 1 << 16
 
     def __init__(self, pin: bool) -> None:
         self.pin = pin
         self._free: list[torch.Tensor] = []
+        self._arrays: dict[int, np.ndarray] = {}
         self.in_use = 0
         self.total = 0
         self.peak_bytes = 0
@@ -120,6 +135,7 @@ class StagingPool:
         else:
             size = -(-nbytes // self.GRANULE) * self.GRANULE
             buf = self._alloc(size)
+            self._arrays[id(buf)] = buf.numpy()
             self.total += size
             self.peak_bytes = max(self.peak_bytes, self.total)
         self.in_use += 1
@@ -135,6 +151,10 @@ class StagingPool:
                 warnings.warn(self.notice, RuntimeWarning, stacklevel=3)
         return torch.empty(size, dtype=torch.uint8)
 
+    def array(self, buf: torch.Tensor) -> np.ndarray:
+        """The flat uint8 numpy view of a buffer from :meth:`get`."""
+        return self._arrays[id(buf)]
+
     def put(self, buf: torch.Tensor) -> None:
         self.in_use -= 1
         self._free.append(buf)
@@ -142,4 +162,5 @@ class StagingPool:
     def clear(self) -> None:
         assert self.in_use == 0, f"{self.in_use} staging buffers still in flight"
         self._free.clear()
+        self._arrays.clear()
         self.total = 0

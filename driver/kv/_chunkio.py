@@ -34,6 +34,8 @@ class LayerChunks:
     keys: dict[tuple[int, int, int], bytes] = field(default_factory=dict)
     version: int = 0  # bumped by every change of ids: keys the cached load plan
     plan: tuple[tuple[int, int, int], list[tuple[int, int, int, int]]] | None = None
+    extents: tuple[list[tuple[int, int, int, int]], list[Extent]] | None = None  # of ``plan``
+    saved: tuple[tuple[int, int, int], list[Extent]] | None = None  # last private save plan
     repeats: tuple[tuple[int, int], bool] | None = None
 
     def __post_init__(self) -> None:
@@ -68,11 +70,14 @@ class ChunkIO:
 
     def _save_plan(self, layer: int, chunks: LayerChunks, host: np.ndarray, j0: int, j1: int,
                    seq_len: int) -> tuple[list[Extent], list[tuple[int, bytes]]]:
-        """Place blocks ``[j0, j1)`` of every piece from a host image of tokens
-        ``[j0 * bt, seq_len)``; returns the extents to write and the keys they publish."""
+        """Place blocks ``[j0, j1)`` of every piece from a host image of whole blocks (tokens
+        ``[j0 * bt, j1 * bt)``, valid up to ``seq_len``); returns the extents to write and the
+        keys they publish."""
         lay = self.layout
         assert lay is not None
-        t0, cap = j0 * lay.block_tokens, seq_len - j0 * lay.block_tokens
+        if not self.prefix_sharing:
+            return self._private_save_plan(chunks, j0, j1), []
+        t0, cap = j0 * lay.block_tokens, (j1 - j0) * lay.block_tokens
         runs: list[tuple[int, int, int]] = []
         for b in range(lay.batch):
             for p in range(lay.pieces):
@@ -83,6 +88,36 @@ class ChunkIO:
                         runs.append((int(chunks.ids[b, p, j]), n, off))
         keys = [(c, self._pending_key_of[c]) for c, _, _ in runs if c in self._pending_key_of]
         return coalesce(runs, lay.chunk_bytes), keys
+
+    def _private_save_plan(self, chunks: LayerChunks, j0: int, j1: int) -> list[Extent]:
+        """:meth:`_save_plan` without prefix sharing, on the table as a whole: this engine then
+        never shares or publishes a chunk, so every chunk it holds has one reference and no
+        key (nothing to copy on write) and a block is written where it is. Chunks for blocks
+        that have none are taken in one call, in the order :meth:`_place` would take them
+        (row, piece, block), so a piece's blocks stay consecutive on the media.
+
+        Blocks move whole, as a block-granular cache moves them (the bytes past the last valid
+        token are never read as KV): the image's runs are whole blocks long, so the chunks of
+        the dirty tail of every piece, taken together, are one extent, and one descriptor."""
+        if chunks.saved is not None and chunks.saved[0] == (chunks.version, j0, j1):
+            return chunks.saved[1]  # the same blocks again (a decode step's tail): same chunks
+        lay, pool = self.layout, self.pool
+        assert lay is not None and pool is not None
+        ids = chunks.ids[:, :, j0:j1]
+        missing = ids < 0
+        if missing.any():
+            ids[missing] = pool.alloc(int(missing.sum()))
+            chunks.version += 1
+        cb, nb = lay.chunk_bytes, j1 - j0
+        cap = nb * lay.block_tokens
+        runs: list[tuple[int, int, int]] = []
+        for b, rows in enumerate(ids.tolist()):
+            for p, row in enumerate(rows):
+                base = lay.image_offset(p, b, 0, cap)
+                runs += [(c, cb, base + i * cb) for i, c in enumerate(row)]
+        extents = coalesce(runs, cb)
+        chunks.saved = ((chunks.version, j0, j1), extents)
+        return extents
 
     def _place(self, layer: int, chunks: LayerChunks, b: int, p: int, j: int, data: np.ndarray) -> bool:
         """Point (row b, piece p, block j) at a device chunk; True when it must be written."""
@@ -159,10 +194,21 @@ class ChunkIO:
             firsts, dups = self._chunk_map(chunks, cap, seq_len)
             runs = [(c, n, off) for c, (off, n) in firsts.items()]
             return coalesce(runs, lay.chunk_bytes), firsts, dups
-        tb, bt, cb = lay.piece_token_bytes, lay.block_tokens, lay.chunk_bytes
-        tail = (seq_len - (nblk - 1) * bt) * tb  # valid bytes of the last block
-        return [Extent(c, n * cb if j + n < nblk else (n - 1) * cb + tail, off)
-                for c, j, n, off in self._runs(chunks, nblk, cap)], None, []
+        return self._extents(chunks, nblk, cap), None, []
+
+    def _extents(self, chunks: LayerChunks, nblk: int, cap: int) -> list[Extent]:
+        """The extents of :meth:`_runs`, the last block read whole up to the image's capacity
+        (block-granular, like the writes: so the list only changes when a block is added, and
+        the store can reuse its descriptors step after step); cached with the runs."""
+        runs = self._runs(chunks, nblk, cap)
+        if chunks.extents is None or chunks.extents[0] is not runs:
+            lay = self.layout
+            assert lay is not None
+            bt, cb = lay.block_tokens, lay.chunk_bytes
+            tail = (min(nblk * bt, cap) - (nblk - 1) * bt) * lay.piece_token_bytes
+            chunks.extents = (runs, [Extent(c, n * cb if j + n < nblk else (n - 1) * cb + tail, off)
+                                     for c, j, n, off in runs])
+        return chunks.extents[1]
 
     @staticmethod
     def _has_repeats(chunks: LayerChunks, nblk: int) -> bool:

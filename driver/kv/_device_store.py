@@ -5,6 +5,11 @@ Each ``read`` / ``write`` is one scatter-gather submission of coalesced extents:
 are pipelined on the link, so a layer of a sequence costs one latency plus its bytes over the
 bandwidth (``emulator.dma``). A poisoned line fails its descriptor with ``DmaError``, which the
 engine retries and then recovers from.
+
+Descriptors for a registered host buffer (a layer frame, a staging buffer) are kept and
+resubmitted when the same extents move again, as a driver keeps rings of DMA descriptors: a
+layer's load repeats step after step, and building a descriptor (and the DMA engine's pinned
+view of its window) per transfer is host time on the compute thread and the channel thread.
 """
 from __future__ import annotations
 
@@ -87,9 +92,22 @@ class DeviceBlockStore:
         self.pool: ChunkPool | None = None
         self.telemetry: Any = None  # a HostPublisher when shared through open_device_store
         self.timing = memdev.config.timing  # the link the prefetch window is sized for
+        # id(host) -> (host, {(direction, extents): descriptors}); holding host keeps its id unique
+        self._regions: dict[int, tuple[np.ndarray, dict[tuple[str, tuple[Extent, ...]], list[Descriptor]]]] = {}
 
     def configure(self, chunk_bytes: int) -> None:
         configure_chunks(self, chunk_bytes, self.size)
+
+    REGION_PLANS = 64  # descriptor lists kept per registered buffer (a frame sees each layer)
+
+    def register(self, host: np.ndarray) -> None:
+        if id(host) not in self._regions:
+            self._regions[id(host)] = (host, {})
+
+    def unregister(self, host: np.ndarray) -> None:
+        region = self._regions.get(id(host))
+        if region is not None and region[0] is host:
+            del self._regions[id(host)]
 
     def _descs(self, direction: str, extents: Sequence[Extent], host: np.ndarray) -> list[Descriptor]:
         cb = self.chunk_bytes
@@ -97,8 +115,19 @@ class DeviceBlockStore:
         if feed.enabled:
             for e in extents:
                 feed.note(self.base + e.chunk * cb, e.nbytes, direction == "write")
-        return [Descriptor(direction, self.base + e.chunk * cb, host, e.host_offset, e.nbytes)
-                for e in extents]
+        region = self._regions.get(id(host))
+        if region is None or region[0] is not host:
+            return [Descriptor(direction, self.base + e.chunk * cb, host, e.host_offset, e.nbytes)
+                    for e in extents]
+        plans = region[1]
+        key = (direction, tuple(extents))
+        descs = plans.get(key)
+        if descs is None:
+            if len(plans) >= self.REGION_PLANS:
+                del plans[next(iter(plans))]  # the oldest: a layer whose table changed since
+            descs = plans[key] = [Descriptor(direction, self.base + e.chunk * cb, host, e.host_offset,
+                                             e.nbytes) for e in extents]
+        return descs
 
     def read(self, extents: Sequence[Extent], host: np.ndarray) -> _DmaTransfer:
         return _DmaTransfer(self.dma.submit(self._descs("read", extents, host)))

@@ -126,6 +126,10 @@ class ResidencyEngine(ChunkIO, Recovery):
         self._cost = _transfer_cost(store)
         self._layer_ns = 0.0
         self._last_layer, self._last_ns, self._last_stall = -1, 0, 0
+        self._loading: set[int] = set()  # layers with a load in flight
+        self._pending: dict[int, _Layer] = {}  # layers that may have a load, save or write to finish
+        self._window: tuple[int, tuple[int, ...]] = (-1, ())  # (depth, offsets) of the prefetch window
+        self._registered: dict[int, np.ndarray] = {}  # host buffers registered with the store
 
     # ---------------------------------------------------------------- the path attention takes
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,21 +141,24 @@ class ResidencyEngine(ChunkIO, Recovery):
         while len(self.layers) <= layer:
             self.layers.append(_Layer(len(self.layers), LayerChunks(lay.batch, lay.pieces)))
         self._num_layers = max(self._num_layers, layer + 1)
-        self._time_layer(layer, k.shape[-2])
-        self._poll()
+        n = k.shape[-2]
+        self._time_layer(layer, n)
+        if self._pending:
+            self._poll()
         st = self.layers[layer]
-        new_len = st.seq_len + k.shape[-2]
+        old_len = st.seq_len
+        new_len = old_len + n
         if new_len > self.arena.capacity:
             self._regrow(new_len)
         frame = self._acquire(st)
         if layer == 0:
-            self.counters["tokens_generated"] += k.shape[0] * k.shape[-2]
-        frame.data[0][:, :, st.seq_len:new_len].copy_(k)
-        frame.data[1][:, :, st.seq_len:new_len].copy_(v)
+            self.counters["tokens_generated"] += k.shape[0] * n
+        frame.k.narrow(2, old_len, n).copy_(k)
+        frame.v.narrow(2, old_len, n).copy_(v)
         st.seq_len = new_len
         st.chunks.ensure(lay.blocks(new_len))
         self._prefetch_after(layer)
-        return frame.data[0][:, :, :new_len], frame.data[1][:, :, :new_len]
+        return frame.k.narrow(2, 0, new_len), frame.v.narrow(2, 0, new_len)
 
     def seq_length(self, layer: int = 0) -> int:
         return self.layers[layer].seq_len if layer < len(self.layers) else 0
@@ -184,11 +191,11 @@ class ResidencyEngine(ChunkIO, Recovery):
         elif st.frame is not None:
             self.counters["hits"] += bool(st.seq_len)
         elif st.seq_len == 0:
-            st.frame = self._take_frame({st.index} | self._inflight())
+            st.frame = self._take_frame({st.index, *self._loading})
             self.mover.before_overwrite(st.frame)
         else:
             self.counters["misses"] += 1
-            if not self._start_load(st, protected={st.index} | self._inflight()):
+            if not self._start_load(st, protected={st.index, *self._loading}):
                 raise AssertionError("no frame for the computing layer: budget below two frames")
             self._finish_load(st, stall=True)
         if st.index in self.policy:
@@ -214,9 +221,17 @@ class ResidencyEngine(ChunkIO, Recovery):
         return window_points(self._cost, layer_bytes, self._layer_ns, max_window=self._num_layers)
 
     def _upcoming(self, layer: int) -> list[int]:
+        """The layers of the prefetch window after ``layer``. Its depth is sized once per decode
+        step (at layer 0, or while compute per layer is not measured yet): the moving average
+        it comes from changes slowly, and sizing it costs a firmware-model call per layer."""
         n = self._num_layers
-        depth = min(self._depth(), self.arena.max_frames - 1, n - 1)
-        return [(layer + i) % n for i in range(1, depth + 1)]
+        depth, offsets = self._window
+        if layer == 0 or depth < 0 or self._layer_ns <= 0:
+            depth = min(self._depth(), self.arena.max_frames - 1, n - 1)
+            if depth != self._window[0]:
+                offsets = tuple(range(1, depth + 1))
+            self._window = (depth, offsets)
+        return [(layer + i) % n for i in offsets]
 
     def _time_layer(self, layer: int, tokens: int) -> None:
         """Keep a moving average of decode compute time per layer: update to update, less the
@@ -230,7 +245,7 @@ class ResidencyEngine(ChunkIO, Recovery):
     def _prefetch_after(self, layer: int) -> None:
         """The firmware's hint: layers ``layer+1 ..`` run next; load the absent ones now."""
         window = self._upcoming(layer)
-        protected = {layer, *window} | self._inflight()
+        protected = {layer, *window, *self._loading}
         for nxt in window:
             st = self.layers[nxt] if nxt < len(self.layers) else None
             if st is None or st.frame is not None or st.load is not None or st.seq_len == 0:
@@ -239,9 +254,6 @@ class ResidencyEngine(ChunkIO, Recovery):
                 return
             self.counters["prefetch_issued"] += 1
             st.prefetched = True
-
-    def _inflight(self) -> set[int]:
-        return {st.index for st in self.layers if st.load is not None}
 
     # ------------------------------------------------------------------------- frames
     def _take_frame(self, protected: set[int]) -> Frame:
@@ -273,10 +285,12 @@ class ResidencyEngine(ChunkIO, Recovery):
                     self.policy.remove(st.index)
                 self._evict(st)
         self._drain_writes()
+        self._unregister_all()
         self.arena.release_all()
         assert self.layout is not None
         self.arena.configure(self.layout, needed, self._headroom(needed))
         self.policy = make_policy(self.policy_name, self.arena.max_frames)
+        self._window = (-1, ())  # the frame count changed: size the prefetch window again
 
     # ------------------------------------------------------------------------- offload
     def _save(self, st: _Layer) -> None:
@@ -287,15 +301,18 @@ class ResidencyEngine(ChunkIO, Recovery):
             return
         if st.writes:
             self._reap_writes(st, block=True)  # a chunk freed below must have no write in flight
-        token = self.mover.save_start(st.frame, j0 * self.block_tokens, st.seq_len)
+        bt = self.block_tokens
+        token = self.mover.save_start(st.frame, j0 * bt, st.seq_len, (j1 - j0) * bt)
         st.clean_upto = st.seq_len
         st.saves.append((token, j0, j1, st.seq_len))
+        self._pending[st.index] = st
         self._advance_saves(st)
 
     def _advance_saves(self, st: _Layer, force: bool = False) -> None:
         while st.saves and (force or self.mover.save_ready(st.saves[0][0])):
             token, j0, j1, seq_len = st.saves.pop(0)
             buf, host = self.mover.save_image(token)
+            self._register(host)
             extents, keys = self._save_plan(st.index, st.chunks, host, j0, j1, seq_len)
             if not extents:
                 self.staging.put(buf)
@@ -318,18 +335,37 @@ class ResidencyEngine(ChunkIO, Recovery):
             return False
         st.frame = frame
         host, cap, token = self.mover.load_image(frame, st.seq_len)
+        if not self.mover.cuda:  # the frame itself (on CUDA: a staging buffer, saves register it)
+            self._register(host)
         extents, firsts, dups = self._load_plan(st.chunks, cap, st.seq_len)
         st.load = _Load(host, cap, token, self.store.read(extents, host), extents, firsts, dups, st.seq_len,
                         chunks=st.chunks)
+        self._loading.add(st.index)
+        self._pending[st.index] = st
         self.counters["loads"] += 1
         self.counters["bytes_loaded"] += sum(e.nbytes for e in extents)
-        self.counters["dedup_load_bytes"] += sum(n for _, _, n in dups)
-        self._watch_load(st.load)
+        if dups:
+            self.counters["dedup_load_bytes"] += sum(n for _, _, n in dups)
+            self._watch_load(st.load)
         return True
 
+    def _register(self, host: np.ndarray) -> None:
+        """Let the store keep the descriptors of transfers with ``host`` (a frame or a staging
+        buffer, alive until the arena is re-carved or the engine closes)."""
+        if id(host) not in self._registered:
+            self.store.register(host)
+            self._registered[id(host)] = host
+
+    def _unregister_all(self) -> None:
+        for host in self._registered.values():
+            self.store.unregister(host)
+        self._registered.clear()
+
     def _watch_load(self, ld: _Load) -> None:
-        """On CPU the DMA lands in the frame; its completion callback (a DMA channel thread) also
-        fills the shared copies, so the compute thread only checks a flag."""
+        """On CPU the DMA lands in the frame; when sequences share chunks, its completion
+        callback (a DMA channel thread) also fills the shared copies, so the compute thread only
+        checks a flag. (Without shared copies the compute thread polls the transfer itself:
+        no callback, no event, nothing run on the channel thread.)"""
         add = getattr(ld.transfer, "add_done_callback", None)
         if self.mover.cuda or add is None:
             return
@@ -367,19 +403,22 @@ class ResidencyEngine(ChunkIO, Recovery):
             self._fill_dups(ld)
         self.mover.land(frame, ld.token, ld.seq_len)
         st.load = None
+        self._loading.discard(st.index)
         if stall:
             self.counters["stall_ns"] += time.perf_counter_ns() - t0
 
     # ------------------------------------------------------------------------- bookkeeping
     def _poll(self) -> None:
-        """Finish whatever completed, without blocking."""
-        for st in self.layers:
+        """Finish whatever completed, without blocking (only layers with something pending)."""
+        for st in list(self._pending.values()):
             if st.load is not None and self._load_done(st.load):
                 self._finish_load(st, stall=False)
             if st.saves:
                 self._advance_saves(st)
             if st.writes:
                 self._reap_writes(st, block=False)
+            if st.load is None and not st.saves and not st.writes:
+                del self._pending[st.index]
 
     def _reap_writes(self, st: _Layer, block: bool) -> None:
         keep: list[_Write] = []
@@ -424,6 +463,7 @@ class ResidencyEngine(ChunkIO, Recovery):
                 if self.mover.cuda:
                     self.staging.put(st.load.token[0])
                 st.load = None
+                self._loading.discard(st.index)
             if st.frame is not None:
                 self.mover.release(st.frame)
                 self.arena.give(st.frame)
@@ -436,6 +476,8 @@ class ResidencyEngine(ChunkIO, Recovery):
             ids[:] = -1
             st.chunks.version += 1
         self.layers.clear()
+        self._pending.clear()
+        self._unregister_all()
         if self.layout is not None:
             self.arena.release_all()
         self.staging.clear()

@@ -36,16 +36,23 @@ def _image(staging: StagingPool, like: torch.Tensor, tokens: int) -> tuple[torch
 
 
 class CpuMover:
-    """The accelerator is the CPU."""
+    """The accelerator is the CPU: frames are host memory, moved with numpy on flat byte views
+    (made once per frame and per staging buffer), so a save costs one copy and no torch view."""
 
     cuda = False
 
     def __init__(self, staging: StagingPool) -> None:
         self.staging = staging
 
+    @staticmethod
+    def _host(frame: Frame) -> np.ndarray:
+        if frame.host is None:
+            frame.host = host_bytes(frame.data)
+        return frame.host
+
     def load_image(self, frame: Frame, seq_len: int) -> tuple[np.ndarray, int, Any]:
         """Where a load's DMA lands: the frame itself (capacity = the frame's)."""
-        return host_bytes(frame.data), frame.data.shape[3], None
+        return self._host(frame), frame.data.shape[3], None
 
     def land(self, frame: Frame, token: Any, seq_len: int) -> None:
         """Nothing to do: the DMA wrote the frame."""
@@ -56,9 +63,17 @@ class CpuMover:
     def before_overwrite(self, frame: Frame) -> None:
         """Nothing to wait for: saves copy out synchronously."""
 
-    def save_start(self, frame: Frame, t0: int, t1: int) -> Any:
-        buf, image = _image(self.staging, frame.data, t1 - t0)
-        image.copy_(frame.data[:, :, :, t0:t1])
+    def save_start(self, frame: Frame, t0: int, t1: int, tokens: int) -> Any:
+        """Copy tokens ``[t0, t1)`` of every (K/V, row, head) run to the head of that run in a
+        staging image laid out like the frame with ``tokens`` (>= ``t1 - t0``) per run: one
+        strided numpy copy."""
+        two, b, h, cap, d = frame.data.shape
+        tb = d * frame.data.element_size()
+        runs = two * b * h
+        nbytes = runs * tokens * tb
+        buf = self.staging.get(nbytes)
+        image = self.staging.array(buf)[:nbytes].reshape(runs, tokens * tb)
+        image[:, :(t1 - t0) * tb] = self._host(frame).reshape(runs, cap * tb)[:, t0 * tb:t1 * tb]
         return buf
 
     def save_ready(self, token: Any) -> bool:
@@ -66,7 +81,7 @@ class CpuMover:
 
     def save_image(self, token: Any) -> tuple[torch.Tensor, np.ndarray]:
         """The staging buffer (returned to the pool after the write) and its bytes."""
-        return token, token.numpy()
+        return token, self.staging.array(token)
 
     def release(self, frame: Frame) -> None:
         """The frame may be reused at once: compute on CPU is done with it."""
@@ -91,18 +106,20 @@ class CudaMover:
 
     @staticmethod
     def _pieces(frame: torch.Tensor, image: torch.Tensor, t0: int, t1: int, to_frame: bool) -> None:
+        """Tokens ``[t0, t1)`` of the frame <-> the head of each run of the image."""
         _, b, h, _, _ = frame.shape
+        n = t1 - t0
         for kv in range(2):
             for i in range(b):
                 for j in range(h):  # contiguous on both sides: no device temporary
                     if to_frame:
-                        frame[kv, i, j, t0:t1].copy_(image[kv, i, j], non_blocking=True)
+                        frame[kv, i, j, t0:t1].copy_(image[kv, i, j, :n], non_blocking=True)
                     else:
-                        image[kv, i, j].copy_(frame[kv, i, j, t0:t1], non_blocking=True)
+                        image[kv, i, j, :n].copy_(frame[kv, i, j, t0:t1], non_blocking=True)
 
     def load_image(self, frame: Frame, seq_len: int) -> tuple[np.ndarray, int, Any]:
         buf, image = _image(self.staging, frame.data, seq_len)
-        return buf.numpy(), seq_len, (buf, image)
+        return self.staging.array(buf), seq_len, (buf, image)
 
     def land(self, frame: Frame, token: Any, seq_len: int) -> None:
         buf, image = token
@@ -123,8 +140,8 @@ class CudaMover:
         if frame.free_event is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
-    def save_start(self, frame: Frame, t0: int, t1: int) -> Any:
-        buf, image = _image(self.staging, frame.data, t1 - t0)
+    def save_start(self, frame: Frame, t0: int, t1: int, tokens: int) -> Any:
+        buf, image = _image(self.staging, frame.data, tokens)
         compute_done = torch.cuda.Event()
         compute_done.record(torch.cuda.current_stream(self.device))
         done = torch.cuda.Event()
@@ -141,7 +158,7 @@ class CudaMover:
     def save_image(self, token: Any) -> tuple[torch.Tensor, np.ndarray]:
         buf, done = token
         done.synchronize()
-        return buf, buf.numpy()
+        return buf, self.staging.array(buf)
 
     def release(self, frame: Frame) -> None:
         """Record where compute is: the next load into this frame waits for it."""

@@ -68,6 +68,14 @@ class BlockStore(Protocol):
 
     def write(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer: ...
 
+    def register(self, host: np.ndarray) -> None:
+        """``host`` is a long-lived buffer (a frame, a staging buffer): the store may keep what
+        it builds for transfers to and from it (DMA descriptors) and reuse it when the same
+        extents move again, until :meth:`unregister`."""
+
+    def unregister(self, host: np.ndarray) -> None:
+        """Forget what :meth:`register` let the store keep for ``host``."""
+
     def scrub(self, chunk: int) -> int:
         """Clear poison in ``chunk`` before it is rewritten; returns the lines cleared."""
 
@@ -136,6 +144,12 @@ class MemoryBlockStore:
             self._media[e.chunk * cb:e.chunk * cb + n] = host[e.host_offset:e.host_offset + n]
             self.bytes_written += n
         return CompletedTransfer()
+
+    def register(self, host: np.ndarray) -> None:
+        """Nothing to keep: a copy needs no descriptor."""
+
+    def unregister(self, host: np.ndarray) -> None:
+        """See :meth:`register`."""
 
     def scrub(self, chunk: int) -> int:
         return 0
@@ -228,6 +242,12 @@ class FaultInjectingStore:
 
     def write(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer:
         return self.inner.write(extents, host)
+
+    def register(self, host: np.ndarray) -> None:
+        self.inner.register(host)
+
+    def unregister(self, host: np.ndarray) -> None:
+        self.inner.unregister(host)
 
     def scrub(self, chunk: int) -> int:
         cleared = int(chunk in self._poisoned)

@@ -131,6 +131,11 @@ class CxlCache(Cache):
     # -- transformers Cache API ------------------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        engine = self._engine
+        if (engine is not None and layer_idx and layer_idx < len(self.layers) and not self._closed
+                and self.layers[layer_idx].is_initialized):
+            # a layer already set up, past layer 0 (which publishes telemetry): straight to the engine
+            return engine.update(layer_idx, key_states, value_states)
         while len(self.layers) <= layer_idx:
             self.layers.append(_CxlLayer(self, len(self.layers)))
         out = cast(_CxlLayer, self.layers[layer_idx]).update(key_states, value_states)
