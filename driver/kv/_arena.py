@@ -23,14 +23,17 @@ from driver.kv._layout import BudgetTooSmall, KVLayout
 
 __all__ = ["Arena", "Frame", "StagingPool"]
 
+_NUMPY_DTYPES = (torch.float32, torch.float16, torch.float64)  # bfloat16 has no numpy twin
+
 
 @dataclass(eq=False)
 class Frame:
     """One layer's slot on the accelerator.
 
-    ``k`` / ``v`` are its two halves and ``host`` (CPU only, set by the mover) its flat byte
-    view: made once per frame, since every decode step of every layer would otherwise build
-    them again (a torch view costs microseconds, and they add up on the compute thread)."""
+    ``k`` / ``v`` are its two halves, ``np_kv`` their numpy twins (CPU frames of a dtype numpy
+    has) and ``host`` (CPU only, set by the mover) its flat byte view: made once per frame,
+    since every decode step of every layer would otherwise build them again (a torch view
+    costs microseconds, and they add up on the compute thread)."""
 
     data: torch.Tensor  # (2, batch, kv_heads, capacity, head_dim)
     free_event: Any = None  # CUDA: compute finished reading it (set when it is released)
@@ -39,9 +42,12 @@ class Frame:
     k: torch.Tensor = field(init=False, repr=False)
     v: torch.Tensor = field(init=False, repr=False)
     host: np.ndarray | None = field(default=None, init=False, repr=False)
+    np_kv: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.k, self.v = self.data[0], self.data[1]
+        if self.data.device.type == "cpu" and self.data.dtype in _NUMPY_DTYPES:
+            self.np_kv = (self.k.numpy(), self.v.numpy())
 
 
 class Arena:

@@ -153,12 +153,23 @@ class ResidencyEngine(ChunkIO, Recovery):
         frame = self._acquire(st)
         if layer == 0:
             self.counters["tokens_generated"] += k.shape[0] * n
-        frame.k.narrow(2, old_len, n).copy_(k)
-        frame.v.narrow(2, old_len, n).copy_(v)
+        self._append(frame, old_len, k, v)
         st.seq_len = new_len
         st.chunks.ensure(lay.blocks(new_len))
         self._prefetch_after(layer)
         return frame.k.narrow(2, 0, new_len), frame.v.narrow(2, 0, new_len)
+
+    @staticmethod
+    def _append(frame: Frame, at: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``k``, ``v`` at token ``at`` of the frame: with numpy on a CPU frame (two
+        assignments; torch would dispatch a view and a copy for each), else with torch."""
+        n = k.shape[-2]
+        if frame.np_kv is not None and k.dtype == frame.data.dtype and not (k.requires_grad or v.requires_grad):
+            frame.np_kv[0][:, :, at:at + n] = k.numpy()
+            frame.np_kv[1][:, :, at:at + n] = v.numpy()
+        else:
+            frame.k.narrow(2, at, n).copy_(k)
+            frame.v.narrow(2, at, n).copy_(v)
 
     def seq_length(self, layer: int = 0) -> int:
         return self.layers[layer].seq_len if layer < len(self.layers) else 0
