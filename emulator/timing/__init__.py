@@ -93,13 +93,15 @@ class DataPath:
         linkstate.initialize(self._link)
         self.impl = self._choose_impl(impl)
         self._core = self._make_core(config.link_params())
-        # the C entry points, bound once (None on the Python twin)
-        self._c_read: Any = None
+        # the C core's one-call entry for host buffers (None on the Python twin, or where
+        # _fastcall is not built: then CCore.transfer converts with ffi.from_buffer)
+        self._fast: Any = None
         self._from_buffer: Any = None
         if self.impl == "c":
-            from emulator.timing._cimpl import ffi, lib
+            from emulator.timing._cimpl import fast_transfer, ffi
 
-            self._c_read, self._from_buffer = lib.cxl_read, ffi.from_buffer
+            self._from_buffer, self._fast = ffi.from_buffer, fast_transfer
+            self._dp_addr, self._err_addr = self._core.dp_addr, self._core.err_addr
 
     def _choose_impl(self, impl: str) -> str:
         if impl == "py" or c_available():
@@ -159,26 +161,27 @@ class DataPath:
             cdata = self._from_buffer("uint8_t[]", view, require_writable=writable)
         return HostBuffer(view, cdata, view.nbytes, writable)
 
-    # read/write are the hot path (one call per KV block, per pointer-chase hop from Python):
-    # the buffer goes straight to the core, which falls back to host_view() for a clear error.
+    # read/write are the hot path (one call per KV block, per pointer-chase hop from Python): a
+    # host buffer goes to the C core in one call (_fastcall: borrowed through the buffer
+    # protocol, registered or not); anything else (torch tensors, bad buffers) through the
+    # core's host_view() conversion, which converts it or raises the error saying what to change.
     def read(self, dpa: int, out: Any, *, wait: bool = True) -> int:
         """Fill ``out`` from media at ``dpa``; returns the completion time (ns).  With
         ``wait=False`` a real-time call returns at once (after the copy): the caller must not
         consider the data arrived before ``wait_until(completion)`` (the DMA engine's use)."""
         if dpa.__class__ is not int or dpa < 0:
             dpa = self._dpa(dpa, "read")
-        if self._c_read is not None and self.clock is None:  # the C core, real time: one call
-            if out.__class__ is HostBuffer and out.cdata is not None and out.writable:
-                buf = out.cdata
-            else:
-                try:
-                    buf = self._from_buffer("uint8_t[]", out, require_writable=True)
-                except (TypeError, ValueError, BufferError):
-                    buf = self._from_buffer("uint8_t[]", host_view(_unwrap(out), writable=True),
-                                            require_writable=True)
-            rc = self._c_read(self._core.dp, dpa, buf, len(buf), -1, wait, self._core.err)
+        now = -1 if self.clock is None else int(self.clock.now_ns())
+        buf = out
+        if out.__class__ is HostBuffer:
+            buf = out.cdata if self._fast is None and out.cdata is not None and out.writable else out.obj
+        if self._fast is not None:
+            try:
+                rc = self._fast(self._dp_addr, self._err_addr, 0, dpa, buf, now, wait)
+            except (TypeError, ValueError, BufferError):
+                rc = self._core.transfer(0, dpa, buf, now, wait)
         else:
-            rc = self._core.transfer(0, dpa, _unwrap(out), self._now(), wait)
+            rc = self._core.transfer(0, dpa, buf, now, wait)
         if rc < 0:
             self._check(rc, "read", dpa, host_view(_unwrap(out), writable=True).nbytes)
         return rc
@@ -187,10 +190,17 @@ class DataPath:
         """Write ``src`` to media at ``dpa`` (poisoned lines may be written); returns completion."""
         if dpa.__class__ is not int or dpa < 0:
             dpa = self._dpa(dpa, "write")
-        data = src
+        now = -1 if self.clock is None else int(self.clock.now_ns())
+        buf = src
         if src.__class__ is HostBuffer:
-            data = src.cdata if self.impl == "c" and src.cdata is not None else src.obj
-        rc = self._core.transfer(1, dpa, data, -1 if self.clock is None else self._now(), wait)
+            buf = src.cdata if self._fast is None and src.cdata is not None else src.obj
+        if self._fast is not None:
+            try:
+                rc = self._fast(self._dp_addr, self._err_addr, 1, dpa, buf, now, wait)
+            except (TypeError, ValueError, BufferError):
+                rc = self._core.transfer(1, dpa, buf, now, wait)
+        else:
+            rc = self._core.transfer(1, dpa, buf, now, wait)
         if rc < 0:
             self._check(rc, "write", dpa, host_view(_unwrap(src), writable=False).nbytes)
         return rc

@@ -1,7 +1,9 @@
 """cffi (API mode) build of the timed data path's C core: ``emulator.timing._cdatapath``.
 
 Built by setuptools at install (``cffi_modules`` in setup.py, paths relative to the repo
-root) or in place for a source checkout with ``python -m emulator.timing._build``.
+root) or in place for a source checkout with ``python -m emulator.timing._build``.  The
+library also holds ``emulator.timing._fastcall`` (``_fastcall.c``: plain host buffers through
+the buffer protocol), loaded from the same file by ``_cimpl``.
 """
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ def make_builder(root: str = "") -> FFI:
     ffi.set_source(
         "emulator.timing._cdatapath",
         '#include "_datapath.h"',
-        sources=[f"{prefix}emulator/timing/_datapath.c"],
+        # _fastcall.c: a second module in the same library, see its header comment
+        sources=[f"{prefix}emulator/timing/_datapath.c", f"{prefix}emulator/timing/_fastcall.c"],
         include_dirs=[f"{prefix}emulator/timing"],
         extra_compile_args=["-O2", "-std=gnu11"],
     )

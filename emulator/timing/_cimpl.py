@@ -15,10 +15,47 @@ import numpy as np
 
 from emulator.timing import linkstate as ls
 from emulator.timing._buffers import host_view
+from emulator.timing import _cdatapath
 from emulator.timing._cdatapath import ffi, lib  # ImportError when not built
 from emulator.timing.config import LinkParams
 
-_from_buffer, _read, _write, _U8 = ffi.from_buffer, lib.cxl_read, lib.cxl_write, "uint8_t[]"
+_ABI_VERSION = 2  # CXL_ABI_VERSION in _datapath.h
+if getattr(lib, "CXL_ABI_VERSION", 1) != _ABI_VERSION:
+    raise ImportError("emulator.timing._cdatapath is a stale build of the C core: rebuild it "
+                      "(`pip install -e .` or `python -m emulator.timing._build`)")
+
+
+def _load_fastcall() -> Any:
+    """``emulator.timing._fastcall`` from the extension's own file (``_fastcall.c``), or None
+    where it is not compiled in (Python < 3.11): then plain buffers go through from_buffer."""
+    import importlib.machinery
+    import importlib.util
+
+    name = "emulator.timing._fastcall"
+    loader = importlib.machinery.ExtensionFileLoader(name, _cdatapath.__file__)
+    spec = importlib.util.spec_from_file_location(name, _cdatapath.__file__, loader=loader)
+    try:
+        return importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    except ImportError:
+        return None
+
+
+_from_buffer, _read, _write, _U8 = ffi.from_buffer, lib.cxl_read, lib.cxl_write, ffi.typeof("uint8_t[]")
+_FASTCALL = _load_fastcall()
+#: ``transfer(dp, err, dir, dpa, buffer, now, wait)``: a host buffer to the C core in one call,
+#: borrowed through the buffer protocol; ``issue(dp, desc, now, err)``: one DMA descriptor.
+#: Addresses as ints (``address()``).  None without the module (see _load_fastcall).
+fast_transfer: Any = getattr(_FASTCALL, "transfer", None)
+fast_issue: Any = getattr(_FASTCALL, "issue", None)
+#: The C base of ``emulator.dma.DmaHandle`` (its fields) and the DMA engine's inline path for
+#: one descriptor (issue, and a done handle if complete), or None (see _load_fastcall).
+handle_base: Any = getattr(_FASTCALL, "HandleBase", None)
+fast_inline1: Any = getattr(_FASTCALL, "inline1", None)
+
+
+def address(cdata: Any) -> int:
+    """The address a cdata pointer holds, for _fastcall (valid while ``cdata`` lives)."""
+    return int(ffi.cast("uintptr_t", cdata))
 _CALIBRATE_LAT_NS = 1000
 _CALIBRATE_FS = 15_625  # 64 GB/s: a 64-B hop holds the link 1 ns, so the reservation runs
 _CALIBRATE_HOPS = 1500
@@ -46,6 +83,8 @@ class CCore:
         self.dp = dp
         self.params = params
         self.err = ffi.new("uint64_t *")
+        # the addresses _fastcall takes (valid while self.dp / self.err live)
+        self.dp_addr, self.err_addr = address(dp), address(self.err)
 
     def _ptr(self, buf: memoryview) -> Any:
         cdata = ffi.from_buffer("uint8_t[]", buf, require_writable=not buf.readonly)
@@ -67,6 +106,11 @@ class CCore:
         if isinstance(host, ffi.CData):  # a registered HostBuffer's pinned view
             buf = host
         else:
+            if fast_transfer is not None:
+                try:
+                    return fast_transfer(self.dp_addr, self.err_addr, d, dpa, host, now, wait)
+                except (TypeError, ValueError, BufferError):
+                    pass  # not a plain buffer: host_view() below converts it or says why
             try:
                 buf = _from_buffer(_U8, host, require_writable=d == 0)
             except (TypeError, ValueError, BufferError):

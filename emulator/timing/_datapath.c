@@ -145,6 +145,11 @@ static stamp_t stamp_now(void)
 
 static uint64_t to_ticks(int64_t ns) { return ns > 0 ? (uint64_t)((double)ns * ticks_per_ns) : 0; }
 
+/* Now on the clock the link model stamps requests with (this thread's TSC anchor, or
+ * CLOCK_MONOTONIC): whether a completion has passed is asked of this clock, not of a
+ * slightly different one. */
+int64_t cxl_link_now(void) { return stamp_now().ns; }
+
 /* When a transfer is done: max(link_done, the moment the copy finished) + lat - comp, as a
  * TSC target.  Called right after the copy, so "now" is when the copy finished.  Returns 0
  * when there is no TSC (or the wait is long): then finish_wait() uses the clock. */
@@ -429,19 +434,25 @@ int64_t cxl_write_untimed(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, ui
     return rc;
 }
 
-/* Issue a scatter-gather list in order without waiting (the DMA engine waits once, for the
- * latest completion): results[i] is descriptor i's completion time or its error code
- * (err_dpas[i] the poisoned line's DPA).  Returns the latest completion, 0 if none. */
+/* Issue one scatter-gather element without waiting (the DMA engine waits for the latest
+ * completion of a submission): its completion time, or its error code (*err_dpa the poisoned
+ * line's DPA). */
+int64_t cxl_issue(const cxl_dp *dp, const cxl_desc *d, int64_t now, uint64_t *err_dpa)
+{
+    return d->dir == CXL_DIR_READ ? cxl_read(dp, d->dpa, d->host, d->len, now, 0, err_dpa)
+                                  : cxl_write(dp, d->dpa, d->host, d->len, now, 0, err_dpa);
+}
+
+/* Issue a scatter-gather list in order without waiting: results[i] is descriptor i's
+ * completion time or its error code (err_dpas[i] the poisoned line's DPA).  Returns the
+ * latest completion, 0 if none. */
 int64_t cxl_issue_batch(const cxl_dp *dp, cxl_desc *const *descs, uint64_t n, int64_t now,
                         int64_t *results, uint64_t *err_dpas)
 {
     int64_t latest = 0;
     for (uint64_t i = 0; i < n; i++) {
-        const cxl_desc *d = descs[i];
         uint64_t err = 0;
-        int64_t rc = d->dir == CXL_DIR_READ
-                         ? cxl_read(dp, d->dpa, d->host, d->len, now, 0, &err)
-                         : cxl_write(dp, d->dpa, d->host, d->len, now, 0, &err);
+        int64_t rc = cxl_issue(dp, descs[i], now, &err);
         results[i] = rc;
         err_dpas[i] = err;
         if (rc > latest)

@@ -4,6 +4,9 @@
 #define CXLEMU_DATAPATH_H
 #include <stdint.h>
 
+/* Bumped when a declaration below changes: _cimpl refuses a stale build of the extension. */
+#define CXL_ABI_VERSION 2
+
 #define CXL_DIR_READ 0
 #define CXL_DIR_WRITE 1
 
@@ -46,6 +49,7 @@ typedef struct {
 } cxl_desc;
 
 int64_t cxl_now(void);
+int64_t cxl_link_now(void);
 int cxl_tsc_calibrate(int64_t window_ns);
 double cxl_ticks_per_ns(void);
 void cxl_wait_until(int64_t deadline);
@@ -61,6 +65,7 @@ int64_t cxl_read_untimed(const cxl_dp *dp, uint64_t dpa, uint8_t *out, uint64_t 
                          uint64_t *err_dpa);
 int64_t cxl_write_untimed(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, uint64_t n,
                           uint64_t *err_dpa);
+int64_t cxl_issue(const cxl_dp *dp, const cxl_desc *d, int64_t now, uint64_t *err_dpa);
 int64_t cxl_issue_batch(const cxl_dp *dp, cxl_desc *const *descs, uint64_t n, int64_t now,
                         int64_t *results, uint64_t *err_dpas);
 int64_t cxl_chase(const cxl_dp *dp, uint64_t dpa, uint64_t hops, int timed_hops,

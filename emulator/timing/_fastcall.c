@@ -1,0 +1,290 @@
+/*
+ * cxlemu timed data path: per-call entry points from Python, without cffi's conversions.
+ *
+ * A cffi call needs a cdata pointer, and turning a numpy array or bytearray into one
+ * (ffi.from_buffer, require_writable) costs ~0.35 us per call: a third of a 64 KiB copy's time.
+ * transfer() takes the buffer itself and borrows its memory through the buffer protocol for
+ * the duration of the call (PyObject_GetBuffer, ~30 ns), as numpy's own C functions do; the
+ * exporter refuses a read-only buffer for a read and a non-contiguous one (no PyBUF_STRIDES in
+ * the request), so the C core only ever writes within [buf, buf + len) of a writable buffer.
+ * issue() is the DMA engine's per-descriptor call (its cxl_desc built and pinned once).
+ * Pointers to the core's own structs travel as ints: these are private entry points, called
+ * only by emulator.timing.DataPath and emulator.dma with addresses they own.
+ *
+ * It is compiled into the cffi extension (_cdatapath) as a second module of the same shared
+ * library (PEP 489, "multiple modules in one library") and loaded from that file by
+ * emulator.timing._cimpl: setuptools builds one library, and the two share the C core.
+ * It needs the buffer protocol in the limited API (3.11); older interpreters get no
+ * PyInit__fastcall and the data path keeps ffi.from_buffer.
+ */
+#include <patchlevel.h>
+#if PY_VERSION_HEX >= 0x030B0000
+#define Py_LIMITED_API 0x030B0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <structmember.h>
+
+#include "_datapath.h"
+
+/* transfer(dp, err, dir, dpa, buffer, now, wait) -> int
+ *   dp, err: addresses of the cxl_dp and of a uint64_t (ints, from ffi.cast("uintptr_t", ...))
+ *   dir: CXL_DIR_READ (media -> buffer; the buffer must be writable) or CXL_DIR_WRITE
+ *   now: < 0 real time, else simulated ns; wait: truthy to wait for completion (real time)
+ * Returns cxl_read / cxl_write's result (completion ns, or a negative CXL_E_* code). Raises
+ * the exporter's TypeError / BufferError for an object that is not a usable buffer. */
+static PyObject *fc_transfer(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "transfer() takes 7 arguments");
+        return NULL;
+    }
+    const cxl_dp *dp = (const cxl_dp *)PyLong_AsVoidPtr(args[0]);
+    uint64_t *err = (uint64_t *)PyLong_AsVoidPtr(args[1]);
+    long dir = PyLong_AsLong(args[2]);
+    unsigned long long dpa = PyLong_AsUnsignedLongLong(args[3]);
+    long long now = PyLong_AsLongLong(args[5]);
+    int wait = PyObject_IsTrue(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (dp == NULL || err == NULL || (dir != CXL_DIR_READ && dir != CXL_DIR_WRITE)) {
+        PyErr_SetString(PyExc_ValueError, "transfer(): bad data path, error cell or direction");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[4], &view, dir == CXL_DIR_READ ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
+        return NULL;
+    int64_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    if (dir == CXL_DIR_READ)
+        rc = cxl_read(dp, dpa, (uint8_t *)view.buf, (uint64_t)view.len, now, wait, err);
+    else
+        rc = cxl_write(dp, dpa, (const uint8_t *)view.buf, (uint64_t)view.len, now, wait, err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(rc);
+}
+
+/* issue(dp, desc, now, err) -> int: cxl_issue() of one DMA descriptor (addresses of the
+ * cxl_dp, of a cxl_desc whose host pointer is pinned by its owner, and of an error cell):
+ * its completion time, or a negative CXL_E_* code.  The DMA engine's per-descriptor call;
+ * a cffi call's argument conversion would cost more than the issue itself. */
+static PyObject *fc_issue(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "issue() takes 4 arguments");
+        return NULL;
+    }
+    const cxl_dp *dp = (const cxl_dp *)PyLong_AsVoidPtr(args[0]);
+    const cxl_desc *desc = (const cxl_desc *)PyLong_AsVoidPtr(args[1]);
+    long long now = PyLong_AsLongLong(args[2]);
+    uint64_t *err = (uint64_t *)PyLong_AsVoidPtr(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (dp == NULL || desc == NULL || err == NULL) {
+        PyErr_SetString(PyExc_ValueError, "issue(): null data path, descriptor or error cell");
+        return NULL;
+    }
+    int64_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = cxl_issue(dp, desc, now, err);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong(rc);
+}
+
+/* HandleBase: the fields of emulator.dma.DmaHandle (which subclasses it and adds the methods).
+ * A Python class with __slots__ costs ~0.25 us to construct on a slow host (its __init__ frame
+ * and six slot stores): as much as the whole inline DMA transfer it describes.  Fields are
+ * exposed as members: id, channel, count (read-only), _results, _event, _callbacks. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *id;
+    PyObject *channel;
+    PyObject *count;
+    PyObject *results;   /* NULL (None) until complete */
+    PyObject *event;
+    PyObject *callbacks;
+} HandleObject;
+
+static PyObject *handle_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"handle_id", "channel", "count", "results", NULL};
+    PyObject *id, *channel, *count, *results = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|O", kwlist, &id, &channel, &count, &results))
+        return NULL;
+    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+    HandleObject *self = (HandleObject *)alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    Py_INCREF(id);
+    Py_INCREF(channel);
+    Py_INCREF(count);
+    self->id = id;
+    self->channel = channel;
+    self->count = count;
+    if (results != Py_None) {
+        Py_INCREF(results);
+        self->results = results;
+    }
+    return (PyObject *)self;
+}
+
+static int handle_traverse(PyObject *op, visitproc visit, void *arg)
+{
+    HandleObject *self = (HandleObject *)op;
+    Py_VISIT(Py_TYPE(op)); /* a heap type's instances keep it alive */
+    Py_VISIT(self->id);
+    Py_VISIT(self->channel);
+    Py_VISIT(self->count);
+    Py_VISIT(self->results);
+    Py_VISIT(self->event);
+    Py_VISIT(self->callbacks);
+    return 0;
+}
+
+static int handle_clear(PyObject *op)
+{
+    HandleObject *self = (HandleObject *)op;
+    Py_CLEAR(self->id);
+    Py_CLEAR(self->channel);
+    Py_CLEAR(self->count);
+    Py_CLEAR(self->results);
+    Py_CLEAR(self->event);
+    Py_CLEAR(self->callbacks);
+    return 0;
+}
+
+static void handle_dealloc(PyObject *op)
+{
+    PyTypeObject *type = Py_TYPE(op);
+    PyObject_GC_UnTrack(op);
+    handle_clear(op);
+    freefunc tp_free = (freefunc)PyType_GetSlot(type, Py_tp_free);
+    tp_free(op);
+    Py_DECREF(type);
+}
+
+static PyMemberDef handle_members[] = {
+    {"id", T_OBJECT, offsetof(HandleObject, id), READONLY, NULL},
+    {"channel", T_OBJECT, offsetof(HandleObject, channel), READONLY, NULL},
+    {"count", T_OBJECT, offsetof(HandleObject, count), READONLY, NULL},
+    {"_results", T_OBJECT, offsetof(HandleObject, results), 0, NULL},
+    {"_event", T_OBJECT, offsetof(HandleObject, event), 0, NULL},
+    {"_callbacks", T_OBJECT, offsetof(HandleObject, callbacks), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot handle_slots[] = {
+    {Py_tp_doc, "The fields of a DMA handle (emulator.dma.DmaHandle adds the methods)."},
+    {Py_tp_new, handle_new},
+    {Py_tp_traverse, handle_traverse},
+    {Py_tp_clear, handle_clear},
+    {Py_tp_dealloc, handle_dealloc},
+    {Py_tp_members, handle_members},
+    {0, NULL},
+};
+
+static PyType_Spec handle_spec = {
+    "emulator.timing._fastcall.HandleBase", sizeof(HandleObject), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, handle_slots,
+};
+
+static PyObject *handle_type; /* HandleBase, set at module init */
+
+/* inline1(dp, desc, now, err, cls, handle_id, channel, cq_append) -> handle | int
+ * The DMA engine's inline path for one descriptor, on a channel its caller owns: cxl_issue(),
+ * then, if the transfer is complete by now (untimed: 0; simulated time: now >= 0; real time:
+ * its completion no later than cxl_link_now()), a done handle of class cls (a HandleBase
+ * subclass) with results [completion], passed to cq_append and returned.  Otherwise the int:
+ * an error code (< 0) or the completion still ahead, for the caller to finish. */
+static PyObject *fc_inline1(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "inline1() takes 8 arguments");
+        return NULL;
+    }
+    const cxl_dp *dp = (const cxl_dp *)PyLong_AsVoidPtr(args[0]);
+    const cxl_desc *desc = (const cxl_desc *)PyLong_AsVoidPtr(args[1]);
+    long long now = PyLong_AsLongLong(args[2]);
+    uint64_t *err = (uint64_t *)PyLong_AsVoidPtr(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyTypeObject *cls = (PyTypeObject *)args[4];
+    if (dp == NULL || desc == NULL || err == NULL || !PyType_Check(args[4]) ||
+        !PyType_IsSubtype(cls, (PyTypeObject *)handle_type)) {
+        PyErr_SetString(PyExc_ValueError, "inline1(): null pointer, or cls not a HandleBase");
+        return NULL;
+    }
+    int64_t rc;
+    int done;
+    Py_BEGIN_ALLOW_THREADS
+    rc = cxl_issue(dp, desc, now, err);
+    done = rc == 0 || (rc > 0 && (now >= 0 || rc <= cxl_link_now()));
+    Py_END_ALLOW_THREADS
+    if (!done)
+        return PyLong_FromLongLong(rc);
+    allocfunc alloc = (allocfunc)PyType_GetSlot(cls, Py_tp_alloc);
+    HandleObject *h = (HandleObject *)alloc(cls, 0);
+    if (h == NULL)
+        return NULL;
+    h->results = PyList_New(1);
+    PyObject *completion = PyLong_FromLongLong(rc);
+    h->count = PyLong_FromLong(1);
+    if (h->results == NULL || completion == NULL || h->count == NULL) {
+        Py_XDECREF(completion);
+        Py_DECREF(h);
+        return NULL;
+    }
+    PyList_SetItem(h->results, 0, completion); /* steals completion */
+    Py_INCREF(args[5]);
+    Py_INCREF(args[6]);
+    h->id = args[5];
+    h->channel = args[6];
+    PyObject *appended = PyObject_CallFunctionObjArgs(args[7], (PyObject *)h, NULL);
+    if (appended == NULL) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    Py_DECREF(appended);
+    return (PyObject *)h;
+}
+
+static PyMethodDef fc_methods[] = {
+    {"transfer", (PyCFunction)(void (*)(void))fc_transfer, METH_FASTCALL,
+     "transfer(dp, err, dir, dpa, buffer, now, wait) -> completion ns or CXL_E_* code"},
+    {"issue", (PyCFunction)(void (*)(void))fc_issue, METH_FASTCALL,
+     "issue(dp, desc, now, err) -> completion ns or CXL_E_* code"},
+    {"inline1", (PyCFunction)(void (*)(void))fc_inline1, METH_FASTCALL,
+     "inline1(dp, desc, now, err, cls, handle_id, channel, cq_append) -> done handle | int"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef fc_module = {
+    PyModuleDef_HEAD_INIT, "_fastcall",
+    "Plain host buffers straight to the timed data path's C core (see _fastcall.c).",
+    -1, fc_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastcall(void)
+{
+    PyObject *module = PyModule_Create(&fc_module);
+    if (module == NULL)
+        return NULL;
+    handle_type = PyType_FromSpec(&handle_spec);
+    if (handle_type == NULL)
+        goto fail;
+    Py_INCREF(handle_type); /* the module-level reference inline1 checks against */
+    if (PyModule_AddObject(module, "HandleBase", handle_type) < 0) {
+        Py_DECREF(handle_type);
+        goto fail;
+    }
+    return module;
+fail:
+    Py_XDECREF(handle_type);
+    Py_DECREF(module);
+    return NULL;
+}
+#endif
