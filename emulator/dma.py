@@ -2,13 +2,17 @@
 
 ::
 
-    submit([Descriptor, ...]) ──► channel k's submission queue (depth queue_depth, FIFO)
-                                      │  channel thread: for each descriptor, in order:
-                                      │    validate host range → DmaError, never a copy
-                                      │    DataPath.read/write(wait=False) → completion ns
-                                      │    (poison / device range → DmaError for that one)
-                                      │  wait until the latest completion (GIL released)
-                                      ▼
+    submit([Descriptor, ...])
+      │ channel k idle and <= INLINE_BYTES: issued here, in the caller (io_uring's inline
+      │ issue); completion time already passed → the handle is returned done, else the
+      │ channel waits for it (ahead of anything submitted after it)
+      ▼ otherwise: channel k's submission queue (depth queue_depth, FIFO)
+    channel thread: for each descriptor, in order:
+        validate host range → DmaError, never a copy
+        C core: one call per descriptor (cxl_issue), or per list (cxl_issue_batch)
+        (poison / device range → DmaError for that one); no wait between descriptors
+      wait until the latest completion (DataPath.wait_until: GIL released)
+      ▼
     DmaHandle.done() / .wait() ◄── completion queue (poll_completions(), completion order)
 
 Ordering (what a caller may rely on):
@@ -17,14 +21,18 @@ Ordering (what a caller may rely on):
   link's latency, but they are pipelined on the link (the channel does not wait between
   them), so one submit of 32 blocks costs one latency plus 32 blocks of link time.
 - Submissions to the same channel complete in submission order (FIFO); pass ``channel=k``
-  to keep dependent transfers ordered.  Across channels there is no order.
+  to keep dependent transfers ordered.  Across channels there is no order.  A channel runs
+  one submission at a time, from issue to completion, whether its thread runs it or the
+  submitter does (inline).
 - The handle completes when the last descriptor's completion time has passed.  Host buffers
   written by a ``read`` descriptor hold their data only once the handle is done; media written
   by a ``write`` descriptor may be visible to other readers a little earlier (as with posted
   writes).
-- On an untimed link (zero latency, unthrottled) a small submission (<= ``INLINE_BYTES``) to
-  an idle channel completes inline, in ``submit``, as io_uring completes requests that need
-  no waiting; order is unchanged (a channel issues one submission at a time, inline or not).
+- A small submission (<= ``INLINE_BYTES``) to an idle channel (nothing queued or running on
+  it) is issued inline, in ``submit``, as io_uring issues a request that needs no worker.  It
+  also completes inline when its completion time has passed by the end of the issue (always
+  on an untimed link, and on a zero-latency one with the link free); otherwise the channel's
+  thread waits for it, so ``submit`` never waits for the link.
 - A failed descriptor (poison, out of range) is reported as a ``DmaError`` in its slot of the
   results and moves no byte; the other descriptors of the submit still run.
 """
@@ -32,12 +40,12 @@ from __future__ import annotations
 
 import enum
 import itertools
-import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from emulator.spec.errors import DmaError, PoisonError
 from emulator.timing import DataPath, HostBuffer, host_view
@@ -115,42 +123,79 @@ class Descriptor:
         cdesc = ffi.new("cxl_desc *", {"dir": 0 if self.direction is Direction.READ else 1,
                                        "dpa": self.dpa, "host": host, "len": self.length})
         object.__setattr__(self, "_cdesc", cdesc)
+        object.__setattr__(self, "_cdesc_addr", int(ffi.cast("uintptr_t", cdesc)))
         object.__setattr__(self, "_chost", host)  # keeps the pointer in cdesc valid
         return cdesc
 
 
-class DmaHandle:
+#: Guards the completion state of every handle (held for a few instructions: completions
+#: are rare next to the work behind them, and a handle then needs no lock of its own).
+_HANDLE_LOCK = threading.Lock()
+
+
+class _PyHandleBase:
+    """DmaHandle's fields where the C core's ``HandleBase`` is not built (the same members)."""
+
+    __slots__ = ("_callbacks", "_event", "_results", "channel", "count", "id")
+    id: int
+    channel: int
+    count: int
+    _results: list[int | DmaError] | None
+    _event: threading.Event | None
+    _callbacks: list[Callable[[DmaHandle], None]] | None
+
+    def __init__(self, handle_id: int, channel: int, count: int,
+                 results: list[int | DmaError] | None = None) -> None:
+        self.id, self.channel, self.count, self._results = handle_id, channel, count, results
+        self._event = self._callbacks = None
+
+
+def _handle_base() -> type:
+    """The C ``HandleBase`` (``_fastcall.c``: a handle built in ~0.1 µs, a third of what a
+    Python ``__init__`` costs; the inline DMA path builds one per transfer), else the twin."""
+    try:
+        from emulator.timing._cimpl import handle_base
+    except ImportError:
+        return _PyHandleBase
+    return handle_base or _PyHandleBase
+
+
+if TYPE_CHECKING:  # the C base has the same members, which type checkers cannot see
+    _HandleBase = _PyHandleBase
+else:
+    _HandleBase = _handle_base()
+
+
+def handle_base_is_c() -> bool:
+    """Whether DmaHandle's fields live in the C ``HandleBase`` (what ``inline1`` builds)."""
+    return _HandleBase is not _PyHandleBase
+
+
+class DmaHandle(_HandleBase):
     """One submission: poll ``done()``, block in ``wait()``, or add a callback.
 
-    The event a waiter blocks on is made only when someone waits before completion: a
-    submission that completes inline never pays for one."""
+    ``DmaHandle(handle_id, channel, count, results=None)``: ``_results`` is None until the
+    handle completes.  The event a waiter blocks on is made only when someone waits before
+    completion: a submission that completes inline never pays for one."""
 
-    __slots__ = ("_callbacks", "_done", "_event", "_lock", "_results", "channel", "count", "id")
-
-    def __init__(self, handle_id: int, channel: int, count: int) -> None:
-        self.id = handle_id
-        self.channel = channel
-        self.count = count
-        self._done = False
-        self._event: threading.Event | None = None
-        self._results: list[int | DmaError] = []
-        self._callbacks: list[Callable[[DmaHandle], None]] | None = None
-        self._lock = threading.Lock()
+    __slots__ = ()
 
     def done(self) -> bool:
-        return self._done
+        return self._results is not None
 
     def wait(self, timeout: float | None = None) -> list[int | DmaError]:
         """Per-descriptor results in submission order: the completion time (ns) or the
         ``DmaError`` of a descriptor that failed.  Raises ``TimeoutError`` if not done in time."""
-        if not self._done:
-            with self._lock:
-                if not self._done and self._event is None:
+        results = self._results
+        if results is None:
+            with _HANDLE_LOCK:
+                if self._results is None and self._event is None:
                     self._event = threading.Event()
                 event = self._event
             if event is not None and not event.wait(timeout):
                 raise TimeoutError(f"DMA handle {self.id} not complete after {timeout} s")
-        return list(self._results)
+            results = self._results
+        return list(results)  # type: ignore[arg-type]
 
     def check(self, timeout: float | None = None) -> list[int]:
         """Like ``wait`` but raises the first descriptor's ``DmaError``: for callers that
@@ -163,21 +208,21 @@ class DmaHandle:
 
     @property
     def errors(self) -> list[DmaError]:
-        return [r for r in self._results if isinstance(r, DmaError)]
+        return [r for r in self._results or () if isinstance(r, DmaError)]
 
     def add_done_callback(self, fn: Callable[[DmaHandle], None]) -> None:
         """Call ``fn(handle)`` on completion (from the channel thread; keep it short), or now
         if already done."""
-        with self._lock:
-            if not self._done:
-                self._callbacks = (self._callbacks or []) + [fn]
-                return
+        if self._results is None:
+            with _HANDLE_LOCK:
+                if self._results is None:
+                    self._callbacks = (self._callbacks or []) + [fn]
+                    return
         fn(self)
 
     def _complete(self, results: list[int | DmaError]) -> None:
-        self._results = results
-        with self._lock:
-            self._done = True
+        with _HANDLE_LOCK:
+            self._results = results
             event, callbacks, self._callbacks = self._event, self._callbacks, None
         if event is not None:
             event.set()
@@ -185,20 +230,47 @@ class DmaHandle:
             fn(self)
 
     def __repr__(self) -> str:
-        state = "done" if self._done else "pending"
+        state = "done" if self._results is not None else "pending"
         return f"<DmaHandle {self.id} ch{self.channel} {self.count} desc {state}>"
 
 
-_STOP = object()
+#: Submissions of at most this many bytes may be issued inline (a copy this size takes a few
+#: µs, less than handing it to a channel thread costs).
 INLINE_BYTES = 64 << 10
 #: From this many descriptors a submission goes to the C core in one call; below it, setting
-#: up the call's arrays costs more than issuing each descriptor from Python.
+#: up the call's arrays costs more than one call per descriptor.
 BATCH_MIN = 4
+
+# A queued submission: (handle, descriptors to issue) — or, for one issued inline whose
+# completion had not passed, (handle, None) with its results and latest completion.
+_Item = tuple[DmaHandle, "list[Descriptor] | None", "list[int | DmaError] | None", int]
+
+
+class _Channel:
+    """One channel.  ``owner`` is held by whoever runs a submission, from issue to completion
+    (the channel's thread, or a submitter running one inline), so a channel runs one at a
+    time; its thread takes it before popping the next queued item, so an inline submitter
+    that gets it with the queue empty has nothing ahead of it.  ``lock`` guards ``items``
+    (the FIFO) and ``closed``."""
+
+    __slots__ = ("closed", "err", "err_addr", "items", "lock", "owner", "room", "thread", "work")
+
+    def __init__(self, err: Any, err_addr: int) -> None:
+        self.owner = threading.Lock()
+        self.lock = threading.Lock()
+        self.work = threading.Condition(self.lock)   # the thread: an item queued, or closed
+        self.room = threading.Condition(self.lock)   # submitters: the queue has room
+        self.items: deque[_Item] = deque()
+        self.closed = False
+        # the C core's error-DPA cell: one per channel, since channels issue at once
+        self.err, self.err_addr = err, err_addr
+        self.thread: threading.Thread | None = None
 
 
 class DmaEngine:
-    """``channels`` threads, each with a FIFO submission queue of ``queue_depth`` handles,
-    moving data through a ``DataPath`` (so every transfer is timed and accounted on the link)."""
+    """``channels`` channels, each with a thread and a FIFO submission queue of
+    ``queue_depth`` handles, moving data through a ``DataPath`` (so every transfer is timed
+    and accounted on the link)."""
 
     def __init__(self, datapath: DataPath, channels: int = 4, queue_depth: int = 64) -> None:
         if not isinstance(datapath, DataPath):
@@ -210,24 +282,37 @@ class DmaEngine:
         self.datapath = datapath
         self.channels = channels
         self.queue_depth = queue_depth
-        self._sq: list[queue.Queue[Any]] = [queue.Queue(queue_depth) for _ in range(channels)]
         # The completion queue keeps the latest completions only (a ring, as in hardware):
         # callers holding handles need never poll it.
         self._cq: deque[DmaHandle] = deque(maxlen=4 * channels * queue_depth)
         self._ids = itertools.count(1)
         self._rr = itertools.count()
-        self._closed = False
-        self._submit_lock = threading.Lock()
-        # busy[k]: submissions queued or running on channel k; issuing[k] is held while a
-        # submission's descriptors are issued, so channel order holds for inline ones too.
-        self._busy = [0] * channels
-        self._issuing = [threading.Lock() for _ in range(channels)]
-        self._inline_ok = datapath.config.untimed or datapath.clock is not None
+        self._cq_append = self._cq.append
         self._c = datapath.impl == "c"
-        self._threads = [threading.Thread(target=self._channel_loop, args=(k,), daemon=True,
-                                          name=f"cxlemu-dma-{k}") for k in range(channels)]
-        for t in self._threads:
-            t.start()
+        self._c_issue: Any = None      # cffi's cxl_issue
+        self._fast_issue: Any = None   # _fastcall.issue / inline1, where built
+        self._inline1: Any = None
+        # the clock completions are stamped on: the C core's (its TSC anchor), or the twin's
+        self._now_ns: Callable[[], int] = time.monotonic_ns
+        errs: list[tuple[Any, int]] = [(None, 0)] * channels
+        if self._c:
+            from emulator.timing._cimpl import (
+                address,
+                fast_inline1,
+                fast_issue,
+                ffi,
+                lib,
+            )
+
+            self._c_issue, self._fast_issue, self._now_ns = lib.cxl_issue, fast_issue, lib.cxl_link_now
+            if handle_base_is_c():
+                self._inline1 = fast_inline1
+            errs = [(cell, address(cell)) for cell in (ffi.new("uint64_t *") for _ in range(channels))]
+        self._chans = [_Channel(err, addr) for err, addr in errs]
+        for k, ch in enumerate(self._chans):
+            ch.thread = threading.Thread(target=self._channel_loop, args=(ch,), daemon=True,
+                                         name=f"cxlemu-dma-{k}")
+            ch.thread.start()
 
     # -- host side ------------------------------------------------------------------------------
     @staticmethod
@@ -239,36 +324,51 @@ class DmaEngine:
     def submit(self, descriptors: Sequence[Descriptor] | Iterable[Descriptor], *,
                channel: int | None = None, timeout: float | None = None) -> DmaHandle:
         """Queue a scatter-gather list; returns at once unless the channel's submission
-        queue is full (then it blocks up to ``timeout`` s and raises ``TimeoutError``)."""
-        descs = list(descriptors)
+        queue is full (then it blocks up to ``timeout`` s and raises ``TimeoutError``).  A
+        small one to an idle channel is issued (and maybe completed) inline: see the module."""
+        # The inline path is the hot one (a small transfer from Python): no copy of a list it
+        # consumes before returning, one non-blocking lock, one C call per descriptor.
+        descs = descriptors if descriptors.__class__ is list else list(descriptors)
+        if channel is None:
+            k = next(self._rr) % self.channels
+        elif isinstance(channel, int) and 0 <= channel < self.channels:
+            k = channel
+        else:
+            raise ValueError(f"channel must be an int from 0 to {self.channels - 1}, got {channel!r}")
+        ch = self._chans[k]
+        if len(descs) == 1 and self._inline1 is not None:  # the commonest: one small transfer
+            d = descs[0]
+            addr = d.__dict__.get("_cdesc_addr") if d.__class__ is Descriptor else None
+            if addr is not None and d.length <= INLINE_BYTES and not ch.items \
+                    and ch.owner.acquire(False):
+                try:
+                    if not ch.items and not ch.closed:
+                        # one C call: issue, and if complete a done handle, in the CQ
+                        dp, handle_id = self.datapath, next(self._ids)
+                        got = self._inline1(dp._core.dp_addr, addr,
+                                            -1 if dp.clock is None else int(dp.clock.now_ns()),
+                                            ch.err_addr, DmaHandle, handle_id, k, self._cq_append)
+                        if got.__class__ is not int:
+                            return got  # type: ignore[no-any-return]
+                        results = [got if got >= 0 else self._error(0, d, got, ch.err[0])]
+                        return self._finish_inline(ch, handle_id, k, 1, results, max(got, 0))
+                finally:
+                    ch.owner.release()
         total = 0
         for d in descs:
             if d.__class__ is not Descriptor:
                 i = descs.index(d)
                 raise TypeError(f"descriptor {i} must be an emulator.dma.Descriptor, got {type(d).__name__}")
             total += d.length
-        if channel is not None and not (isinstance(channel, int) and 0 <= channel < self.channels):
-            raise ValueError(f"channel must be an int from 0 to {self.channels - 1}, got {channel!r}")
-        with self._submit_lock:
-            if self._closed:
-                raise RuntimeError("DmaEngine is closed")
-            k = next(self._rr) % self.channels if channel is None else channel
-            handle = DmaHandle(next(self._ids), k, len(descs))
-            inline = self._inline_ok and self._busy[k] == 0 and total <= INLINE_BYTES
-            self._busy[k] += 1
-        if inline:
-            with self._issuing[k]:
-                results = self._run(descs)
-            self._finish(k, handle, results)
-            return handle
-        try:
-            self._sq[k].put((handle, descs), timeout=timeout)
-        except queue.Full:
-            with self._submit_lock:
-                self._busy[k] -= 1
-            raise TimeoutError(f"DMA channel {k} submission queue full ({self.queue_depth}) "
-                               f"for {timeout} s") from None
-        return handle
+        handle_id = next(self._ids)
+        if total <= INLINE_BYTES and not ch.items and ch.owner.acquire(False):
+            # Owned with nothing queued: nothing of this channel's is ahead of us (see _Channel).
+            try:
+                if not ch.items and not ch.closed:
+                    return self._finish_inline(ch, handle_id, k, len(descs), *self._issue(ch, descs))
+            finally:
+                ch.owner.release()
+        return self._enqueue(ch, DmaHandle(handle_id, k, len(descs)), list(descs), timeout)
 
     def poll_completions(self, max_handles: int | None = None) -> list[DmaHandle]:
         """Pop completed handles from the completion queue, oldest completion first (it keeps
@@ -280,19 +380,22 @@ class DmaEngine:
 
     def pending(self) -> int:
         """Handles queued or in flight on all channels."""
-        with self._submit_lock:
-            return sum(self._busy)
+        n = 0
+        for ch in self._chans:
+            running = ch.owner.locked() and ch.thread is not None and ch.thread.is_alive()
+            n += len(ch.items) + running
+        return n
 
     def close(self) -> None:
         """Stop accepting submissions, finish what is queued, join the channel threads."""
-        with self._submit_lock:
-            if self._closed:
-                return
-            self._closed = True
-        for q in self._sq:
-            q.put(_STOP)
-        for t in self._threads:
-            t.join()
+        for ch in self._chans:
+            with ch.lock:
+                ch.closed = True
+                ch.work.notify()
+                ch.room.notify_all()
+        for ch in self._chans:
+            if ch.thread is not None and ch.thread is not threading.current_thread():
+                ch.thread.join()
 
     def __enter__(self) -> Self:
         return self
@@ -300,45 +403,92 @@ class DmaEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- submission -----------------------------------------------------------------------------
+    def _finish_inline(self, ch: _Channel, handle_id: int, k: int, count: int,
+                       results: list[int | DmaError], latest: int) -> DmaHandle:
+        """An inline submission issued (the channel still owned): done if its completion has
+        passed, else its wait queued at the head of the channel, before anything submitted since."""
+        if latest == 0 or self.datapath.clock is not None or latest <= self._now_ns():
+            handle = DmaHandle(handle_id, k, count, results)
+            self._cq.append(handle)
+            return handle
+        handle = DmaHandle(handle_id, k, count)
+        with ch.lock:
+            ch.items.appendleft((handle, None, results, latest))
+            ch.work.notify()
+        return handle
+
+    def _enqueue(self, ch: _Channel, handle: DmaHandle, descs: list[Descriptor],
+                 timeout: float | None) -> DmaHandle:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with ch.lock:
+            while len(ch.items) >= self.queue_depth and not ch.closed:
+                if deadline is None:
+                    ch.room.wait()
+                elif (left := deadline - time.monotonic()) <= 0 or not ch.room.wait(left):
+                    raise TimeoutError(f"DMA channel {handle.channel} submission queue full "
+                                       f"({self.queue_depth}) for {timeout} s")
+            if ch.closed:
+                raise RuntimeError("DmaEngine is closed")
+            ch.items.append((handle, descs, None, 0))
+            ch.work.notify()
+        return handle
+
     # -- channel side ---------------------------------------------------------------------------
-    def _channel_loop(self, k: int) -> None:
-        q = self._sq[k]
+    def _channel_loop(self, ch: _Channel) -> None:
         while True:
-            item = q.get()
-            try:
-                if item is _STOP:
+            with ch.lock:
+                while not ch.items and not ch.closed:
+                    ch.work.wait()
+            ch.owner.acquire()  # after a submission running inline, if any
+            with ch.lock:
+                if not ch.items:  # closed and drained: keep the owner lock, so none runs inline
                     return
-                handle, descs = item
-                with self._issuing[k]:
-                    results = self._run(descs)
-                self._finish(k, handle, results)
+                handle, descs, results, latest = ch.items.popleft()
+                ch.room.notify()
+            try:
+                try:
+                    if descs is not None:
+                        results, latest = self._issue(ch, descs)
+                    if latest:
+                        self.datapath.wait_until(latest)
+                except Exception as exc:  # noqa: BLE001 (the data path closed under the engine...):
+                    # every descriptor fails with the cause, rather than the waiters hanging
+                    results = [DmaError(i, f"DMA channel failed: {exc!r}") for i in range(handle.count)]
+                self._cq.append(handle)
+                handle._complete(results)  # type: ignore[arg-type]
             finally:
-                q.task_done()
+                ch.owner.release()
 
-    def _finish(self, k: int, handle: DmaHandle, results: list[int | DmaError]) -> None:
-        self._cq.append(handle)
-        with self._submit_lock:
-            self._busy[k] -= 1
-        handle._complete(results)
-
-    def _run(self, descs: list[Descriptor]) -> list[int | DmaError]:
-        if self.datapath.impl == "c" and len(descs) >= BATCH_MIN:
-            return self._run_c(descs)
+    def _issue(self, ch: _Channel, descs: list[Descriptor]) -> tuple[list[int | DmaError], int]:
+        """Issue every descriptor in order, waiting for none: (per-descriptor completion time
+        or DmaError, the latest completion or 0)."""
+        if not self._c:
+            return self._issue_py(descs)
+        if len(descs) >= BATCH_MIN:
+            return self._issue_batch(descs)
+        dp, fast = self.datapath, self._fast_issue
+        now = -1 if dp.clock is None else int(dp.clock.now_ns())
         results: list[int | DmaError] = []
         latest = 0
         for i, d in enumerate(descs):
             try:
-                done = self._issue(d)
+                cdesc = d.c_descriptor()
             except DmaError as exc:
                 results.append(DmaError(i, exc.reason))
                 continue
-            latest = max(latest, done)
-            results.append(done)
-        if latest:
-            self.datapath.wait_until(latest)
-        return results
+            if fast is not None:
+                rc = fast(dp._core.dp_addr, d.__dict__["_cdesc_addr"], now, ch.err_addr)
+            else:
+                rc = self._c_issue(dp._core.dp, cdesc, now, ch.err)
+            if rc < 0:
+                results.append(self._error(i, d, rc, ch.err[0]))
+                continue
+            results.append(rc)
+            latest = max(latest, rc)
+        return results, latest
 
-    def _run_c(self, descs: list[Descriptor]) -> list[int | DmaError]:
+    def _issue_batch(self, descs: list[Descriptor]) -> tuple[list[int | DmaError], int]:
         """The whole list in one call to the C core (``cxl_issue_batch``): per descriptor only
         its cached ``cxl_desc`` is touched from Python."""
         results: list[int | DmaError] = [0] * len(descs)
@@ -350,7 +500,7 @@ class DmaEngine:
             except DmaError as exc:
                 results[i] = DmaError(i, exc.reason)
         if not cdescs:
-            return results
+            return results, 0
         codes, errs = self.datapath.issue_batch(cdescs)
         latest = 0
         for j, i in enumerate(index):
@@ -359,22 +509,31 @@ class DmaEngine:
                 results[i] = rc
                 latest = max(latest, rc)
             else:
-                d = descs[i]
-                what = "read" if d.direction is Direction.READ else "write"
-                error = self.datapath.error_for(rc, what, d.dpa, d.length, errs[j])
-                results[i] = DmaError(i, str(error))
-        self.datapath.wait_until(latest)
-        return results
+                results[i] = self._error(i, descs[i], rc, errs[j])
+        return results, latest
 
-    def _issue(self, d: Descriptor) -> int:
-        """Start one descriptor's transfer; DmaError(reason) for anything that would copy a
-        byte outside the device or the host buffer, or return poison."""
-        window = d.registered() if self._c else d.window()
-        try:
-            if d.direction is Direction.READ:
-                return self.datapath.read(d.dpa, window, wait=False)
-            return self.datapath.write(d.dpa, window, wait=False)
-        except PoisonError as exc:
-            raise DmaError(-1, str(exc)) from None
-        except ValueError as exc:
-            raise DmaError(-1, str(exc)) from None
+    def _issue_py(self, descs: list[Descriptor]) -> tuple[list[int | DmaError], int]:
+        """The Python twin: each descriptor through ``DataPath.read/write(wait=False)``."""
+        results: list[int | DmaError] = []
+        latest = 0
+        for i, d in enumerate(descs):
+            try:
+                window = d.window()
+                if d.direction is Direction.READ:
+                    done = self.datapath.read(d.dpa, window, wait=False)
+                else:
+                    done = self.datapath.write(d.dpa, window, wait=False)
+            except DmaError as exc:
+                results.append(DmaError(i, exc.reason))
+                continue
+            except (PoisonError, ValueError) as exc:
+                results.append(DmaError(i, str(exc)))
+                continue
+            latest = max(latest, done)
+            results.append(done)
+        return results, latest
+
+    def _error(self, i: int, d: Descriptor, rc: int, err_dpa: int) -> DmaError:
+        """Descriptor ``i``'s error, worded as ``DataPath.read/write`` word it."""
+        what = "read" if d.direction is Direction.READ else "write"
+        return DmaError(i, str(self.datapath.error_for(rc, what, d.dpa, d.length, err_dpa)))

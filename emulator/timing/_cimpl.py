@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from emulator.timing import _cdatapath
 from emulator.timing import linkstate as ls
 from emulator.timing._buffers import host_view
-from emulator.timing import _cdatapath
 from emulator.timing._cdatapath import ffi, lib  # ImportError when not built
 from emulator.timing.config import LinkParams
 
