@@ -203,3 +203,96 @@ def test_a_second_process_is_refused_the_device(model, batch, served) -> None:
     ids, mask, expected = batch
     with CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 16 + NEW + 16), device=served.name) as cache:
         assert torch.equal(run(model, ids, mask, cache), expected)
+
+
+def test_a_batch_is_one_submission_and_a_failure_stays_in_its_part(served) -> None:
+    """Reads and writes issued in ``batched()`` go to the DMA engine as one descriptor list; each
+    part's transfer sees only its own descriptors' results (a poisoned read fails the read, not
+    the write-back submitted with it)."""
+    import numpy as np
+
+    from driver.kv._device_store import DeviceBlockStore
+    from driver.kv._store import Extent
+    from driver.memdev import MemDev
+    from emulator.spec.errors import DmaError
+
+    with MemDev.open(served.name) as md:
+        store = DeviceBlockStore(md)
+        store.configure(256)
+        src = np.arange(1024, dtype=np.uint8)
+        dst = np.zeros(1024, dtype=np.uint8)
+        submitted: list[int] = []
+        real_submit = store.dma.submit
+        store.dma.submit = lambda descs, **kw: submitted.append(len(descs)) or real_submit(descs, **kw)
+        store.write([Extent(0, 1024, 0)], src).wait()
+        md.inject_poison(store.dpa(9) + 64)
+        with store.batched():
+            wrote = store.write([Extent(4, 512, 0)], src)
+            good = store.read([Extent(0, 1024, 0)], dst)
+            bad = store.read([Extent(8, 512, 0)], np.zeros(512, dtype=np.uint8))
+        assert submitted == [1, 3]
+        assert wrote.handle is good.handle is bad.handle
+        wrote.wait()
+        good.wait()
+        with pytest.raises(DmaError):
+            bad.wait()
+        assert np.array_equal(dst, src)
+        store.close()
+
+
+def test_registered_buffers_reuse_their_descriptors(served) -> None:
+    """A registered host buffer's transfers resubmit the descriptors built the first time (same
+    objects); an unregistered one gets new descriptors every time."""
+    import numpy as np
+
+    from driver.kv._device_store import DeviceBlockStore
+    from driver.kv._store import Extent
+    from driver.memdev import MemDev
+
+    with MemDev.open(served.name) as md:
+        store = DeviceBlockStore(md)
+        store.configure(256)
+        lists: list[list] = []
+        real_submit = store.dma.submit
+        store.dma.submit = lambda descs, **kw: lists.append(list(descs)) or real_submit(descs, **kw)
+        frame, other = np.zeros(2048, dtype=np.uint8), np.zeros(2048, dtype=np.uint8)
+        extents = [Extent(0, 768, 0), Extent(5, 256, 1024)]
+        store.register(frame)
+        for host in (frame, frame, other, other):
+            store.read(extents, host).wait()
+        assert all(a is b for a, b in zip(lists[0], lists[1], strict=True))
+        assert not any(a is b for a, b in zip(lists[2], lists[3], strict=True))
+        store.unregister(frame)
+        store.read(extents, frame).wait()
+        assert not any(a is b for a, b in zip(lists[0], lists[4], strict=True))
+        store.close()
+
+
+def test_blocks_move_whole_and_close_unregisters_every_buffer(served) -> None:
+    """Write-backs are whole chunks (the dirty tail block of every piece: one extent), loads read
+    what the counters say, and after close() the store keeps no buffer of the engine."""
+    from driver.kv._device_store import DeviceBlockStore
+    from driver.kv._engine import ResidencyEngine
+    from driver.memdev import MemDev
+
+    with MemDev.open(served.name) as md:
+        store = DeviceBlockStore(md)
+        engine = ResidencyEngine(budget=2 * frame_bytes(1, 40), policy="lru", block_tokens=8, store=store,
+                                 device=torch.device("cpu"), dtype=torch.float32, max_seq_len=40,
+                                 prefix_sharing=False)
+        g = torch.Generator().manual_seed(3)
+        for step in range(10):
+            for layer in range(4):
+                n = 30 if step == 0 else 1
+                k, v = torch.randn(1, 2, n, 16, generator=g), torch.randn(1, 2, n, 16, generator=g)
+                keys, values = engine.update(layer, k, v)
+                assert torch.equal(keys[:, :, -n:], k) and torch.equal(values[:, :, -n:], v)
+        stats = engine.stats()
+        counters = store.datapath.counters()
+        assert stats["offloads"] > 0 and counters["write_bytes"] == stats["bytes_offloaded"]
+        assert stats["bytes_offloaded"] % store.chunk_bytes == 0
+        assert counters["read_bytes"] == stats["bytes_loaded"] > 0
+        assert store._regions
+        engine.close()
+        assert not store._regions and engine.staging.total == 0
+        store.close()

@@ -18,7 +18,7 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,20 +55,40 @@ class SleepingDataPath(DataPath):
 
 
 class _DmaTransfer:
-    def __init__(self, handle: DmaHandle) -> None:
-        self.handle = handle
+    """One submission, or descriptors ``[lo, hi)`` of a submission shared with others (see
+    :meth:`DeviceBlockStore.batched`: its handle is set when the batch is submitted)."""
+
+    __slots__ = ("handle", "hi", "lo")
+
+    def __init__(self, handle: DmaHandle | None, lo: int = 0, hi: int | None = None) -> None:
+        self.handle, self.lo, self.hi = handle, lo, hi
+
+    def _handle(self) -> DmaHandle:
+        if self.handle is None:
+            raise RuntimeError("transfer of a batch not submitted yet: leave DeviceBlockStore.batched() first")
+        return self.handle
 
     def done(self) -> bool:
-        return self.handle.done()
+        return self._handle().done()
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         """``fn()`` on completion, from the DMA channel thread (or now, if done)."""
-        self.handle.add_done_callback(lambda _h: fn())
+        self._handle().add_done_callback(lambda _h: fn())
 
     def wait(self) -> None:
-        for result in self.handle.wait():
+        results = self._handle().wait()
+        for result in results if self.hi is None else results[self.lo:self.hi]:
             if isinstance(result, DmaError):
                 raise result
+
+
+class _Batch(threading.local):
+    """The descriptors and transfers of an open :meth:`DeviceBlockStore.batched` (per thread:
+    caches on one device may run on several threads)."""
+
+    def __init__(self) -> None:
+        self.descs: list[Descriptor] | None = None
+        self.transfers: list[_DmaTransfer] = []
 
 
 class DeviceBlockStore:
@@ -92,6 +112,7 @@ class DeviceBlockStore:
         self.pool: ChunkPool | None = None
         self.telemetry: Any = None  # a HostPublisher when shared through open_device_store
         self.timing = memdev.config.timing  # the link the prefetch window is sized for
+        self._batch = _Batch()
         # id(host) -> (host, {(direction, extents): descriptors}); holding host keeps its id unique
         self._regions: dict[int, tuple[np.ndarray, dict[tuple[str, tuple[Extent, ...]], list[Descriptor]]]] = {}
 
@@ -130,10 +151,39 @@ class DeviceBlockStore:
         return descs
 
     def read(self, extents: Sequence[Extent], host: np.ndarray) -> _DmaTransfer:
-        return _DmaTransfer(self.dma.submit(self._descs("read", extents, host)))
+        return self._submit(self._descs("read", extents, host))
 
     def write(self, extents: Sequence[Extent], host: np.ndarray) -> _DmaTransfer:
-        return _DmaTransfer(self.dma.submit(self._descs("write", extents, host)))
+        return self._submit(self._descs("write", extents, host))
+
+    def _submit(self, descs: list[Descriptor]) -> _DmaTransfer:
+        batch = self._batch
+        if batch.descs is None:
+            return _DmaTransfer(self.dma.submit(descs))
+        transfer = _DmaTransfer(None, len(batch.descs), len(batch.descs) + len(descs))
+        batch.descs += descs
+        batch.transfers.append(transfer)
+        return transfer
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Reads and writes issued inside go to the DMA engine as one submission when the block
+        ends (an eviction's write-back and the load that takes its frame: one descriptor list,
+        one channel wake-up). Their transfers may be waited on only after the block."""
+        batch = self._batch
+        if batch.descs is not None:  # nested: the outer block submits
+            yield
+            return
+        batch.descs, batch.transfers = [], []
+        try:
+            yield
+        finally:
+            descs, transfers = batch.descs, batch.transfers
+            batch.descs, batch.transfers = None, []
+            if descs:
+                handle = self.dma.submit(descs)
+                for t in transfers:
+                    t.handle = handle
 
     def scrub(self, chunk: int) -> int:
         """Clear every poisoned line of ``chunk`` with the device's Clear Poison command (CXL 3.1

@@ -340,17 +340,18 @@ class ResidencyEngine(ChunkIO, Recovery):
             self._advance_saves(st, force=True)
         if st.writes:
             self._reap_writes(st, block=True)  # a load must see the bytes its own save wrote
-        try:
-            frame = self._take_frame(protected)
-        except NoVictimError:
-            return False
-        st.frame = frame
-        host, cap, token = self.mover.load_image(frame, st.seq_len)
-        if not self.mover.cuda:  # the frame itself (on CUDA: a staging buffer, saves register it)
-            self._register(host)
-        extents, firsts, dups = self._load_plan(st.chunks, cap, st.seq_len)
-        st.load = _Load(host, cap, token, self.store.read(extents, host), extents, firsts, dups, st.seq_len,
-                        chunks=st.chunks)
+        with self.store.batched():  # the victims' write-backs and this read: one DMA submission
+            try:
+                frame = self._take_frame(protected)
+            except NoVictimError:
+                return False
+            st.frame = frame
+            host, cap, token = self.mover.load_image(frame, st.seq_len)
+            if not self.mover.cuda:  # the frame itself (on CUDA: a staging buffer, saves register it)
+                self._register(host)
+            extents, firsts, dups = self._load_plan(st.chunks, cap, st.seq_len)
+            transfer = self.store.read(extents, host)
+        st.load = _Load(host, cap, token, transfer, extents, firsts, dups, st.seq_len, chunks=st.chunks)
         self._loading.add(st.index)
         self._pending[st.index] = st
         self.counters["loads"] += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -75,6 +76,10 @@ class BlockStore(Protocol):
 
     def unregister(self, host: np.ndarray) -> None:
         """Forget what :meth:`register` let the store keep for ``host``."""
+
+    def batched(self) -> AbstractContextManager[None]:
+        """A block whose reads and writes the store may issue together when it ends (their
+        transfers are waited on only after it)."""
 
     def scrub(self, chunk: int) -> int:
         """Clear poison in ``chunk`` before it is rewritten; returns the lines cleared."""
@@ -150,6 +155,10 @@ class MemoryBlockStore:
 
     def unregister(self, host: np.ndarray) -> None:
         """See :meth:`register`."""
+
+    def batched(self) -> AbstractContextManager[None]:
+        """Nothing to batch: every copy is done when it returns."""
+        return nullcontext()
 
     def scrub(self, chunk: int) -> int:
         return 0
@@ -248,6 +257,9 @@ class FaultInjectingStore:
 
     def unregister(self, host: np.ndarray) -> None:
         self.inner.unregister(host)
+
+    def batched(self) -> AbstractContextManager[None]:
+        return self.inner.batched()
 
     def scrub(self, chunk: int) -> int:
         cleared = int(chunk in self._poisoned)
