@@ -165,11 +165,14 @@ class ResidencyEngine(ChunkIO, Recovery):
         assignments; torch would dispatch a view and a copy for each), else with torch."""
         n = k.shape[-2]
         if frame.np_kv is not None and k.dtype == frame.data.dtype and not (k.requires_grad or v.requires_grad):
-            frame.np_kv[0][:, :, at:at + n] = k.numpy()
-            frame.np_kv[1][:, :, at:at + n] = v.numpy()
-        else:
-            frame.k.narrow(2, at, n).copy_(k)
-            frame.v.narrow(2, at, n).copy_(v)
+            try:
+                frame.np_kv[0][:, :, at:at + n] = k.numpy()
+                frame.np_kv[1][:, :, at:at + n] = v.numpy()
+                return
+            except (RuntimeError, TypeError):  # a tensor numpy cannot view (conj bit, subclass)
+                pass
+        frame.k.narrow(2, at, n).copy_(k)
+        frame.v.narrow(2, at, n).copy_(v)
 
     def seq_length(self, layer: int = 0) -> int:
         return self.layers[layer].seq_len if layer < len(self.layers) else 0
