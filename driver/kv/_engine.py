@@ -33,6 +33,7 @@ from driver.kv._layout import KVLayout
 from driver.kv._mover import make_mover
 from driver.kv._recompute import KVLoadError, Recompute, Recovery
 from driver.kv._store import BlockStore, Extent, Transfer
+from driver.kv._writeback import WriteBack
 from emulator.spec.errors import DmaError, PoisonError
 from firmware_model.policies import NoVictimError, make_policy
 
@@ -67,16 +68,6 @@ class _Load:
 
 
 @dataclass
-class _Write:
-    buf: torch.Tensor
-    host: np.ndarray
-    transfer: Transfer
-    extents: list[Extent]
-    keys: list[tuple[int, bytes]]
-    attempts: int = 1
-
-
-@dataclass
 class _Layer:
     index: int
     chunks: LayerChunks
@@ -86,10 +77,11 @@ class _Layer:
     load: _Load | None = None
     prefetched: bool = False  # loaded ahead of need and not yet used
     saves: list[tuple[Any, int, int, int]] = field(default_factory=list)  # (token, j0, j1, seq_len)
-    writes: list[_Write] = field(default_factory=list)
+    writes: list[Any] = field(default_factory=list)  # _writeback._Write
+    tail: tuple[Any, int, int, int] | None = None  # kept tail image: (buffer, j0, j1, tokens in it)
 
 
-class ResidencyEngine(ChunkIO, Recovery):
+class ResidencyEngine(ChunkIO, Recovery, WriteBack):
     """Layer frames within an HBM budget over a chunk store; see the module docstring."""
 
     COUNTERS = ("loads", "offloads", "hits", "misses", "prefetch_late", "prefetch_issued",
@@ -306,36 +298,6 @@ class ResidencyEngine(ChunkIO, Recovery):
         self.policy = make_policy(self.policy_name, self.arena.max_frames)
         self._window = (-1, ())  # the frame count changed: size the prefetch window again
 
-    # ------------------------------------------------------------------------- offload
-    def _save(self, st: _Layer) -> None:
-        assert self.layout is not None and st.frame is not None
-        j0 = 0 if self.full_writeback else st.clean_upto // self.block_tokens
-        j1 = self.layout.blocks(st.seq_len)
-        if j0 >= j1:
-            return
-        if st.writes:
-            self._reap_writes(st, block=True)  # a chunk freed below must have no write in flight
-        bt = self.block_tokens
-        token = self.mover.save_start(st.frame, j0 * bt, st.seq_len, (j1 - j0) * bt)
-        st.clean_upto = st.seq_len
-        st.saves.append((token, j0, j1, st.seq_len))
-        self._pending[st.index] = st
-        self._advance_saves(st)
-
-    def _advance_saves(self, st: _Layer, force: bool = False) -> None:
-        while st.saves and (force or self.mover.save_ready(st.saves[0][0])):
-            token, j0, j1, seq_len = st.saves.pop(0)
-            buf, host = self.mover.save_image(token)
-            self._register(host)
-            extents, keys = self._save_plan(st.index, st.chunks, host, j0, j1, seq_len)
-            if not extents:
-                self.staging.put(buf)
-                continue
-            nbytes = sum(e.nbytes for e in extents)
-            self.counters["offloads"] += 1
-            self.counters["bytes_offloaded"] += nbytes
-            st.writes.append(_Write(buf, host, self.store.write(extents, host), extents, keys))
-
     # ------------------------------------------------------------------------- load
     def _start_load(self, st: _Layer, protected: set[int]) -> bool:
         """Reserve a frame and start reading ``st``'s chunks; False if no frame can be freed."""
@@ -435,34 +397,10 @@ class ResidencyEngine(ChunkIO, Recovery):
             if st.load is None and not st.saves and not st.writes:
                 del self._pending[st.index]
 
-    def _reap_writes(self, st: _Layer, block: bool) -> None:
-        keep: list[_Write] = []
-        for w in st.writes:
-            if not block and not w.transfer.done():
-                keep.append(w)
-                continue
-            while True:
-                try:
-                    w.transfer.wait()
-                    break
-                except (DmaError, PoisonError):
-                    if w.attempts > self.max_retries:
-                        raise
-                    w.attempts += 1
-                    w.transfer = self.store.write(w.extents, w.host)
-            self.staging.put(w.buf)
-            self._publish(w.keys)
-        st.writes = keep
-
     def _drain_loads(self) -> None:
         for st in self.layers:
             if st.load is not None:
                 self._finish_load(st, stall=False)
-
-    def _drain_writes(self) -> None:
-        for st in self.layers:
-            self._advance_saves(st, force=True)
-            self._reap_writes(st, block=True)
 
     def close(self) -> None:
         """Wait for every transfer, free every frame, drop every device chunk reference."""
@@ -484,6 +422,7 @@ class ResidencyEngine(ChunkIO, Recovery):
                 self.arena.give(st.frame)
                 st.frame = None
         self._drain_writes()
+        self._drop_tails()
         for st in self.layers:
             ids = st.chunks.ids
             for c in ids[ids >= 0].tolist():

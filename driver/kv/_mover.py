@@ -76,6 +76,16 @@ class CpuMover:
         image[:, :(t1 - t0) * tb] = self._host(frame).reshape(runs, cap * tb)[:, t0 * tb:t1 * tb]
         return buf
 
+    def save_more(self, frame: Frame, buf: torch.Tensor, t0: int, have: int, t1: int, tokens: int) -> Any:
+        """:meth:`save_start` into ``buf``, an image of the same shape that already holds tokens
+        ``[t0, have)``: copy only tokens ``[have, t1)``."""
+        two, b, h, cap, d = frame.data.shape
+        tb = d * frame.data.element_size()
+        runs = two * b * h
+        image = self.staging.array(buf)[:runs * tokens * tb].reshape(runs, tokens * tb)
+        image[:, (have - t0) * tb:(t1 - t0) * tb] = self._host(frame).reshape(runs, cap * tb)[:, have * tb:t1 * tb]
+        return buf
+
     def save_ready(self, token: Any) -> bool:
         return True
 

@@ -1,0 +1,135 @@
+"""Write-back of the residency engine: an evicted frame's dirty blocks go to the device.
+
+A frame leaves by saving only its dirty blocks (those holding tokens appended since its last
+save), copied first to a host staging image laid out like the frame with whole blocks per run,
+so the frame can be reused at once; the write of that image is asynchronous and reaped later
+(retried on failure, then its keys are published for prefix sharing). A layer's load waits for
+its own writes, so it always reads what it saved.
+
+A decode step appends one token per layer, so successive saves of a layer rewrite the same tail
+block. On CPU, without prefix sharing, the layer keeps its tail image between saves (``tail``):
+the image already holds the tokens of the last save, and only the new ones are copied into it
+(a few hundred bytes instead of a block per piece, on every eviction).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from driver.kv._store import BlockStore, Extent, Transfer
+from emulator.spec.errors import DmaError, PoisonError
+
+__all__ = ["WriteBack"]
+
+
+@dataclass
+class _Write:
+    buf: torch.Tensor
+    host: np.ndarray
+    transfer: Transfer
+    extents: list[Extent]
+    keys: list[tuple[int, bytes]]
+    attempts: int = 1
+
+
+class WriteBack:
+    """Mixin of ``ResidencyEngine``: the save / write / reap path. ``st`` is the engine's
+    per-layer state (``frame``, ``seq_len``, ``clean_upto``, ``saves``, ``writes``, ``tail``)."""
+
+    layout: Any
+    block_tokens: int
+    full_writeback: bool
+    prefix_sharing: bool
+    max_retries: int
+    store: BlockStore
+    staging: Any
+    mover: Any
+    counters: dict[str, int]
+    layers: list[Any]
+    _pending: dict[int, Any]
+    _register: Any
+    _save_plan: Any
+    _publish: Any
+
+    def _keeps_tail(self) -> bool:
+        """Whether layers keep their tail image between saves: CPU (the copy is synchronous),
+        private chunks (every save writes: no image is dropped unwritten) and not the
+        whole-layer baseline (which models rewriting everything)."""
+        return not (self.mover.cuda or self.prefix_sharing or self.full_writeback)
+
+    def _save(self, st: Any) -> None:
+        assert self.layout is not None and st.frame is not None
+        bt = self.block_tokens
+        j0 = 0 if self.full_writeback else st.clean_upto // bt
+        j1 = self.layout.blocks(st.seq_len)
+        if j0 >= j1:
+            return
+        if st.writes:
+            self._reap_writes(st, block=True)  # a chunk freed below must have no write in flight
+        tail = st.tail
+        if tail is not None and tail[1:3] == (j0, j1) and j0 * bt <= tail[3] <= st.seq_len:
+            token = self.mover.save_more(st.frame, tail[0], j0 * bt, tail[3], st.seq_len, (j1 - j0) * bt)
+        else:
+            self._drop_tail(st)
+            token = self.mover.save_start(st.frame, j0 * bt, st.seq_len, (j1 - j0) * bt)
+        if self._keeps_tail():
+            st.tail = (token, j0, j1, st.seq_len)
+        st.clean_upto = st.seq_len
+        st.saves.append((token, j0, j1, st.seq_len))
+        self._pending[st.index] = st
+        self._advance_saves(st)
+
+    def _drop_tail(self, st: Any) -> None:
+        """Give the layer's kept tail image back to the pool (its writes are all reaped)."""
+        if st.tail is not None:
+            assert not st.writes, "a kept tail image with its write in flight"
+            self.staging.put(st.tail[0])
+            st.tail = None
+
+    def _advance_saves(self, st: Any, force: bool = False) -> None:
+        while st.saves and (force or self.mover.save_ready(st.saves[0][0])):
+            token, j0, j1, seq_len = st.saves.pop(0)
+            buf, host = self.mover.save_image(token)
+            self._register(host)
+            extents, keys = self._save_plan(st.index, st.chunks, host, j0, j1, seq_len)
+            if not extents:
+                self.staging.put(buf)
+                continue
+            self.counters["offloads"] += 1
+            self.counters["bytes_offloaded"] += sum(e.nbytes for e in extents)
+            st.writes.append(_Write(buf, host, self.store.write(extents, host), extents, keys))
+
+    def _reap_writes(self, st: Any, block: bool) -> None:
+        keep: list[_Write] = []
+        kept_tail = st.tail[0] if st.tail is not None else None
+        for w in st.writes:
+            if not block and not w.transfer.done():
+                keep.append(w)
+                continue
+            while True:
+                try:
+                    w.transfer.wait()
+                    break
+                except (DmaError, PoisonError):
+                    if w.attempts > self.max_retries:
+                        raise
+                    w.attempts += 1
+                    w.transfer = self.store.write(w.extents, w.host)
+            if w.buf is not kept_tail:
+                self.staging.put(w.buf)
+            if w.keys:
+                self._publish(w.keys)
+        st.writes = keep
+
+    def _drain_writes(self) -> None:
+        for st in self.layers:
+            self._advance_saves(st, force=True)
+            self._reap_writes(st, block=True)
+
+    def _drop_tails(self) -> None:
+        """Every write reaped: give every kept tail image back (close)."""
+        for st in self.layers:
+            self._drop_tail(st)
