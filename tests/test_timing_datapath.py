@@ -378,3 +378,61 @@ def test_processes_share_one_link_page(served):
     files.close()
     assert (c["read_transfers"], c["read_bytes"]) == (600, 600 * 4096)
     assert (c["write_transfers"], c["write_bytes"]) == (400, 400 * 4096)
+
+
+# -- host buffers straight to the C core (_fastcall) ------------------------------------------
+def test_the_c_core_takes_plain_buffers_in_one_call():
+    """On 3.11+ the extension carries _fastcall (buffer protocol, no ffi.from_buffer per call)."""
+    import sys
+
+    from emulator.timing import _cimpl
+
+    expected = sys.version_info >= (3, 11)
+    assert (_cimpl.fast_transfer is not None) == expected
+    assert (_cimpl.fast_issue is not None) == (_cimpl.handle_base is not None) == expected
+
+
+@pytest.mark.parametrize("clock", [None, SimClock(500)], ids=["real", "sim"])
+def test_every_buffer_kind_moves_the_same_bytes_on_both_twins(clock):
+    """numpy arrays of any dtype, bytearray, memoryview slices, array.array; reads never touch
+    a byte outside the view they were given."""
+    import array
+
+    outs = {}
+    for impl in IMPLS:
+        dp, media, *_ = make(impl, QEMU, clock=clock)
+        dp.write(0x100, np.arange(64, dtype=np.uint16))          # 128 B
+        dp.write(0x200, array.array("i", range(8)))              # 32 B
+        dp.write(0x300, memoryview(b"\x07" * 96)[16:48])         # 32 B of a read-only view
+        host = bytearray(b"\xee" * 256)
+        dp.read(0x100, memoryview(host)[64:192])                 # a slice: only [64, 192) written
+        arr = np.zeros((4, 8), dtype=np.float32)
+        dp.read(0x200, arr)
+        counters = dp.counters() if clock is not None else None  # real time: clock values differ
+        outs[impl] = (bytes(media[:0x400]), bytes(host), arr.tobytes(), counters)
+        assert host[:64] == b"\xee" * 64 and host[192:] == b"\xee" * 64
+        assert bytes(host[64:192]) == np.arange(64, dtype=np.uint16).tobytes()
+    assert outs["c"] == outs["py"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_unusable_buffers_are_refused_at_real_time_and_nothing_moves(impl):
+    dp, media, *_ = make(impl, QEMU)
+    before = bytes(media)
+    frozen = np.zeros(64, np.uint8)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        dp.read(0, frozen)
+    with pytest.raises(ValueError, match="read-only"):
+        dp.read(0, b"bytes are immutable")
+    with pytest.raises(ValueError, match="C-contiguous"):
+        dp.read(0, np.zeros((8, 8), np.uint8, order="F"))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        dp.write(0, np.arange(64, dtype=np.uint8)[::2])
+    with pytest.raises(TypeError, match="buffer protocol"):
+        dp.read(0, [0] * 64)
+    assert not frozen.any() and bytes(media) == before
+    c = dp.counters()
+    assert c["read_transfers"] + c["write_transfers"] + c["read_errors"] + c["write_errors"] == 0
+    dp.write(0, frozen)  # a read-only buffer is a fine source
+    assert bytes(media[:64]) == bytes(64)

@@ -77,7 +77,9 @@ class TimingConfig:
         k = self.time_scale
 
         def fs(gbps: float | None) -> int:
-            return 0 if gbps is None else round(_FS_PER_BYTE_AT_1GBPS * k / gbps)
+            # a configured bandwidth is a timed link, however fast (0 fs/B means unthrottled):
+            # from 1e6 GB/s up it is 1 fs/B, the resolution
+            return 0 if gbps is None else max(1, round(_FS_PER_BYTE_AT_1GBPS * k / gbps))
 
         return LinkParams(
             lat_ns=(round(self.read_latency_ns * k), round(self.write_latency_ns * k)),

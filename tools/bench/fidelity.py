@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from typing import Any
 
@@ -63,17 +62,20 @@ def bandwidth_checks(files: Any, seconds: float) -> list[dict[str, Any]]:
 
 
 def overhead_checks() -> list[dict[str, Any]]:
+    """The copy ratio into a plain numpy array (what a caller passes without registering it;
+    a registered destination is reported alongside), and one DMA submission's round trip."""
     r = overhead.measure("auto")
-    out = [_check(f"timed copy / numpy copy, {row['size'] >> 10} KiB, registered destination",
-                  row["timed_registered_ratio"], ">= 0.9", row["timed_registered_ratio"] >= 0.9,
-                  plain_buffer_ratio=round(row["timed_nil_link_ratio"], 3),
+    out = [_check(f"timed copy / numpy copy, {row['size'] >> 10} KiB, plain numpy destination",
+                  row["timed_nil_link_ratio"], ">= 0.9", row["timed_nil_link_ratio"] >= 0.9,
+                  registered_ratio=round(row["timed_registered_ratio"], 3),
                   untimed_ratio=round(row["untimed_ratio"], 3))
            for row in r.copy]
     us = r.per_transfer_ns["datapath_read_untimed_ns"] / 1e3
     out.append(_check("zero-latency 64-B DataPath.read, call to return (µs)", us, "<= 2", us <= 2))
     us = r.per_transfer_ns["dma_submit_wait_untimed_ns"] / 1e3
     out.append(_check("zero-latency 64-B DMA submit to completion (µs)", us, "<= 2", us <= 2,
-                      threaded_path_us=round(r.per_transfer_ns["dma_submit_wait_timed_nil_link_ns"] / 1e3, 1)))
+                      timed_nil_link_us=round(r.per_transfer_ns["dma_submit_wait_timed_nil_link_ns"] / 1e3, 2),
+                      threaded_1us_link_us=round(r.per_transfer_ns["dma_submit_wait_threaded_1us_ns"] / 1e3, 1)))
     return out
 
 
