@@ -70,6 +70,27 @@ def test_tokens_equal_dynamic_cache(model, policy, lengths, block_tokens, fracti
         assert stats["loads"] > 0 and stats["offloads"] > 0
 
 
+@pytest.mark.parametrize("policy", ["lru", "reuse"])
+@pytest.mark.parametrize("lengths,block_tokens", [([16], 5), ([13, 16, 7], 3)], ids=lambda x: str(x))
+@pytest.mark.parametrize("device_backed", [False, True])
+def test_tokens_equal_without_prefix_sharing(model, policy, lengths, block_tokens, device_backed) -> None:
+    """Private chunks (the benchmark's setting): whole-block write-backs from each layer's kept
+    tail image, decode steps crossing block boundaries, over memory or the device's DMA: still
+    DynamicCache's tokens, and nothing left allocated."""
+    ids, mask, ref = reference(model, lengths)
+    final = ids.shape[1] + NEW - 1
+    store = None if device_backed else MemoryBlockStore(4 << 20)
+    cache = CxlCache(hbm_budget_bytes=2 * layer_bytes(len(lengths), final), policy=policy,
+                     block_tokens=block_tokens, store=store, prefix_sharing=False)
+    out = generate(model, ids, mask, cache)
+    stats, engine = cache.stats(), cache._engine
+    assert any(st.tail is not None for st in engine.layers)  # saves reused their tail images
+    cache.close()
+    assert torch.equal(out, ref)
+    assert stats["loads"] > 0 and stats["offloads"] > 0
+    assert engine.staging.in_use == 0 and engine.staging.total == 0 and engine.arena.allocated == 0
+
+
 def test_budget_below_working_set_names_the_minimum(model) -> None:
     """Two layers of the batch's KV is the minimum; one byte less is refused with that number."""
     ids, mask = padded_batch([16, 12])
