@@ -286,7 +286,7 @@ class DmaEngine:
         # callers holding handles need never poll it.
         self._cq: deque[DmaHandle] = deque(maxlen=4 * channels * queue_depth)
         self._ids = itertools.count(1)
-        self._rr = itertools.count()
+        self._rr = itertools.cycle(range(channels))  # round-robin channel choice
         self._cq_append = self._cq.append
         self._c = datapath.impl == "c"
         self._c_issue: Any = None      # cffi's cxl_issue
@@ -330,7 +330,7 @@ class DmaEngine:
         # consumes before returning, one non-blocking lock, one C call per descriptor.
         descs = descriptors if descriptors.__class__ is list else list(descriptors)
         if channel is None:
-            k = next(self._rr) % self.channels
+            k = next(self._rr)
         elif isinstance(channel, int) and 0 <= channel < self.channels:
             k = channel
         else:
@@ -339,8 +339,7 @@ class DmaEngine:
         if len(descs) == 1 and self._inline1 is not None:  # the commonest: one small transfer
             d = descs[0]
             addr = d.__dict__.get("_cdesc_addr") if d.__class__ is Descriptor else None
-            if addr is not None and d.length <= INLINE_BYTES and not ch.items \
-                    and ch.owner.acquire(False):
+            if addr is not None and d.length <= INLINE_BYTES and ch.owner.acquire(False):
                 try:
                     if not ch.items and not ch.closed:
                         # one C call: issue, and if complete a done handle, in the CQ
