@@ -3,15 +3,15 @@
 ::
 
     submit([Descriptor, ...])
-      │ channel k idle and <= INLINE_BYTES: issued here, in the caller (io_uring's inline
-      │ issue); completion time already passed → the handle is returned done, else the
-      │ channel waits for it (ahead of anything submitted after it)
-      ▼ otherwise: channel k's submission queue (depth queue_depth, FIFO)
-    channel thread: for each descriptor, in order:
+      ├─ <= INLINE_BYTES, channel k idle: issued here, in the caller (io_uring's inline issue)
+      │    completion already passed → returned done (one C call for one descriptor: issue,
+      │    done handle, CQ entry); else → at the head of channel k, for its thread to wait on
+      └─ otherwise → channel k's submission queue (depth queue_depth, FIFO); its thread issues
+    issue: each descriptor in order, none waited for (the link pipelines them):
         validate host range → DmaError, never a copy
-        C core: one call per descriptor (cxl_issue), or per list (cxl_issue_batch)
-        (poison / device range → DmaError for that one); no wait between descriptors
-      wait until the latest completion (DataPath.wait_until: GIL released)
+        C core: one call per descriptor (cxl_issue), or per list of 4+ (cxl_issue_batch)
+        poison / device range → DmaError for that descriptor
+    channel thread: wait until the latest completion (DataPath.wait_until, GIL released)
       ▼
     DmaHandle.done() / .wait() ◄── completion queue (poll_completions(), completion order)
 
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
 from emulator.spec.errors import DmaError, PoisonError
-from emulator.timing import DataPath, HostBuffer, host_view
+from emulator.timing import DataPath, host_view
 
 __all__ = ["Descriptor", "Direction", "DmaEngine", "DmaHandle"]
 
@@ -100,19 +100,9 @@ class Descriptor:
         object.__setattr__(self, "_window", window)
         return window
 
-    def registered(self) -> HostBuffer:
-        """The window registered with the C core (one pointer conversion per descriptor's
-        life rather than per transfer); the plain window on the Python twin's side."""
-        cached = self.__dict__.get("_registered")
-        if cached is None:
-            self.c_descriptor()
-            cached = HostBuffer(self.window(), self.__dict__["_chost"], self.length,
-                                self.direction is Direction.READ)
-            object.__setattr__(self, "_registered", cached)
-        return cached
-
     def c_descriptor(self) -> Any:
-        """The C core's ``cxl_desc`` for this descriptor, built once (it pins the window)."""
+        """The C core's ``cxl_desc`` for this descriptor, built once (it pins the window), and
+        its address (``_cdesc_addr``) for the one-call paths of ``_fastcall``."""
         cached = self.__dict__.get("_cdesc")
         if cached is not None:
             return cached
@@ -294,25 +284,23 @@ class DmaEngine:
         self._inline1: Any = None
         # the clock completions are stamped on: the C core's (its TSC anchor), or the twin's
         self._now_ns: Callable[[], int] = time.monotonic_ns
-        errs: list[tuple[Any, int]] = [(None, 0)] * channels
-        if self._c:
-            from emulator.timing._cimpl import (
-                address,
-                fast_inline1,
-                fast_issue,
-                ffi,
-                lib,
-            )
-
-            self._c_issue, self._fast_issue, self._now_ns = lib.cxl_issue, fast_issue, lib.cxl_link_now
-            if handle_base_is_c():
-                self._inline1 = fast_inline1
-            errs = [(cell, address(cell)) for cell in (ffi.new("uint64_t *") for _ in range(channels))]
+        errs = self._bind_c_core(channels) if self._c else [(None, 0)] * channels
         self._chans = [_Channel(err, addr) for err, addr in errs]
         for k, ch in enumerate(self._chans):
             ch.thread = threading.Thread(target=self._channel_loop, args=(ch,), daemon=True,
                                          name=f"cxlemu-dma-{k}")
             ch.thread.start()
+
+    def _bind_c_core(self, channels: int) -> list[tuple[Any, int]]:
+        """The C core's entry points; one error-DPA cell per channel: (cell, its address)."""
+        from emulator.timing import _cimpl
+
+        self._c_issue, self._now_ns = _cimpl.lib.cxl_issue, _cimpl.lib.cxl_link_now
+        self._fast_issue = _cimpl.fast_issue
+        if handle_base_is_c():
+            self._inline1 = _cimpl.fast_inline1
+        cells = [_cimpl.ffi.new("uint64_t *") for _ in range(channels)]
+        return [(cell, _cimpl.address(cell)) for cell in cells]
 
     # -- host side ------------------------------------------------------------------------------
     @staticmethod
