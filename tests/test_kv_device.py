@@ -296,3 +296,34 @@ def test_blocks_move_whole_and_close_unregisters_every_buffer(served) -> None:
         engine.close()
         assert not store._regions and engine.staging.total == 0
         store.close()
+
+
+@pytest.mark.parametrize("prefix_sharing", [False, True])
+def test_a_prefill_writes_its_full_blocks_through(prefix_sharing) -> None:
+    """With private chunks on CPU, an update of many tokens writes its full blocks to the store at
+    once, straight from the frame, and they hold exactly those tokens; the partial block stays
+    dirty. (With prefix sharing, blocks are hashed and written when the layer leaves.)"""
+    import numpy as np
+
+    from driver.kv import MemoryBlockStore
+    from driver.kv._engine import ResidencyEngine
+
+    store = MemoryBlockStore(1 << 20)
+    engine = ResidencyEngine(budget=2 * frame_bytes(1, 40), policy="lru", block_tokens=8, store=store,
+                             device=torch.device("cpu"), dtype=torch.float32, max_seq_len=40,
+                             prefix_sharing=prefix_sharing)
+    k, v = torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 16)
+    engine.update(0, k, v)
+    st = engine.layers[0]
+    if prefix_sharing:
+        assert (st.clean_upto, store.bytes_written) == (0, 0)
+    else:
+        chunk = 8 * 16 * 4
+        assert st.clean_upto == 24 and store.bytes_written == 3 * 4 * chunk  # 3 blocks x 4 pieces
+        for p, piece in enumerate([k[0, 0], k[0, 1], v[0, 0], v[0, 1]]):
+            for j in range(3):
+                c = int(st.chunks.ids[0, p, j])
+                got = np.frombuffer(store._media[c * chunk:(c + 1) * chunk].tobytes(), np.float32)
+                assert np.array_equal(got, piece[8 * j:8 * j + 8].reshape(-1).numpy())
+    engine.close()
+    assert engine.staging.total == 0 and engine.arena.allocated == 0

@@ -101,6 +101,16 @@ class ChunkIO:
         the dirty tail of every piece, taken together, are one extent, and one descriptor."""
         if chunks.saved is not None and chunks.saved[0] == (chunks.version, j0, j1):
             return chunks.saved[1]  # the same blocks again (a decode step's tail): same chunks
+        lay = self.layout
+        assert lay is not None
+        extents = self._whole_blocks(chunks, j0, j1, j0 * lay.block_tokens, (j1 - j0) * lay.block_tokens)
+        chunks.saved = ((chunks.version, j0, j1), extents)
+        return extents
+
+    def _whole_blocks(self, chunks: LayerChunks, j0: int, j1: int, t0: int, cap: int) -> list[Extent]:
+        """Extents writing blocks ``[j0, j1)`` of every piece whole, from an image whose runs hold
+        ``cap`` tokens from token ``t0`` (a staging image, or the frame itself); takes chunks for
+        the blocks without one (private chunks: see :meth:`_private_save_plan`)."""
         lay, pool = self.layout, self.pool
         assert lay is not None and pool is not None
         ids = chunks.ids[:, :, j0:j1]
@@ -108,16 +118,13 @@ class ChunkIO:
         if missing.any():
             ids[missing] = pool.alloc(int(missing.sum()))
             chunks.version += 1
-        cb, nb = lay.chunk_bytes, j1 - j0
-        cap = nb * lay.block_tokens
+        cb = lay.chunk_bytes
         runs: list[tuple[int, int, int]] = []
         for b, rows in enumerate(ids.tolist()):
             for p, row in enumerate(rows):
-                base = lay.image_offset(p, b, 0, cap)
+                base = lay.image_offset(p, b, j0 * lay.block_tokens - t0, cap)
                 runs += [(c, cb, base + i * cb) for i, c in enumerate(row)]
-        extents = coalesce(runs, cb)
-        chunks.saved = ((chunks.version, j0, j1), extents)
-        return extents
+        return coalesce(runs, cb)
 
     def _place(self, layer: int, chunks: LayerChunks, b: int, p: int, j: int, data: np.ndarray) -> bool:
         """Point (row b, piece p, block j) at a device chunk; True when it must be written."""

@@ -148,6 +148,8 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         self._append(frame, old_len, k, v)
         st.seq_len = new_len
         st.chunks.ensure(lay.blocks(new_len))
+        if n > 1:
+            self._write_through(st)
         self._prefetch_after(layer)
         return frame.k.narrow(2, 0, new_len), frame.v.narrow(2, 0, new_len)
 
@@ -277,6 +279,7 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         self.counters["prefetch_wasted"] += st.prefetched
         st.prefetched = False
         self._save(st)
+        self._release_frame(st)
         self.mover.release(st.frame)
         self.arena.give(st.frame)
         st.frame = None

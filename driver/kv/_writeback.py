@@ -9,7 +9,11 @@ its own writes, so it always reads what it saved.
 A decode step appends one token per layer, so successive saves of a layer rewrite the same tail
 block. On CPU, without prefix sharing, the layer keeps its tail image between saves (``tail``):
 the image already holds the tokens of the last save, and only the new ones are copied into it
-(a few hundred bytes instead of a block per piece, on every eviction).
+(a few hundred bytes instead of a block per piece, on every eviction). There, too, a prefill
+(many tokens in one update) writes its full blocks through at once, straight from the frame (the
+frame is not given up before that write is reaped): the prompt's KV goes to the device while
+the next layers compute, and the first eviction of each layer in decode writes only its tail
+instead of the whole prompt.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ __all__ = ["WriteBack"]
 
 @dataclass
 class _Write:
-    buf: torch.Tensor
+    buf: torch.Tensor | None  # the staging buffer, or None for a write straight from a frame
     host: np.ndarray
     transfer: Transfer
     extents: list[Extent]
@@ -52,6 +56,7 @@ class WriteBack:
     _pending: dict[int, Any]
     _register: Any
     _save_plan: Any
+    _whole_blocks: Any
     _publish: Any
 
     def _keeps_tail(self) -> bool:
@@ -81,6 +86,29 @@ class WriteBack:
         st.saves.append((token, j0, j1, st.seq_len))
         self._pending[st.index] = st
         self._advance_saves(st)
+
+    def _write_through(self, st: Any) -> None:
+        """Write the full blocks not on the device yet straight from the frame (CPU, private
+        chunks; see the module docstring)."""
+        if not self._keeps_tail():
+            return
+        bt = self.block_tokens
+        j0, j1 = st.clean_upto // bt, st.seq_len // bt
+        if j0 >= j1:
+            return
+        host, cap, _ = self.mover.load_image(st.frame, st.seq_len)  # the frame's own bytes
+        self._register(host)
+        extents = self._whole_blocks(st.chunks, j0, j1, 0, cap)
+        self.counters["offloads"] += 1
+        self.counters["bytes_offloaded"] += sum(e.nbytes for e in extents)
+        st.writes.append(_Write(None, host, self.store.write(extents, host), extents, []))
+        st.clean_upto = max(st.clean_upto, j1 * bt)
+        self._pending[st.index] = st
+
+    def _release_frame(self, st: Any) -> None:
+        """Before the frame is given up: wait for writes straight from it (write-through)."""
+        if any(w.buf is None for w in st.writes):
+            self._reap_writes(st, block=True)
 
     def _drop_tail(self, st: Any) -> None:
         """Give the layer's kept tail image back to the pool (its writes are all reaped)."""
@@ -118,7 +146,7 @@ class WriteBack:
                         raise
                     w.attempts += 1
                     w.transfer = self.store.write(w.extents, w.host)
-            if w.buf is not kept_tail:
+            if w.buf is not None and w.buf is not kept_tail:  # None: written from the frame
                 self.staging.put(w.buf)
             if w.keys:
                 self._publish(w.keys)
