@@ -236,17 +236,60 @@ BATCH_MIN = 4
 _Item = tuple[DmaHandle, "list[Descriptor] | None", "list[int | DmaError] | None", int]
 
 
+class _PyChannelState:
+    """Who may run a submission on a channel: the twin of the C ``ChannelState`` (a word
+    claimed with one compare-and-swap; see ``_fastcall.c``), from threading primitives."""
+
+    __slots__ = ("_closed", "_count_lock", "_owner", "_queued")
+
+    def __init__(self) -> None:
+        self._owner = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._queued = 0
+        self._closed = False
+
+    def try_claim(self) -> bool:
+        """Own the channel if it is idle, nothing is queued on it and it is open."""
+        if not self._owner.acquire(False):
+            return False
+        with self._count_lock:
+            idle = self._queued == 0 and not self._closed
+        if not idle:
+            self._owner.release()
+        return idle
+
+    def claim(self) -> None:
+        """Own the channel whatever is queued (the channel's thread)."""
+        self._owner.acquire()
+
+    def release(self) -> None:
+        self._owner.release()
+
+    def add_queued(self, n: int) -> None:
+        with self._count_lock:
+            self._queued += n
+
+    def close(self) -> None:
+        with self._count_lock:
+            self._closed = True
+
+    def snapshot(self) -> tuple[bool, int, bool]:
+        """(owned, queued, closed)."""
+        return self._owner.locked(), self._queued, self._closed
+
+
 class _Channel:
-    """One channel.  ``owner`` is held by whoever runs a submission, from issue to completion
-    (the channel's thread, or a submitter running one inline), so a channel runs one at a
-    time; its thread takes it before popping the next queued item, so an inline submitter
-    that gets it with the queue empty has nothing ahead of it.  ``lock`` guards ``items``
-    (the FIFO) and ``closed``."""
+    """One channel.  ``state`` is claimed by whoever runs a submission, from issue to
+    completion (the channel's thread, or a submitter running one inline), so a channel runs
+    one at a time.  ``state`` also counts the queued submissions, each counted before it is
+    queued and uncounted once complete: an inline submitter claims only with none queued,
+    so nothing of its channel is ahead of it.  ``lock`` guards ``items`` (the FIFO) and
+    ``closed``."""
 
-    __slots__ = ("closed", "err", "err_addr", "items", "lock", "owner", "room", "thread", "work")
+    __slots__ = ("closed", "err", "err_addr", "items", "lock", "room", "state", "thread", "work")
 
-    def __init__(self, err: Any, err_addr: int) -> None:
-        self.owner = threading.Lock()
+    def __init__(self, state: Any, err: Any, err_addr: int) -> None:
+        self.state = state
         self.lock = threading.Lock()
         self.work = threading.Condition(self.lock)   # the thread: an item queued, or closed
         self.room = threading.Condition(self.lock)   # submitters: the queue has room
@@ -282,10 +325,12 @@ class DmaEngine:
         self._c_issue: Any = None      # cffi's cxl_issue
         self._fast_issue: Any = None   # _fastcall.issue / inline1, where built
         self._inline1: Any = None
+        self._state_type: Any = None   # _fastcall.ChannelState, where built
         # the clock completions are stamped on: the C core's (its TSC anchor), or the twin's
         self._now_ns: Callable[[], int] = time.monotonic_ns
         errs = self._bind_c_core(channels) if self._c else [(None, 0)] * channels
-        self._chans = [_Channel(err, addr) for err, addr in errs]
+        state_type: Any = self._state_type or _PyChannelState
+        self._chans = [_Channel(state_type(), err, addr) for err, addr in errs]
         for k, ch in enumerate(self._chans):
             ch.thread = threading.Thread(target=self._channel_loop, args=(ch,), daemon=True,
                                          name=f"cxlemu-dma-{k}")
@@ -297,8 +342,8 @@ class DmaEngine:
 
         self._c_issue, self._now_ns = _cimpl.lib.cxl_issue, _cimpl.lib.cxl_link_now
         self._fast_issue = _cimpl.fast_issue
-        if handle_base_is_c():
-            self._inline1 = _cimpl.fast_inline1
+        if handle_base_is_c() and _cimpl.channel_state is not None:
+            self._inline1, self._state_type = _cimpl.fast_inline1, _cimpl.channel_state
         cells = [_cimpl.ffi.new("uint64_t *") for _ in range(channels)]
         return [(cell, _cimpl.address(cell)) for cell in cells]
 
@@ -327,20 +372,22 @@ class DmaEngine:
         if len(descs) == 1 and self._inline1 is not None:  # the commonest: one small transfer
             d = descs[0]
             addr = d.__dict__.get("_cdesc_addr") if d.__class__ is Descriptor else None
-            if addr is not None and d.length <= INLINE_BYTES and ch.owner.acquire(False):
-                try:
-                    if not ch.items and not ch.closed:
-                        # one C call: issue, and if complete a done handle, in the CQ
-                        dp, handle_id = self.datapath, next(self._ids)
-                        got = self._inline1(dp._core.dp_addr, addr,
-                                            -1 if dp.clock is None else int(dp.clock.now_ns()),
-                                            ch.err_addr, DmaHandle, handle_id, k, self._cq_append)
-                        if got.__class__ is not int:
-                            return got  # type: ignore[no-any-return]
-                        results = [got if got >= 0 else self._error(0, d, got, ch.err[0])]
-                        return self._finish_inline(ch, handle_id, k, 1, results, max(got, 0))
+            if addr is not None and d.length <= INLINE_BYTES:
+                # one C call: claim the channel if idle, issue, and if complete a done handle
+                # in the CQ; None if not idle; the completion (or error) if not complete
+                dp, handle_id = self.datapath, next(self._ids)
+                got = self._inline1(ch.state, dp._core.dp_addr, addr,
+                                    -1 if dp.clock is None else int(dp.clock.now_ns()),
+                                    ch.err_addr, DmaHandle, handle_id, k, self._cq_append)
+                if got is None:
+                    return self._enqueue(ch, DmaHandle(handle_id, k, 1), [d], timeout)
+                if got.__class__ is not int:
+                    return got  # type: ignore[no-any-return]
+                try:  # still claimed
+                    results = [got if got >= 0 else self._error(0, d, got, ch.err[0])]
+                    return self._finish_inline(ch, handle_id, k, 1, results, max(got, 0))
                 finally:
-                    ch.owner.release()
+                    ch.state.release()
         total = 0
         for d in descs:
             if d.__class__ is not Descriptor:
@@ -348,13 +395,11 @@ class DmaEngine:
                 raise TypeError(f"descriptor {i} must be an emulator.dma.Descriptor, got {type(d).__name__}")
             total += d.length
         handle_id = next(self._ids)
-        if total <= INLINE_BYTES and not ch.items and ch.owner.acquire(False):
-            # Owned with nothing queued: nothing of this channel's is ahead of us (see _Channel).
-            try:
-                if not ch.items and not ch.closed:
-                    return self._finish_inline(ch, handle_id, k, len(descs), *self._issue(ch, descs))
+        if total <= INLINE_BYTES and ch.state.try_claim():
+            try:  # idle, nothing queued, open: nothing of this channel's is ahead of us
+                return self._finish_inline(ch, handle_id, k, len(descs), *self._issue(ch, descs))
             finally:
-                ch.owner.release()
+                ch.state.release()
         return self._enqueue(ch, DmaHandle(handle_id, k, len(descs)), list(descs), timeout)
 
     def poll_completions(self, max_handles: int | None = None) -> list[DmaHandle]:
@@ -369,8 +414,10 @@ class DmaEngine:
         """Handles queued or in flight on all channels."""
         n = 0
         for ch in self._chans:
-            running = ch.owner.locked() and ch.thread is not None and ch.thread.is_alive()
-            n += len(ch.items) + running
+            owned, queued, _closed = ch.state.snapshot()
+            # a queued one runs owned; an inline one is owned alone (the thread that closed
+            # keeps the channel owned when it exits)
+            n += queued or int(owned and ch.thread is not None and ch.thread.is_alive())
         return n
 
     def close(self) -> None:
@@ -378,6 +425,7 @@ class DmaEngine:
         for ch in self._chans:
             with ch.lock:
                 ch.closed = True
+                ch.state.close()
                 ch.work.notify()
                 ch.room.notify_all()
         for ch in self._chans:
@@ -401,6 +449,7 @@ class DmaEngine:
             return handle
         handle = DmaHandle(handle_id, k, count)
         with ch.lock:
+            ch.state.add_queued(1)
             ch.items.appendleft((handle, None, results, latest))
             ch.work.notify()
         return handle
@@ -417,6 +466,7 @@ class DmaEngine:
                                        f"({self.queue_depth}) for {timeout} s")
             if ch.closed:
                 raise RuntimeError("DmaEngine is closed")
+            ch.state.add_queued(1)
             ch.items.append((handle, descs, None, 0))
             ch.work.notify()
         return handle
@@ -427,9 +477,9 @@ class DmaEngine:
             with ch.lock:
                 while not ch.items and not ch.closed:
                     ch.work.wait()
-            ch.owner.acquire()  # after a submission running inline, if any
+            ch.state.claim()  # after a submission running inline, if any
             with ch.lock:
-                if not ch.items:  # closed and drained: keep the owner lock, so none runs inline
+                if not ch.items:  # closed and drained: stay claimed, so none runs inline
                     return
                 handle, descs, results, latest = ch.items.popleft()
                 ch.room.notify()
@@ -445,7 +495,8 @@ class DmaEngine:
                 self._cq.append(handle)
                 handle._complete(results)  # type: ignore[arg-type]
             finally:
-                ch.owner.release()
+                ch.state.add_queued(-1)
+                ch.state.release()
 
     def _issue(self, ch: _Channel, descs: list[Descriptor]) -> tuple[list[int | DmaError], int]:
         """Issue every descriptor in order, waiting for none: (per-descriptor completion time

@@ -51,6 +51,8 @@ fast_issue: Any = getattr(_FASTCALL, "issue", None)
 #: one descriptor (issue, and a done handle if complete), or None (see _load_fastcall).
 handle_base: Any = getattr(_FASTCALL, "HandleBase", None)
 fast_inline1: Any = getattr(_FASTCALL, "inline1", None)
+#: A DMA channel's claim word (atomic; inline1 claims an idle channel with one CAS).
+channel_state: Any = getattr(_FASTCALL, "ChannelState", None)
 
 
 def address(cdata: Any) -> int:

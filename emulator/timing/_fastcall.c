@@ -22,8 +22,10 @@
 #define Py_LIMITED_API 0x030B0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <sched.h>
 #include <stddef.h>
 #include <structmember.h>
+#include <time.h>
 
 #include "_datapath.h"
 
@@ -191,33 +193,154 @@ static PyType_Spec handle_spec = {
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, handle_slots,
 };
 
+/* ChannelState: who may run a submission on one DMA channel, as one atomic word, so the
+ * inline path claims an idle channel inside inline1() with one compare-and-swap and no
+ * Python-level lock.  Word: OWNED (bit 0: a submission is running, inline or on the
+ * channel's thread), CLOSED (bit 1), and the number of submissions queued (from bit 2).
+ *   try_claim()   OWNED from 0 only: idle, nothing queued, not closed (the inline path)
+ *   claim()       OWNED whatever is queued (the channel's thread), waiting out an inline
+ *                 submission: spins, then yields, then naps, with the GIL released
+ *   release(), add_queued(n), close(), snapshot() -> (owned, queued, closed)
+ * emulator.dma keeps the queue itself; it counts what it queues here before queueing it. */
+#define CHAN_OWNED 1
+#define CHAN_CLOSED 2
+#define CHAN_ONE_QUEUED 4
+
+typedef struct {
+    PyObject_HEAD
+    int64_t word;
+} ChanObject;
+
+static PyTypeObject *chan_type; /* set at module init */
+
+static int chan_try_claim(ChanObject *c)
+{
+    int64_t idle = 0;
+    return __atomic_compare_exchange_n(&c->word, &idle, CHAN_OWNED, 0, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE);
+}
+
+static void chan_release(ChanObject *c) { __atomic_fetch_and(&c->word, ~(int64_t)CHAN_OWNED, __ATOMIC_RELEASE); }
+
+static PyObject *chan_try_claim_py(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(chan_try_claim((ChanObject *)self));
+}
+
+static PyObject *chan_claim_py(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    ChanObject *c = (ChanObject *)self;
+    Py_BEGIN_ALLOW_THREADS
+    for (unsigned tries = 0;; tries++) {
+        int64_t w = __atomic_load_n(&c->word, __ATOMIC_ACQUIRE);
+        if (!(w & CHAN_OWNED) &&
+            __atomic_compare_exchange_n(&c->word, &w, w | CHAN_OWNED, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            break;
+        if (tries < 1000) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else if (tries < 2000) {
+            sched_yield();
+        } else { /* the owner was descheduled: nap rather than burn a core */
+            struct timespec nap = {0, 20000};
+            nanosleep(&nap, NULL);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *chan_release_py(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    chan_release((ChanObject *)self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *chan_add_queued_py(PyObject *self, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    __atomic_fetch_add(&((ChanObject *)self)->word, (int64_t)n * CHAN_ONE_QUEUED, __ATOMIC_ACQ_REL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *chan_close_py(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    __atomic_fetch_or(&((ChanObject *)self)->word, (int64_t)CHAN_CLOSED, __ATOMIC_ACQ_REL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *chan_snapshot_py(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    int64_t w = __atomic_load_n(&((ChanObject *)self)->word, __ATOMIC_ACQUIRE);
+    return Py_BuildValue("(OLO)", (w & CHAN_OWNED) ? Py_True : Py_False, (long long)(w / CHAN_ONE_QUEUED),
+                         (w & CHAN_CLOSED) ? Py_True : Py_False);
+}
+
+static PyMethodDef chan_methods[] = {
+    {"try_claim", chan_try_claim_py, METH_NOARGS, "Own the channel if idle, nothing queued, open."},
+    {"claim", chan_claim_py, METH_NOARGS, "Own the channel (the channel's thread), waiting if owned."},
+    {"release", chan_release_py, METH_NOARGS, "Give the channel up."},
+    {"add_queued", chan_add_queued_py, METH_O, "Count n more (or fewer) queued submissions."},
+    {"close", chan_close_py, METH_NOARGS, "No more inline claims."},
+    {"snapshot", chan_snapshot_py, METH_NOARGS, "(owned, queued, closed)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot chan_slots[] = {
+    {Py_tp_doc, "A DMA channel's claim word (see _fastcall.c)."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_methods, chan_methods},
+    {0, NULL},
+};
+
+static PyType_Spec chan_spec = {
+    "emulator.timing._fastcall.ChannelState", sizeof(ChanObject), 0, Py_TPFLAGS_DEFAULT, chan_slots,
+};
+
 static PyObject *handle_type; /* HandleBase, set at module init */
 
-/* inline1(dp, desc, now, err, cls, handle_id, channel, cq_append) -> handle | int
- * The DMA engine's inline path for one descriptor, on a channel its caller owns: cxl_issue(),
- * then, if the transfer is complete by now (untimed: 0; simulated time: now >= 0; real time:
- * its completion no later than cxl_link_now()), a done handle of class cls (a HandleBase
- * subclass) with results [completion], passed to cq_append and returned.  Otherwise the int:
- * an error code (< 0) or the completion still ahead, for the caller to finish. */
+/* inline1(chan, dp, desc, now, err, cls, handle_id, channel, cq_append) -> handle | int | None
+ * The DMA engine's inline path for one descriptor: None if the channel is not idle
+ * (chan.try_claim() fails); else cxl_issue() on the claimed channel, then, if the transfer is
+ * complete by now (untimed: 0; simulated time: now >= 0; real time: its completion no later
+ * than cxl_link_now()), a done handle of class cls (a HandleBase subclass) with results
+ * [completion], passed to cq_append, the channel released, and the handle returned.
+ * Otherwise the int (an error code < 0, or the completion still ahead) with the channel
+ * still claimed: the caller finishes the submission and releases it. */
 static PyObject *fc_inline1(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "inline1() takes 8 arguments");
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "inline1() takes 9 arguments");
         return NULL;
     }
-    const cxl_dp *dp = (const cxl_dp *)PyLong_AsVoidPtr(args[0]);
-    const cxl_desc *desc = (const cxl_desc *)PyLong_AsVoidPtr(args[1]);
-    long long now = PyLong_AsLongLong(args[2]);
-    uint64_t *err = (uint64_t *)PyLong_AsVoidPtr(args[3]);
+    if (!PyObject_TypeCheck(args[0], chan_type) || !PyType_Check(args[5]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[5], (PyTypeObject *)handle_type)) {
+        PyErr_SetString(PyExc_TypeError, "inline1(): chan must be a ChannelState, cls a HandleBase");
+        return NULL;
+    }
+    ChanObject *chan = (ChanObject *)args[0];
+    const cxl_dp *dp = (const cxl_dp *)PyLong_AsVoidPtr(args[1]);
+    const cxl_desc *desc = (const cxl_desc *)PyLong_AsVoidPtr(args[2]);
+    long long now = PyLong_AsLongLong(args[3]);
+    uint64_t *err = (uint64_t *)PyLong_AsVoidPtr(args[4]);
     if (PyErr_Occurred())
         return NULL;
-    PyTypeObject *cls = (PyTypeObject *)args[4];
-    if (dp == NULL || desc == NULL || err == NULL || !PyType_Check(args[4]) ||
-        !PyType_IsSubtype(cls, (PyTypeObject *)handle_type)) {
-        PyErr_SetString(PyExc_ValueError, "inline1(): null pointer, or cls not a HandleBase");
+    if (dp == NULL || desc == NULL || err == NULL) {
+        PyErr_SetString(PyExc_ValueError, "inline1(): null data path, descriptor or error cell");
         return NULL;
     }
+    if (!chan_try_claim(chan))
+        Py_RETURN_NONE;
     int64_t rc;
     int done;
     Py_BEGIN_ALLOW_THREADS
@@ -225,27 +348,29 @@ static PyObject *fc_inline1(PyObject *self, PyObject *const *args, Py_ssize_t na
     done = rc == 0 || (rc > 0 && (now >= 0 || rc <= cxl_link_now()));
     Py_END_ALLOW_THREADS
     if (!done)
-        return PyLong_FromLongLong(rc);
+        return PyLong_FromLongLong(rc); /* still claimed */
+    PyTypeObject *cls = (PyTypeObject *)args[5];
     allocfunc alloc = (allocfunc)PyType_GetSlot(cls, Py_tp_alloc);
     HandleObject *h = (HandleObject *)alloc(cls, 0);
-    if (h == NULL)
-        return NULL;
-    h->results = PyList_New(1);
-    PyObject *completion = PyLong_FromLongLong(rc);
-    h->count = PyLong_FromLong(1);
-    if (h->results == NULL || completion == NULL || h->count == NULL) {
-        Py_XDECREF(completion);
-        Py_DECREF(h);
-        return NULL;
+    PyObject *appended = NULL;
+    if (h != NULL) {
+        h->results = PyList_New(1);
+        h->count = PyLong_FromLong(1);
+        PyObject *completion = PyLong_FromLongLong(rc);
+        if (h->results != NULL && h->count != NULL && completion != NULL) {
+            PyList_SetItem(h->results, 0, completion); /* steals completion */
+            Py_INCREF(args[6]);
+            Py_INCREF(args[7]);
+            h->id = args[6];
+            h->channel = args[7];
+            appended = PyObject_CallFunctionObjArgs(args[8], (PyObject *)h, NULL);
+        } else {
+            Py_XDECREF(completion);
+        }
     }
-    PyList_SetItem(h->results, 0, completion); /* steals completion */
-    Py_INCREF(args[5]);
-    Py_INCREF(args[6]);
-    h->id = args[5];
-    h->channel = args[6];
-    PyObject *appended = PyObject_CallFunctionObjArgs(args[7], (PyObject *)h, NULL);
+    chan_release(chan); /* done, or failed to say so: either way nothing runs on it now */
     if (appended == NULL) {
-        Py_DECREF(h);
+        Py_XDECREF((PyObject *)h);
         return NULL;
     }
     Py_DECREF(appended);
@@ -258,7 +383,7 @@ static PyMethodDef fc_methods[] = {
     {"issue", (PyCFunction)(void (*)(void))fc_issue, METH_FASTCALL,
      "issue(dp, desc, now, err) -> completion ns or CXL_E_* code"},
     {"inline1", (PyCFunction)(void (*)(void))fc_inline1, METH_FASTCALL,
-     "inline1(dp, desc, now, err, cls, handle_id, channel, cq_append) -> done handle | int"},
+     "inline1(chan, dp, desc, now, err, cls, handle_id, channel, cq_append) -> handle | int | None"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -273,17 +398,25 @@ PyMODINIT_FUNC PyInit__fastcall(void)
     PyObject *module = PyModule_Create(&fc_module);
     if (module == NULL)
         return NULL;
+    /* module-level references, kept for the type checks of inline1 */
     handle_type = PyType_FromSpec(&handle_spec);
-    if (handle_type == NULL)
+    chan_type = (PyTypeObject *)PyType_FromSpec(&chan_spec);
+    if (handle_type == NULL || chan_type == NULL)
         goto fail;
-    Py_INCREF(handle_type); /* the module-level reference inline1 checks against */
+    Py_INCREF(handle_type);
     if (PyModule_AddObject(module, "HandleBase", handle_type) < 0) {
         Py_DECREF(handle_type);
+        goto fail;
+    }
+    Py_INCREF((PyObject *)chan_type);
+    if (PyModule_AddObject(module, "ChannelState", (PyObject *)chan_type) < 0) {
+        Py_DECREF((PyObject *)chan_type);
         goto fail;
     }
     return module;
 fail:
     Py_XDECREF(handle_type);
+    Py_XDECREF((PyObject *)chan_type);
     Py_DECREF(module);
     return NULL;
 }
