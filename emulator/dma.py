@@ -411,7 +411,8 @@ class DmaEngine:
         return out
 
     def pending(self) -> int:
-        """Handles queued or in flight on all channels."""
+        """Handles queued or in flight on all channels (a gauge: a handle just completed may
+        count until its channel's thread lets the channel go, a moment later)."""
         n = 0
         for ch in self._chans:
             owned, queued, _closed = ch.state.snapshot()

@@ -269,3 +269,44 @@ def test_handle_fields_and_callbacks_on_a_pending_handle():
     h._complete([5, DmaError(1, "x")])
     assert seen == [7] and h.done() and h.wait(0)[0] == 5 and [e.index for e in h.errors] == [1]
     assert handle_base_is_c() == c_available()
+
+
+def _state_types():
+    from emulator.dma import _PyChannelState
+    from emulator.timing._cimpl import channel_state
+
+    return [_PyChannelState] + ([channel_state] if channel_state is not None else [])
+
+
+@pytest.mark.parametrize("state_type", _state_types(), ids=lambda t: t.__module__)
+def test_channel_state_claims_only_an_idle_open_channel(state_type):
+    """The C word and its threading twin: an inline claim needs nothing owned, queued or
+    closed; the channel's own claim ignores the queue."""
+    s = state_type()
+    assert s.snapshot() == (False, 0, False)
+    assert s.try_claim() and not s.try_claim()
+    s.release()
+    s.add_queued(2)
+    assert not s.try_claim()
+    s.claim()
+    assert s.snapshot() == (True, 2, False)
+    s.add_queued(-2)
+    s.release()
+    assert s.try_claim()
+    s.release()
+    s.close()
+    assert not s.try_claim() and s.snapshot() == (False, 0, True)
+
+
+def test_pending_counts_an_inline_submission_until_it_completes(impl):
+    dp, *_ = make(impl, config=TimingConfig(read_latency_ns=20_000_000))
+    eng = DmaEngine(dp, channels=1)
+    h = eng.submit([Descriptor("read", 0, bytearray(64), 0, 64)])
+    queued = eng.submit([Descriptor("read", 64, bytearray(64), 0, 64)])
+    assert eng.pending() == 2
+    h.wait(10)
+    queued.wait(10)
+    eng.close()  # (a waiter may wake a moment before its channel is released: drain first)
+    assert eng.pending() == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        eng.submit([Descriptor("read", 0, bytearray(64), 0, 64)])
