@@ -7,6 +7,7 @@ the buffer protocol), loaded from the same file by ``_cimpl``.
 """
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import shutil
@@ -51,11 +52,15 @@ ffibuilder = make_builder()
 
 
 def build_in_place() -> pathlib.Path:
-    """Compile next to the sources (a source checkout without `pip install -e .`)."""
+    """Compile next to the sources (a source checkout without `pip install -e .`).  The
+    library is renamed into place, never overwritten: a process that has the old one loaded
+    (a test run, a served device) keeps its mapping instead of crashing on a truncated file."""
     with tempfile.TemporaryDirectory() as tmp:
         built = pathlib.Path(make_builder(str(_ROOT)).compile(tmpdir=tmp, verbose=False))
         target = _ROOT / "emulator/timing" / built.name
-        shutil.copy2(built, target)
+        staged = target.with_name(f".{built.name}.{os.getpid()}.tmp")
+        shutil.copy2(built, staged)
+        os.replace(staged, target)
     return target
 
 

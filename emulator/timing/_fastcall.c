@@ -7,9 +7,13 @@
  * the duration of the call (PyObject_GetBuffer, ~30 ns), as numpy's own C functions do; the
  * exporter refuses a read-only buffer for a read and a non-contiguous one (no PyBUF_STRIDES in
  * the request), so the C core only ever writes within [buf, buf + len) of a writable buffer.
- * issue() is the DMA engine's per-descriptor call (its cxl_desc built and pinned once).
- * Pointers to the core's own structs travel as ints: these are private entry points, called
- * only by emulator.timing.DataPath and emulator.dma with addresses they own.
+ * For the DMA engine (emulator.dma): issue() of one descriptor (its cxl_desc built and pinned
+ * once); ChannelState, a channel's claim word; HandleBase, the fields of a DmaHandle; and
+ * inline1(), the whole inline submission of one descriptor (claim an idle channel, issue,
+ * and a done handle in the completion queue) in one call, where Python-level bookkeeping
+ * would cost several times the transfer.  Pointers to the core's own structs travel as
+ * ints: these are private entry points, called only by emulator.timing.DataPath and
+ * emulator.dma with addresses they own.
  *
  * It is compiled into the cffi extension (_cdatapath) as a second module of the same shared
  * library (PEP 489, "multiple modules in one library") and loaded from that file by
