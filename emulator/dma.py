@@ -360,7 +360,8 @@ class DmaEngine:
         queue is full (then it blocks up to ``timeout`` s and raises ``TimeoutError``).  A
         small one to an idle channel is issued (and maybe completed) inline: see the module."""
         # The inline path is the hot one (a small transfer from Python): no copy of a list it
-        # consumes before returning, one non-blocking lock, one C call per descriptor.
+        # consumes before returning, no Python lock (the channel is claimed by one CAS in C),
+        # one C call for a single built descriptor, one per descriptor otherwise.
         descs = descriptors if descriptors.__class__ is list else list(descriptors)
         if channel is None:
             k = next(self._rr)
