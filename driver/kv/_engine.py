@@ -395,7 +395,7 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
                 self._finish_load(st, stall=False)
             if st.saves:
                 self._advance_saves(st)
-            if st.writes:
+            if st.writes and st.writes[0].transfer.done():  # writes complete in order, mostly
                 self._reap_writes(st, block=False)
             if st.load is None and not st.saves and not st.writes:
                 del self._pending[st.index]
