@@ -253,11 +253,13 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
     def _prefetch_after(self, layer: int) -> None:
         """The firmware's hint: layers ``layer+1 ..`` run next; load the absent ones now."""
         window = self._upcoming(layer)
-        protected = {layer, *window, *self._loading}
+        protected: set[int] | None = None  # built only when a load is needed (most calls: none)
         for nxt in window:
             st = self.layers[nxt] if nxt < len(self.layers) else None
             if st is None or st.frame is not None or st.load is not None or st.seq_len == 0:
                 continue
+            if protected is None:
+                protected = {layer, *window, *self._loading}
             if not self._start_load(st, protected=protected):
                 return
             self.counters["prefetch_issued"] += 1
