@@ -64,6 +64,15 @@ class HostBuffer:
         self.release()
 
 
+class _ClosedCore:
+    """Stands in for a closed data path's core: every use raises, none touches freed memory."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError("DataPath is closed")
+
+
+_CLOSED = _ClosedCore()
+
 
 def _unwrap(buf: Any) -> Any:
     return buf.obj if buf.__class__ is HostBuffer else buf
@@ -278,9 +287,11 @@ class DataPath:
                    impl=impl, clock=clock)
 
     def close(self) -> None:
-        """Release the views of media, poison bitmap and BAR (so their mmaps can close)."""
-        core, self._core = self._core, None
-        if core is not None:
+        """Release the views of media, poison bitmap and BAR (so their mmaps can close).  A
+        closed data path refuses every transfer (the C core's addresses are forgotten first)."""
+        self._fast = None
+        core, self._core = self._core, _CLOSED
+        if core is not _CLOSED:
             core.close()
         for view in (self.media, self.poison_bits, self._link):
             if view is not None:
