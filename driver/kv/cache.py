@@ -133,7 +133,7 @@ class CxlCache(Cache):
                *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         engine = self._engine
         if (engine is not None and layer_idx and layer_idx < len(self.layers) and not self._closed
-                and self.layers[layer_idx].is_initialized):
+                and cast(_CxlLayer, self.layers[layer_idx]).is_initialized):
             # a layer already set up, past layer 0 (which publishes telemetry): straight to the engine
             return engine.update(layer_idx, key_states, value_states)
         while len(self.layers) <= layer_idx:
