@@ -139,6 +139,19 @@ class _PyHandleBase:
         self.id, self.channel, self.count, self._results = handle_id, channel, count, results
         self._event = self._callbacks = None
 
+    def done(self) -> bool:
+        """Whether the submission has completed."""
+        return self._results is not None
+
+    def wait(self, timeout: float | None = None) -> list[int | DmaError]:
+        """Per-descriptor results in submission order: the completion time (ns) or the
+        ``DmaError`` of a descriptor that failed.  Raises ``TimeoutError`` if not done in time."""
+        results = self._results
+        return list(results) if results is not None else self._wait_pending(timeout)
+
+    def _wait_pending(self, timeout: float | None) -> list[int | DmaError]:
+        raise NotImplementedError
+
 
 def _handle_base() -> type:
     """The C ``HandleBase`` (``_fastcall.c``: a handle built in ~0.1 µs, a third of what a
@@ -162,7 +175,9 @@ def handle_base_is_c() -> bool:
 
 
 class DmaHandle(_HandleBase):
-    """One submission: poll ``done()``, block in ``wait()``, or add a callback.
+    """One submission: poll ``done()``, block in ``wait(timeout=None)`` (per-descriptor results
+    in submission order: the completion time in ns, or the ``DmaError`` of a descriptor that
+    failed; ``TimeoutError`` if not done in time), or add a callback.
 
     ``DmaHandle(handle_id, channel, count, results=None)``: ``_results`` is None until the
     handle completes.  The event a waiter blocks on is made only when someone waits before
@@ -170,22 +185,16 @@ class DmaHandle(_HandleBase):
 
     __slots__ = ()
 
-    def done(self) -> bool:
-        return self._results is not None
-
-    def wait(self, timeout: float | None = None) -> list[int | DmaError]:
-        """Per-descriptor results in submission order: the completion time (ns) or the
-        ``DmaError`` of a descriptor that failed.  Raises ``TimeoutError`` if not done in time."""
-        results = self._results
-        if results is None:
-            with _HANDLE_LOCK:
-                if self._results is None and self._event is None:
-                    self._event = threading.Event()
-                event = self._event
-            if event is not None and not event.wait(timeout):
-                raise TimeoutError(f"DMA handle {self.id} not complete after {timeout} s")
-            results = self._results
-        return list(results)  # type: ignore[arg-type]
+    # done() and wait() come from the base: the C one answers a done handle without a Python
+    # frame (the inline path's round trip is submit + wait); a pending one blocks here.
+    def _wait_pending(self, timeout: float | None) -> list[int | DmaError]:
+        with _HANDLE_LOCK:
+            if self._results is None and self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if event is not None and not event.wait(timeout):
+            raise TimeoutError(f"DMA handle {self.id} not complete after {timeout} s")
+        return list(self._results)  # type: ignore[arg-type]
 
     def check(self, timeout: float | None = None) -> list[int]:
         """Like ``wait`` but raises the first descriptor's ``DmaError``: for callers that
@@ -329,12 +338,20 @@ class DmaEngine:
         # the clock completions are stamped on: the C core's (its TSC anchor), or the twin's
         self._now_ns: Callable[[], int] = time.monotonic_ns
         errs = self._bind_c_core(channels) if self._c else [(None, 0)] * channels
-        state_type: Any = self._state_type or _PyChannelState
-        self._chans = [_Channel(state_type(), err, addr) for err, addr in errs]
+        self._chans = [_Channel(self._channel_state(k, addr), err, addr)
+                       for k, (err, addr) in enumerate(errs)]
         for k, ch in enumerate(self._chans):
             ch.thread = threading.Thread(target=self._channel_loop, args=(ch,), daemon=True,
                                          name=f"cxlemu-dma-{k}")
             ch.thread.start()
+
+    def _channel_state(self, k: int, err_addr: int) -> Any:
+        """Channel k's claim word: the C one carries what ``inline1`` needs to run an inline
+        submission alone (the channel, its error cell, the types, the ids, the CQ)."""
+        if self._state_type is None:
+            return _PyChannelState()
+        return self._state_type(k, err_addr, Descriptor, DmaHandle, self._ids, self._cq_append,
+                                INLINE_BYTES)
 
     def _bind_c_core(self, channels: int) -> list[tuple[Any, int]]:
         """The C core's entry points; one error-DPA cell per channel: (cell, its address)."""
@@ -370,23 +387,20 @@ class DmaEngine:
         else:
             raise ValueError(f"channel must be an int from 0 to {self.channels - 1}, got {channel!r}")
         ch = self._chans[k]
-        if len(descs) == 1 and self._inline1 is not None:  # the commonest: one small transfer
-            d = descs[0]
-            addr = d.__dict__.get("_cdesc_addr") if d.__class__ is Descriptor else None
-            if addr is not None and d.length <= INLINE_BYTES:
-                # one C call: claim the channel if idle, issue, and if complete a done handle
-                # in the CQ; None if not idle; the completion (or error) if not complete
-                dp, handle_id = self.datapath, next(self._ids)
-                got = self._inline1(ch.state, dp._core.dp_addr, addr,
-                                    -1 if dp.clock is None else int(dp.clock.now_ns()),
-                                    ch.err_addr, DmaHandle, handle_id, k, self._cq_append)
-                if got is None:
-                    return self._enqueue(ch, DmaHandle(handle_id, k, 1), [d], timeout)
-                if got.__class__ is not int:
+        if self._inline1 is not None:
+            # one C call for one built descriptor: claim the channel if idle, issue, and if
+            # complete, a done handle in the CQ; None if not for it; if not complete, the
+            # channel still claimed, (handle id, completion still ahead or error code)
+            dp = self.datapath
+            got = self._inline1(ch.state, dp._core.dp_addr, descs,
+                                -1 if dp.clock is None else int(dp.clock.now_ns()))
+            if got is not None:
+                if got.__class__ is not tuple:
                     return got  # type: ignore[no-any-return]
-                try:  # still claimed
-                    results = [got if got >= 0 else self._error(0, d, got, ch.err[0])]
-                    return self._finish_inline(ch, handle_id, k, 1, results, max(got, 0))
+                handle_id, rc = got
+                try:
+                    results = [rc if rc >= 0 else self._error(0, descs[0], rc, ch.err[0])]
+                    return self._finish_inline(ch, handle_id, k, 1, results, max(rc, 0))
                 finally:
                     ch.state.release()
         total = 0

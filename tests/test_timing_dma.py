@@ -268,8 +268,15 @@ def test_handle_fields_and_callbacks_on_a_pending_handle():
     h.add_done_callback(lambda hh: seen.append(hh.id))
     assert (h.id, h.channel, h.count, h.done(), h.errors) == (7, 1, 2, False, [])
     assert repr(h) == "<DmaHandle 7 ch1 2 desc pending>"
+    with pytest.raises(TimeoutError, match="handle 7 not complete"):
+        h.wait(timeout=0)
+    with pytest.raises(TypeError):
+        h.wait(0, 1)
     h._complete([5, DmaError(1, "x")])
     assert seen == [7] and h.done() and h.wait(0)[0] == 5 and [e.index for e in h.errors] == [1]
+    results = h.wait()
+    results.append("mine")  # a copy: the handle's results stay as completed
+    assert len(h.wait(timeout=None)) == 2
     assert handle_base_is_c() == c_available()
 
 
@@ -286,6 +293,9 @@ def test_channel_state_claims_only_an_idle_open_channel(state_type):
     closed; the channel's own claim ignores the queue."""
     s = state_type()
     assert s.snapshot() == (False, 0, False)
+    if state_type.__module__.endswith("_fastcall"):
+        with pytest.raises(TypeError, match="every argument"):
+            state_type(0, 1)  # the inline context is all or nothing
     assert s.try_claim() and not s.try_claim()
     s.release()
     s.add_queued(2)

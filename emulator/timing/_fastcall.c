@@ -172,6 +172,45 @@ static void handle_dealloc(PyObject *op)
     Py_DECREF(type);
 }
 
+static int handle_is_done(HandleObject *self) { return self->results != NULL && self->results != Py_None; }
+
+static PyObject *handle_done(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(handle_is_done((HandleObject *)self));
+}
+
+/* wait(timeout=None): a done handle's results, copied, at once; a pending one goes to the
+ * subclass's _wait_pending(timeout), which blocks (emulator.dma.DmaHandle). */
+static PyObject *handle_wait(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    HandleObject *h = (HandleObject *)self;
+    if (handle_is_done(h))
+        return PyList_GetSlice(h->results, 0, PY_SSIZE_T_MAX);
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_Size(kwnames);
+    if (nargs + nkw > 1) {
+        PyErr_SetString(PyExc_TypeError, "wait() takes at most one argument (timeout)");
+        return NULL;
+    }
+    if (nkw == 1) {
+        int is_timeout = PyUnicode_CompareWithASCIIString(PyTuple_GetItem(kwnames, 0), "timeout") == 0;
+        if (!is_timeout) {
+            PyErr_SetString(PyExc_TypeError, "wait() got an unexpected keyword argument");
+            return NULL;
+        }
+    }
+    PyObject *timeout = nargs + nkw == 1 ? args[0] : Py_None;
+    return PyObject_CallMethod(self, "_wait_pending", "O", timeout);
+}
+
+static PyMethodDef handle_methods[] = {
+    {"done", handle_done, METH_NOARGS, "Whether the submission has completed."},
+    {"wait", (PyCFunction)(void (*)(void))handle_wait, METH_FASTCALL | METH_KEYWORDS,
+     "wait(timeout=None) -> per-descriptor results: each completion time (ns) or DmaError, in "
+     "submission order; raises TimeoutError if not done in time."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyMemberDef handle_members[] = {
     {"id", T_OBJECT, offsetof(HandleObject, id), READONLY, NULL},
     {"channel", T_OBJECT, offsetof(HandleObject, channel), READONLY, NULL},
@@ -189,6 +228,7 @@ static PyType_Slot handle_slots[] = {
     {Py_tp_clear, handle_clear},
     {Py_tp_dealloc, handle_dealloc},
     {Py_tp_members, handle_members},
+    {Py_tp_methods, handle_methods},
     {0, NULL},
 };
 
@@ -213,9 +253,99 @@ static PyType_Spec handle_spec = {
 typedef struct {
     PyObject_HEAD
     int64_t word;
+    /* what inline1() needs, set once by the engine (NULL: not set, inline1 refuses) */
+    PyObject *channel;      /* the channel's number, for its handles */
+    uint64_t *err;          /* the channel's error-DPA cell */
+    PyObject *desc_type;    /* emulator.dma.Descriptor */
+    PyObject *handle_cls;   /* emulator.dma.DmaHandle (a HandleBase subclass) */
+    PyObject *ids;          /* the engine's handle-id iterator */
+    PyObject *cq_append;    /* the engine's completion queue's append */
+    long long max_bytes;    /* INLINE_BYTES */
 } ChanObject;
 
-static PyTypeObject *chan_type; /* set at module init */
+static PyTypeObject *chan_type;  /* ChannelState, set at module init */
+static PyObject *handle_type;    /* HandleBase, set at module init */
+static PyObject *str_cdesc_addr, *str_length;
+
+/* ChannelState(channel, err, descriptor_type, handle_type, ids, cq_append, max_bytes), or
+ * ChannelState() for the claim word alone. */
+static PyObject *chan_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"channel", "err", "descriptor_type", "handle_type", "ids", "cq_append",
+                             "max_bytes", NULL};
+    PyObject *channel = NULL, *err = NULL, *desc_type = NULL, *handle_cls = NULL, *ids = NULL,
+             *cq_append = NULL;
+    long long max_bytes = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OOOOOOL", kwlist, &channel, &err, &desc_type,
+                                     &handle_cls, &ids, &cq_append, &max_bytes))
+        return NULL;
+    int all = channel && err && desc_type && handle_cls && ids && cq_append;
+    if (channel || err || desc_type || handle_cls || ids || cq_append) {
+        if (!all || !PyType_Check(desc_type) || !PyType_Check(handle_cls) ||
+            !PyType_IsSubtype((PyTypeObject *)handle_cls, (PyTypeObject *)handle_type) ||
+            !PyCallable_Check(cq_append)) {
+            PyErr_SetString(PyExc_TypeError, "ChannelState: give every argument (handle_type a "
+                                             "HandleBase subclass, cq_append callable), or none");
+            return NULL;
+        }
+    }
+    uint64_t *cell = NULL;
+    if (err != NULL && (cell = (uint64_t *)PyLong_AsVoidPtr(err)) == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "ChannelState: null error cell");
+        return NULL;
+    }
+    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+    ChanObject *c = (ChanObject *)alloc(type, 0);
+    if (c == NULL)
+        return NULL;
+    c->err = cell;
+    c->max_bytes = max_bytes;
+    Py_XINCREF(channel);
+    Py_XINCREF(desc_type);
+    Py_XINCREF(handle_cls);
+    Py_XINCREF(ids);
+    Py_XINCREF(cq_append);
+    c->channel = channel;
+    c->desc_type = desc_type;
+    c->handle_cls = handle_cls;
+    c->ids = ids;
+    c->cq_append = cq_append;
+    return (PyObject *)c;
+}
+
+static int chan_traverse(PyObject *op, visitproc visit, void *arg)
+{
+    ChanObject *c = (ChanObject *)op;
+    Py_VISIT(Py_TYPE(op));
+    Py_VISIT(c->channel);
+    Py_VISIT(c->desc_type);
+    Py_VISIT(c->handle_cls);
+    Py_VISIT(c->ids);
+    Py_VISIT(c->cq_append);
+    return 0;
+}
+
+static int chan_clear(PyObject *op)
+{
+    ChanObject *c = (ChanObject *)op;
+    Py_CLEAR(c->channel);
+    Py_CLEAR(c->desc_type);
+    Py_CLEAR(c->handle_cls);
+    Py_CLEAR(c->ids);
+    Py_CLEAR(c->cq_append);
+    return 0;
+}
+
+static void chan_dealloc(PyObject *op)
+{
+    PyTypeObject *type = Py_TYPE(op);
+    PyObject_GC_UnTrack(op);
+    chan_clear(op);
+    freefunc tp_free = (freefunc)PyType_GetSlot(type, Py_tp_free);
+    tp_free(op);
+    Py_DECREF(type);
+}
 
 static int chan_try_claim(ChanObject *c)
 {
@@ -300,60 +430,100 @@ static PyMethodDef chan_methods[] = {
 };
 
 static PyType_Slot chan_slots[] = {
-    {Py_tp_doc, "A DMA channel's claim word (see _fastcall.c)."},
-    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_doc, "A DMA channel's claim word and inline context (see _fastcall.c)."},
+    {Py_tp_new, chan_new},
+    {Py_tp_traverse, chan_traverse},
+    {Py_tp_clear, chan_clear},
+    {Py_tp_dealloc, chan_dealloc},
     {Py_tp_methods, chan_methods},
     {0, NULL},
 };
 
 static PyType_Spec chan_spec = {
-    "emulator.timing._fastcall.ChannelState", sizeof(ChanObject), 0, Py_TPFLAGS_DEFAULT, chan_slots,
+    "emulator.timing._fastcall.ChannelState", sizeof(ChanObject), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, chan_slots,
 };
 
-static PyObject *handle_type; /* HandleBase, set at module init */
 
-/* inline1(chan, dp, desc, now, err, cls, handle_id, channel, cq_append) -> handle | int | None
- * The DMA engine's inline path for one descriptor: None if the channel is not idle
- * (chan.try_claim() fails); else cxl_issue() on the claimed channel, then, if the transfer is
- * complete by now (untimed: 0; simulated time: now >= 0; real time: its completion no later
- * than cxl_link_now()), a done handle of class cls (a HandleBase subclass) with results
- * [completion], passed to cq_append, the channel released, and the handle returned.
- * Otherwise the int (an error code < 0, or the completion still ahead) with the channel
- * still claimed: the caller finishes the submission and releases it. */
+/* The descriptor's cxl_desc address if inline1 may take it (one Descriptor, built, at most
+ * max_bytes), 0 if not, -1 with an exception set on an error. */
+static long long inline_candidate(ChanObject *chan, PyObject *descs)
+{
+    if (!PyList_Check(descs) || PyList_Size(descs) != 1)
+        return 0;
+    PyObject *d = PyList_GetItem(descs, 0); /* borrowed */
+    if ((PyObject *)Py_TYPE(d) != chan->desc_type)
+        return 0;
+    PyObject *addr = PyObject_GetAttr(d, str_cdesc_addr); /* absent until c_descriptor() */
+    if (addr == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *length = PyObject_GetAttr(d, str_length);
+    long long n = length == NULL ? -1 : PyLong_AsLongLong(length);
+    long long a = PyLong_AsLongLong(addr);
+    Py_XDECREF(length);
+    Py_DECREF(addr);
+    if (PyErr_Occurred())
+        return -1;
+    return n <= chan->max_bytes ? a : 0;
+}
+
+/* inline1(chan, dp, descs, now) -> handle | (handle_id, code) | None
+ * The DMA engine's inline path for a submission of one built descriptor (list, exactly one
+ * Descriptor with its cxl_desc, at most max_bytes): None if it is not that, or the channel is
+ * not idle (chan.try_claim() fails).  Else, on the claimed channel: cxl_issue(), then, if the
+ * transfer is complete by now (untimed: 0; simulated time: now >= 0; real time: its completion
+ * no later than cxl_link_now()), a done handle (results [completion]) passed to cq_append, the
+ * channel released, and the handle returned.  Otherwise (handle_id, error code < 0 or the
+ * completion still ahead), the channel still claimed: the caller finishes and releases. */
 static PyObject *fc_inline1(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "inline1() takes 9 arguments");
-        return NULL;
-    }
-    if (!PyObject_TypeCheck(args[0], chan_type) || !PyType_Check(args[5]) ||
-        !PyType_IsSubtype((PyTypeObject *)args[5], (PyTypeObject *)handle_type)) {
-        PyErr_SetString(PyExc_TypeError, "inline1(): chan must be a ChannelState, cls a HandleBase");
+    if (nargs != 4 || !PyObject_TypeCheck(args[0], chan_type)) {
+        PyErr_SetString(PyExc_TypeError, "inline1(chan: ChannelState, dp, descs, now)");
         return NULL;
     }
     ChanObject *chan = (ChanObject *)args[0];
-    const cxl_dp *dp = (const cxl_dp *)PyLong_AsVoidPtr(args[1]);
-    const cxl_desc *desc = (const cxl_desc *)PyLong_AsVoidPtr(args[2]);
-    long long now = PyLong_AsLongLong(args[3]);
-    uint64_t *err = (uint64_t *)PyLong_AsVoidPtr(args[4]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (dp == NULL || desc == NULL || err == NULL) {
-        PyErr_SetString(PyExc_ValueError, "inline1(): null data path, descriptor or error cell");
+    if (chan->desc_type == NULL) {
+        PyErr_SetString(PyExc_TypeError, "inline1(): the ChannelState has no inline context");
         return NULL;
     }
-    if (!chan_try_claim(chan))
+    const cxl_dp *dp = (const cxl_dp *)PyLong_AsVoidPtr(args[1]);
+    long long now = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    long long addr = inline_candidate(chan, args[2]);
+    if (addr < 0)
+        return NULL;
+    if (addr == 0 || dp == NULL || !chan_try_claim(chan))
         Py_RETURN_NONE;
+    PyObject *handle_id = PyIter_Next(chan->ids);
+    if (handle_id == NULL) {
+        chan_release(chan);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "inline1(): handle ids exhausted");
+        return NULL;
+    }
     int64_t rc;
     int done;
+    const cxl_desc *desc = (const cxl_desc *)(uintptr_t)addr;
     Py_BEGIN_ALLOW_THREADS
-    rc = cxl_issue(dp, desc, now, err);
+    rc = cxl_issue(dp, desc, now, chan->err);
     done = rc == 0 || (rc > 0 && (now >= 0 || rc <= cxl_link_now()));
     Py_END_ALLOW_THREADS
-    if (!done)
-        return PyLong_FromLongLong(rc); /* still claimed */
-    PyTypeObject *cls = (PyTypeObject *)args[5];
+    if (!done) { /* still claimed */
+        PyObject *code = PyLong_FromLongLong(rc);
+        PyObject *out = code == NULL ? NULL : PyTuple_Pack(2, handle_id, code);
+        Py_XDECREF(code);
+        Py_DECREF(handle_id);
+        if (out == NULL)
+            chan_release(chan);
+        return out;
+    }
+    PyTypeObject *cls = (PyTypeObject *)chan->handle_cls;
     allocfunc alloc = (allocfunc)PyType_GetSlot(cls, Py_tp_alloc);
     HandleObject *h = (HandleObject *)alloc(cls, 0);
     PyObject *appended = NULL;
@@ -363,15 +533,16 @@ static PyObject *fc_inline1(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyObject *completion = PyLong_FromLongLong(rc);
         if (h->results != NULL && h->count != NULL && completion != NULL) {
             PyList_SetItem(h->results, 0, completion); /* steals completion */
-            Py_INCREF(args[6]);
-            Py_INCREF(args[7]);
-            h->id = args[6];
-            h->channel = args[7];
-            appended = PyObject_CallFunctionObjArgs(args[8], (PyObject *)h, NULL);
+            Py_INCREF(handle_id);
+            Py_INCREF(chan->channel);
+            h->id = handle_id;
+            h->channel = chan->channel;
+            appended = PyObject_CallFunctionObjArgs(chan->cq_append, (PyObject *)h, NULL);
         } else {
             Py_XDECREF(completion);
         }
     }
+    Py_DECREF(handle_id);
     chan_release(chan); /* done, or failed to say so: either way nothing runs on it now */
     if (appended == NULL) {
         Py_XDECREF((PyObject *)h);
@@ -387,7 +558,7 @@ static PyMethodDef fc_methods[] = {
     {"issue", (PyCFunction)(void (*)(void))fc_issue, METH_FASTCALL,
      "issue(dp, desc, now, err) -> completion ns or CXL_E_* code"},
     {"inline1", (PyCFunction)(void (*)(void))fc_inline1, METH_FASTCALL,
-     "inline1(chan, dp, desc, now, err, cls, handle_id, channel, cq_append) -> handle | int | None"},
+     "inline1(chan, dp, descs, now) -> done handle | (handle_id, code) | None"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -403,6 +574,10 @@ PyMODINIT_FUNC PyInit__fastcall(void)
     if (module == NULL)
         return NULL;
     /* module-level references, kept for the type checks of inline1 */
+    str_cdesc_addr = PyUnicode_InternFromString("_cdesc_addr");
+    str_length = PyUnicode_InternFromString("length");
+    if (str_cdesc_addr == NULL || str_length == NULL)
+        goto fail;
     handle_type = PyType_FromSpec(&handle_spec);
     chan_type = (PyTypeObject *)PyType_FromSpec(&chan_spec);
     if (handle_type == NULL || chan_type == NULL)
