@@ -226,6 +226,35 @@ def test_reuse_treats_long_silence_as_cold() -> None:
     assert p.evict() == "x"
 
 
+def test_reuse_scalar_and_numpy_evictions_choose_alike() -> None:
+    """The per-key Python comparison (few residents) and the numpy scan (many) pick the same
+    victim on every eviction of random traffic with protected sets, overdue and unseen keys."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from firmware_model.policies import ReusePolicy
+
+    ops = st.lists(st.tuples(st.integers(0, 15), st.sets(st.integers(0, 15), max_size=3)),
+                   min_size=1, max_size=300)
+
+    @settings(max_examples=80, deadline=None)
+    @given(ops, st.integers(2, 8))
+    def run(seq: list[tuple[int, set[int]]], capacity: int) -> None:
+        scalar, vector = ReusePolicy(capacity), ReusePolicy(capacity)
+        scalar.SCALAR_MAX, vector.SCALAR_MAX = 1 << 30, 0
+        for key, protected in seq:
+            if key in scalar:
+                scalar.touch(key); vector.touch(key)
+                continue
+            if len(scalar) == capacity:
+                if all(k in protected for k in range(16) if k in scalar):
+                    protected = set()
+                assert scalar.evict(protected) == vector.evict(protected)
+            scalar.insert(key); vector.insert(key)
+
+    run()
+
+
 @pytest.mark.parametrize("name", ONLINE_POLICY_NAMES)
 def test_every_policy_tracks_residency_like_a_set(name: str) -> None:
     """Random insert / touch / remove / evict(protected): the policy agrees with a plain set."""
