@@ -211,7 +211,11 @@ def test_frames_show_poison_and_events(served: Served) -> None:
 
 def test_piped_monitor_without_frames_prints_until_interrupted(served: Served) -> None:
     """stdout not a terminal and no --frames: frames keep coming (a log), SIGINT ends with 0."""
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "monitor", served.name, "--interval", "0.1"],
+    # the CLI's own main, with SIGUSR1 dumping every thread's stack: if the monitor ever fails
+    # to stop on SIGINT, the failure shows where it was (seen once under a loaded full run)
+    cli = ("import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1); "
+           "from tools.cli.main import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", cli, "monitor", served.name, "--interval", "0.1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     seen = []
@@ -221,6 +225,13 @@ def test_piped_monitor_without_frames_prints_until_interrupted(served: Served) -
             if len(seen) == 3:
                 break
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"monitor still running 30 s after SIGINT; its stacks:\n{err}")
     assert seen == [1, 2, 3]
     assert proc.returncode == 0 and "Traceback" not in err
