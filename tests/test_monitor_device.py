@@ -209,14 +209,22 @@ def test_frames_show_poison_and_events(served: Served) -> None:
     assert "poison DPA 0x1000 +64 B injected" in shot and "poison DPA 0x8000 +64 B injected" in shot
 
 
+def _default_sigint() -> None:
+    """Run in the child before exec: a test run started as a background job (`pytest &`, as
+    CI scripts may) has SIGINT ignored, children inherit that, and Python then installs no
+    KeyboardInterrupt handler; these tests send SIGINT as a user's Ctrl-C would."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_piped_monitor_without_frames_prints_until_interrupted(served: Served) -> None:
     """stdout not a terminal and no --frames: frames keep coming (a log), SIGINT ends with 0."""
     # the CLI's own main, with SIGUSR1 dumping every thread's stack: if the monitor ever fails
-    # to stop on SIGINT, the failure shows where it was (seen once under a loaded full run)
+    # to stop on SIGINT, the failure shows where it was
     cli = ("import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1); "
            "from tools.cli.main import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.Popen([sys.executable, "-c", cli, "monitor", served.name, "--interval", "0.1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
     assert proc.stdout is not None
     seen = []
     for line in proc.stdout:

@@ -198,11 +198,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _default_sigint() -> None:
+    """Run in the child before exec: a test run started as a background job (`pytest &`, as
+    CI scripts may) has SIGINT ignored, children inherit that, and Python then installs no
+    KeyboardInterrupt handler; these tests send SIGINT as a user's Ctrl-C would."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_exporter_cli_serves_until_interrupted(loaded: Served) -> None:
     """`cxlemu exporter NAME --port P` in another process answers scrapes and exits 0 on SIGINT."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "exporter", loaded.name, "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
