@@ -38,199 +38,24 @@ Ordering (what a caller may rely on):
 """
 from __future__ import annotations
 
-import enum
 import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
+from emulator._dma_types import (
+    Descriptor,
+    Direction,
+    DmaHandle,
+    _PyChannelState,
+    handle_base_is_c,
+)
 from emulator.spec.errors import DmaError, PoisonError
 from emulator.timing import DataPath, host_view
 
 __all__ = ["Descriptor", "Direction", "DmaEngine", "DmaHandle"]
-
-
-class Direction(enum.Enum):
-    """``READ``: device media → host buffer; ``WRITE``: host buffer → device media."""
-
-    READ = "read"
-    WRITE = "write"
-
-
-@dataclass(frozen=True)
-class Descriptor:
-    """One scatter-gather element: ``length`` bytes between ``dpa`` and
-    ``host_buffer[host_offset:host_offset + length]``.  ``host_buffer`` is any C-contiguous
-    buffer (bytearray, numpy array, CPU torch tensor or a view from ``DmaEngine.register``)."""
-
-    direction: Direction | str
-    dpa: int
-    host_buffer: Any
-    host_offset: int
-    length: int
-
-    def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "direction", Direction(self.direction))
-        except ValueError:
-            raise ValueError(f"direction must be 'read' or 'write', got {self.direction!r}") from None
-        for name in ("dpa", "host_offset", "length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"Descriptor.{name} must be an int >= 0, got {value!r}")
-
-    def window(self) -> memoryview:
-        """The host bytes this descriptor moves, checked once and kept (descriptor lists are
-        often built once and resubmitted, as rings of DMA descriptors are)."""
-        cached = self.__dict__.get("_window")
-        if cached is not None:
-            return cached
-        try:
-            view = host_view(self.host_buffer, writable=self.direction is Direction.READ)
-        except (TypeError, ValueError) as exc:
-            raise DmaError(-1, f"host buffer: {exc}") from None
-        end = self.host_offset + self.length
-        if end > view.nbytes:
-            raise DmaError(-1, f"host range [{self.host_offset:#x}, {end:#x}) runs past the host "
-                               f"buffer ({view.nbytes:#x} B)")
-        window = view[self.host_offset:end]
-        object.__setattr__(self, "_window", window)
-        return window
-
-    def c_descriptor(self) -> Any:
-        """The C core's ``cxl_desc`` for this descriptor, built once (it pins the window), and
-        its address (``_cdesc_addr``) for the one-call paths of ``_fastcall``."""
-        cached = self.__dict__.get("_cdesc")
-        if cached is not None:
-            return cached
-        from emulator.timing._cimpl import ffi
-
-        window = self.window()
-        host = ffi.from_buffer("uint8_t[]", window, require_writable=self.direction is Direction.READ)
-        cdesc = ffi.new("cxl_desc *", {"dir": 0 if self.direction is Direction.READ else 1,
-                                       "dpa": self.dpa, "host": host, "len": self.length})
-        object.__setattr__(self, "_cdesc", cdesc)
-        object.__setattr__(self, "_cdesc_addr", int(ffi.cast("uintptr_t", cdesc)))
-        object.__setattr__(self, "_chost", host)  # keeps the pointer in cdesc valid
-        return cdesc
-
-
-#: Guards the completion state of every handle (held for a few instructions: completions
-#: are rare next to the work behind them, and a handle then needs no lock of its own).
-_HANDLE_LOCK = threading.Lock()
-
-
-class _PyHandleBase:
-    """DmaHandle's fields where the C core's ``HandleBase`` is not built (the same members)."""
-
-    __slots__ = ("_callbacks", "_event", "_results", "channel", "count", "id")
-    id: int
-    channel: int
-    count: int
-    _results: list[int | DmaError] | None
-    _event: threading.Event | None
-    _callbacks: list[Callable[[DmaHandle], None]] | None
-
-    def __init__(self, handle_id: int, channel: int, count: int,
-                 results: list[int | DmaError] | None = None) -> None:
-        self.id, self.channel, self.count, self._results = handle_id, channel, count, results
-        self._event = self._callbacks = None
-
-    def done(self) -> bool:
-        """Whether the submission has completed."""
-        return self._results is not None
-
-    def wait(self, timeout: float | None = None) -> list[int | DmaError]:
-        """Per-descriptor results in submission order: the completion time (ns) or the
-        ``DmaError`` of a descriptor that failed.  Raises ``TimeoutError`` if not done in time."""
-        results = self._results
-        return list(results) if results is not None else self._wait_pending(timeout)
-
-    def _wait_pending(self, timeout: float | None) -> list[int | DmaError]:
-        raise NotImplementedError
-
-
-def _handle_base() -> type:
-    """The C ``HandleBase`` (``_fastcall.c``: a handle built in ~0.1 µs, a third of what a
-    Python ``__init__`` costs; the inline DMA path builds one per transfer), else the twin."""
-    try:
-        from emulator.timing._cimpl import handle_base
-    except ImportError:
-        return _PyHandleBase
-    return handle_base or _PyHandleBase
-
-
-if TYPE_CHECKING:  # the C base has the same members, which type checkers cannot see
-    _HandleBase = _PyHandleBase
-else:
-    _HandleBase = _handle_base()
-
-
-def handle_base_is_c() -> bool:
-    """Whether DmaHandle's fields live in the C ``HandleBase`` (what ``inline1`` builds)."""
-    return _HandleBase is not _PyHandleBase
-
-
-class DmaHandle(_HandleBase):
-    """One submission: poll ``done()``, block in ``wait(timeout=None)`` (per-descriptor results
-    in submission order: the completion time in ns, or the ``DmaError`` of a descriptor that
-    failed; ``TimeoutError`` if not done in time), or add a callback.
-
-    ``DmaHandle(handle_id, channel, count, results=None)``: ``_results`` is None until the
-    handle completes.  The event a waiter blocks on is made only when someone waits before
-    completion: a submission that completes inline never pays for one."""
-
-    __slots__ = ()
-
-    # done() and wait() come from the base: the C one answers a done handle without a Python
-    # frame (the inline path's round trip is submit + wait); a pending one blocks here.
-    def _wait_pending(self, timeout: float | None) -> list[int | DmaError]:
-        with _HANDLE_LOCK:
-            if self._results is None and self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        if event is not None and not event.wait(timeout):
-            raise TimeoutError(f"DMA handle {self.id} not complete after {timeout} s")
-        return list(self._results)  # type: ignore[arg-type]
-
-    def check(self, timeout: float | None = None) -> list[int]:
-        """Like ``wait`` but raises the first descriptor's ``DmaError``: for callers that
-        treat any failure as fatal for the whole transfer."""
-        results = self.wait(timeout)
-        for r in results:
-            if isinstance(r, DmaError):
-                raise r
-        return results  # type: ignore[return-value]
-
-    @property
-    def errors(self) -> list[DmaError]:
-        return [r for r in self._results or () if isinstance(r, DmaError)]
-
-    def add_done_callback(self, fn: Callable[[DmaHandle], None]) -> None:
-        """Call ``fn(handle)`` on completion (from the channel thread; keep it short), or now
-        if already done."""
-        if self._results is None:
-            with _HANDLE_LOCK:
-                if self._results is None:
-                    self._callbacks = (self._callbacks or []) + [fn]
-                    return
-        fn(self)
-
-    def _complete(self, results: list[int | DmaError]) -> None:
-        with _HANDLE_LOCK:
-            self._results = results
-            event, callbacks, self._callbacks = self._event, self._callbacks, None
-        if event is not None:
-            event.set()
-        for fn in callbacks or ():
-            fn(self)
-
-    def __repr__(self) -> str:
-        state = "done" if self._results is not None else "pending"
-        return f"<DmaHandle {self.id} ch{self.channel} {self.count} desc {state}>"
 
 
 #: Submissions of at most this many bytes may be issued inline (a copy this size takes a few
@@ -243,48 +68,6 @@ BATCH_MIN = 4
 # A queued submission: (handle, descriptors to issue) — or, for one issued inline whose
 # completion had not passed, (handle, None) with its results and latest completion.
 _Item = tuple[DmaHandle, "list[Descriptor] | None", "list[int | DmaError] | None", int]
-
-
-class _PyChannelState:
-    """Who may run a submission on a channel: the twin of the C ``ChannelState`` (a word
-    claimed with one compare-and-swap; see ``_fastcall.c``), from threading primitives."""
-
-    __slots__ = ("_closed", "_count_lock", "_owner", "_queued")
-
-    def __init__(self) -> None:
-        self._owner = threading.Lock()
-        self._count_lock = threading.Lock()
-        self._queued = 0
-        self._closed = False
-
-    def try_claim(self) -> bool:
-        """Own the channel if it is idle, nothing is queued on it and it is open."""
-        if not self._owner.acquire(False):
-            return False
-        with self._count_lock:
-            idle = self._queued == 0 and not self._closed
-        if not idle:
-            self._owner.release()
-        return idle
-
-    def claim(self) -> None:
-        """Own the channel whatever is queued (the channel's thread)."""
-        self._owner.acquire()
-
-    def release(self) -> None:
-        self._owner.release()
-
-    def add_queued(self, n: int) -> None:
-        with self._count_lock:
-            self._queued += n
-
-    def close(self) -> None:
-        with self._count_lock:
-            self._closed = True
-
-    def snapshot(self) -> tuple[bool, int, bool]:
-        """(owned, queued, closed)."""
-        return self._owner.locked(), self._queued, self._closed
 
 
 class _Channel:
