@@ -14,7 +14,7 @@ Hosts batch entries locally (one lock per FLUSH_ENTRIES accesses) and feed nothi
 CHMU is disabled, so an idle CHMU costs a host one register read per access. A transfer counts
 one access per FEED_GRANULE it touches, the way a DMA burst touches each page once. Producers
 serialise on an flock; the single consumer only moves head, so no entry is read half-written
-(x86-64 orders the entry store before the tail store; see emulator/telemetry.py's argument).
+(x86-64 orders the entry store before the tail store; see the argument in emulator/telemetry/__init__.py).
 """
 from __future__ import annotations
 

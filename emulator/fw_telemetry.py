@@ -1,7 +1,7 @@
 """The firmware's half of the telemetry page: section (a), published ~10 times a second.
 
 Monitors and the Prometheus exporter read the page without asking the firmware anything
-(emulator/telemetry.py has the layout); this module gathers what the firmware knows — media
+(emulator/telemetry/layout.py has the layout); this module gathers what the firmware knows — media
 state, health, event and poison counts, the running background operation, the CHMU — and
 publishes it from the runner's thread, its only writer.
 """
