@@ -137,17 +137,16 @@ class DeviceBlockStore:
             for e in extents:
                 feed.note(self.base + e.chunk * cb, e.nbytes, direction == "write")
         region = self._regions.get(id(host))
-        if region is None or region[0] is not host:
-            return [Descriptor(direction, self.base + e.chunk * cb, host, e.host_offset, e.nbytes)
-                    for e in extents]
-        plans = region[1]
+        plans = region[1] if region is not None and region[0] is host else None
         key = (direction, tuple(extents))
-        descs = plans.get(key)
-        if descs is None:
+        if plans is not None and key in plans:
+            return plans[key]
+        descs = [Descriptor(direction, self.base + e.chunk * cb, host, e.host_offset, e.nbytes)
+                 for e in extents]
+        if plans is not None:
             if len(plans) >= self.REGION_PLANS:
                 del plans[next(iter(plans))]  # the oldest: a layer whose table changed since
-            descs = plans[key] = [Descriptor(direction, self.base + e.chunk * cb, host, e.host_offset,
-                                             e.nbytes) for e in extents]
+            plans[key] = descs
         return descs
 
     def read(self, extents: Sequence[Extent], host: np.ndarray) -> _DmaTransfer:

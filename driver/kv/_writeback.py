@@ -98,10 +98,7 @@ class WriteBack:
             return
         host, cap, _ = self.mover.load_image(st.frame, st.seq_len)  # the frame's own bytes
         self._register(host)
-        extents = self._whole_blocks(st.chunks, j0, j1, 0, cap)
-        self.counters["offloads"] += 1
-        self.counters["bytes_offloaded"] += sum(e.nbytes for e in extents)
-        st.writes.append(_Write(None, host, self.store.write(extents, host), extents, []))
+        self._issue_write(st, None, host, self._whole_blocks(st.chunks, j0, j1, 0, cap), [])
         st.clean_upto = max(st.clean_upto, j1 * bt)
         self._pending[st.index] = st
 
@@ -126,9 +123,14 @@ class WriteBack:
             if not extents:
                 self.staging.put(buf)
                 continue
-            self.counters["offloads"] += 1
-            self.counters["bytes_offloaded"] += sum(e.nbytes for e in extents)
-            st.writes.append(_Write(buf, host, self.store.write(extents, host), extents, keys))
+            self._issue_write(st, buf, host, extents, keys)
+
+    def _issue_write(self, st: Any, buf: torch.Tensor | None, host: np.ndarray, extents: list[Extent],
+                     keys: list[tuple[int, bytes]]) -> None:
+        """Start writing ``extents`` of ``host`` to the device, counted and reaped later."""
+        self.counters["offloads"] += 1
+        self.counters["bytes_offloaded"] += sum(e.nbytes for e in extents)
+        st.writes.append(_Write(buf, host, self.store.write(extents, host), extents, keys))
 
     def _reap_writes(self, st: Any, block: bool) -> None:
         keep: list[_Write] = []
