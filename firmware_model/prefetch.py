@@ -80,6 +80,12 @@ class PrefetchQueue:
 
     ``is_resident(key)`` tells whether a block is already in the cache; ``on_arrival(key)`` is
     called when a prefetched block lands (the cache inserts it; return False if it could not).
+
+    ``dma`` is what issues a block: the simulated :class:`DmaScheduler`, or anything with its
+    ``submit(direction, nbytes, priority=, tag=)`` (raising ``QueueFullError`` to be retried at
+    the next progress) returning a request whose ``done.callbacks`` are called when it lands,
+    and ``cancel(request) -> bool``. The KV shim (``driver.kv``) passes its frame loads on the
+    device's DMA engine, so this class decides the shim's prefetches too.
     """
 
     def __init__(self, dma: DmaScheduler, *, block_bytes: int, window: int, layers: int,

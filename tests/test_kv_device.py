@@ -166,13 +166,16 @@ def test_auto_prefetch_depth_is_the_firmware_window(served) -> None:
 
 
 def test_prefetch_accounting_adds_up(model, batch) -> None:
-    """Every issued prefetch is used (in time or late), wasted (evicted unused) or still in flight."""
+    """On the device's DMA engine (real threads, a timed link): every load is a demand miss or
+    a prefetch the firmware's queue issued, and after close() every issued prefetch was useful
+    (landed before its compute), late (the compute waited) or wasted (evicted or left unused)."""
     ids, mask, _ = batch
     with CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 16 + NEW + 16), policy="lru", block_tokens=4) as cache:
         run(model, ids, mask, cache)
-        s = cache.stats()
-    assert s["prefetch_issued"] > 0 and s["prefetch_useful"] > 0
-    assert s["prefetch_useful"] + s["prefetch_wasted"] <= s["prefetch_issued"]
+    s = cache.stats()
+    assert s["prefetch_issued"] > 0 and s["prefetch_useful"] + s["prefetch_late"] > 0
+    assert s["loads"] == s["misses"] + s["prefetch_issued"]
+    assert s["prefetch_issued"] == s["prefetch_useful"] + s["prefetch_late"] + s["prefetch_wasted"]
 
 
 def test_a_second_process_is_refused_the_device(model, batch, served) -> None:

@@ -2,15 +2,21 @@
 
 Per ``update(layer, k, v)`` (one attention layer of one forward)::
 
-    poll finished transfers ──► make layer resident ──► append k, v ──► hint the firmware
-          (non-blocking)        hit | late prefetch      into frame      ("the next layers come
-                                | demand miss (stall)                     next"): prefetch them,
+    poll finished transfers ──► make layer resident ──► append k, v ──► hint the firmware,
+          (non-blocking)        hit | late prefetch      into frame      report progress: its
+                                | demand miss (stall)                     prefetch queue issues
+                                                                          the loads now due,
                                                                           evicting by policy
 
-Eviction is the firmware model's: an ``EvictionPolicy`` from ``firmware_model.policies``, keyed
-by layer, orders the resident frames; the engine prefetches the layers the decode loop visits
-next (``prefetch_depth`` ahead; ``"auto"``: the firmware model's prefetch window for the link's
-timing and the measured compute per layer), protecting them and the computing layer. A frame
+Both decisions are the firmware model's. Eviction: an ``EvictionPolicy`` from
+``firmware_model.policies``, keyed by layer, orders the resident frames. Prefetch: a
+``firmware_model.prefetch.PrefetchQueue`` (one block per layer, one sequence: the batch) gets
+the shim's hints ("the batch computes layer l at step t") and its progress; when progress comes
+within ``prefetch_depth`` points of a hinted point (``"auto"``: the firmware model's
+``window_points`` for the link's timing and the measured compute per layer), the queue issues
+that layer's load, which the engine starts on the device's DMA engine, protecting the window's
+layers and the computing one. The queue's accounting is the shim's: a prefetch is useful (landed
+before its compute), late (the compute waited for it) or wasted (evicted unused). A frame
 leaves by writing back only its dirty blocks (the tokens appended since its last save); a load
 reads each distinct device chunk once, straight into the frame on CPU. Faults: a failed load is
 retried, then the chunks still unreadable are recomputed from the tokens and rewritten, so no
@@ -35,7 +41,9 @@ from driver.kv._recompute import KVLoadError, Recompute, Recovery
 from driver.kv._store import BlockStore, Extent, Transfer
 from driver.kv._writeback import WriteBack
 from emulator.spec.errors import DmaError, PoisonError
+from firmware_model.dma import QueueFullError
 from firmware_model.policies import NoVictimError, make_policy
+from firmware_model.prefetch import PrefetchQueue, PrefetchStats
 
 __all__ = ["KVLoadError", "ResidencyEngine"]
 
@@ -49,6 +57,45 @@ def _transfer_cost(store: BlockStore) -> Any:
     return TransferCost(read_latency_ns=timing.read_latency_ns, write_latency_ns=timing.write_latency_ns,
                         read_bandwidth_gbps=timing.read_bandwidth_gbps,
                         write_bandwidth_gbps=timing.write_bandwidth_gbps, time_scale=timing.time_scale)
+
+
+class _Landed:
+    """A prefetch's completion as the firmware's ``PrefetchQueue`` waits on it (simpy's shape:
+    ``callbacks``, each called with the event), fired by the engine when the load lands."""
+
+    __slots__ = ("callbacks",)
+
+    def __init__(self) -> None:
+        self.callbacks: list[Any] = []
+
+    def fire(self) -> None:
+        callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+
+@dataclass(eq=False)
+class _Prefetch:
+    """One layer load the prefetch queue issued (its ``DmaRequest`` in the shim)."""
+
+    tag: int
+    done: _Landed = field(default_factory=_Landed)
+
+
+class _FrameLoads:
+    """The DMA side of the firmware's prefetch queue in the shim: issuing block ``tag`` (a
+    layer) starts its load into a frame on the device's DMA engine. With no frame to free,
+    ``QueueFullError``: the queue keeps the hint and retries at the next progress point. A load
+    in flight cannot be cancelled (the device's DMA engine has no abort)."""
+
+    def __init__(self, engine: ResidencyEngine) -> None:
+        self._engine = engine
+
+    def submit(self, direction: str, nbytes: int, *, priority: Any = 0, tag: Any = None) -> _Prefetch:
+        return self._engine._issue_prefetch(tag)
+
+    def cancel(self, request: _Prefetch) -> bool:
+        return False
 
 
 @dataclass
@@ -65,6 +112,7 @@ class _Load:
     chunks: LayerChunks | None = None  # the table it was planned from
     landed: threading.Event | None = None  # set by the completion callback (CPU)
     ok: bool = False  # the callback saw the DMA succeed and filled the shared copies
+    prefetch: _Prefetch | None = None  # issued by the prefetch queue (None: a demand load)
 
 
 @dataclass
@@ -75,7 +123,6 @@ class _Layer:
     seq_len: int = 0
     clean_upto: int = 0  # tokens [0, clean_upto) are on the device (or on their way)
     load: _Load | None = None
-    prefetched: bool = False  # loaded ahead of need and not yet used
     saves: list[tuple[Any, int, int, int]] = field(default_factory=list)  # (token, j0, j1, seq_len)
     writes: list[Any] = field(default_factory=list)  # _writeback._Write
     tail: tuple[Any, int, int, int] | None = None  # kept tail image: (buffer, j0, j1, tokens in it)
@@ -122,6 +169,11 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         self._pending: dict[int, _Layer] = {}  # layers that may have a load, save or write to finish
         self._window: tuple[int, tuple[int, ...]] = (-1, ())  # (depth, offsets) of the prefetch window
         self._registered: dict[int, np.ndarray] = {}  # host buffers registered with the store
+        self._pq: PrefetchQueue | None = None  # the firmware's prefetch queue (from the 2nd forward)
+        self._step = -1  # forwards begun (a forward starts at layer 0)
+        self._hinted = -1  # the last progress point hinted to the queue
+        self._protect: set[int] | None = None  # layers a prefetch must not evict (built on demand)
+        self._protect_window: tuple[int, list[int]] = (-1, [])  # (computing layer, window)
 
     # ---------------------------------------------------------------- the path attention takes
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,6 +186,7 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
             self.layers.append(_Layer(len(self.layers), LayerChunks(lay.batch, lay.pieces)))
         self._num_layers = max(self._num_layers, layer + 1)
         n = k.shape[-2]
+        self._step += layer == 0
         self._time_layer(layer, n)
         if self._pending:
             self._poll()
@@ -191,12 +244,20 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         layer enters it when it is first used, not when its load starts, so prefetching does not
         disturb the recency / frequency / reuse statistics it learns the loop from."""
         self._tick += 1
-        self.counters["prefetch_useful"] += st.prefetched  # used, in time or late
-        st.prefetched = False
-        if st.load is not None:
-            self.counters["hits" if self._load_done(st.load) else "prefetch_late"] += 1
-            self._finish_load(st, stall=True)
+        pq = self._pq
+        if st.load is not None:  # a prefetch: landed (a hit, useful) or in flight (late, stall)
+            done = self._load_done(st.load)
+            if done:
+                self._finish_load(st, stall=False)
+            if pq is not None:
+                pq.demand(st.index)
+            if done:
+                self.counters["hits"] += 1
+            else:
+                self._finish_load(st, stall=True)
         elif st.frame is not None:
+            if pq is not None:
+                pq.demand(st.index)  # a prefetch that landed while we computed: useful
             self.counters["hits"] += bool(st.seq_len)
         elif st.seq_len == 0:
             st.frame = self._take_frame({st.index, *self._loading})
@@ -251,19 +312,65 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         self._last_layer, self._last_ns, self._last_stall = layer, now, stalled
 
     def _prefetch_after(self, layer: int) -> None:
-        """The firmware's hint: layers ``layer+1 ..`` run next; load the absent ones now."""
+        """Tell the firmware's prefetch queue where compute is (progress) and what comes next
+        (hints for the points of the window ahead); it issues the loads now due."""
         window = self._upcoming(layer)
-        protected: set[int] | None = None  # built only when a load is needed (most calls: none)
-        for nxt in window:
-            st = self.layers[nxt] if nxt < len(self.layers) else None
-            if st is None or st.frame is not None or st.load is not None or st.seq_len == 0:
-                continue
-            if protected is None:
-                protected = {layer, *window, *self._loading}
-            if not self._start_load(st, protected=protected):
-                return
-            self.counters["prefetch_issued"] += 1
-            st.prefetched = True
+        pq = self._prefetcher()
+        if pq is None:  # the first forward: the layer count is not known yet, nothing to load
+            return
+        n = self._num_layers
+        here = self._step * n + layer
+        self._protect = None
+        self._protect_window = (layer, window)
+        pq.window = len(window)
+        pq.progress(0, self._step, layer)
+        last = here + len(window)
+        for p in range(max(self._hinted, here) + 1, last + 1):
+            pq.hint(0, p // n, p % n, (p % n,))  # issued at once: it is within the window
+        self._hinted = max(self._hinted, last)
+        self._sync_prefetch()
+
+    def _prefetcher(self) -> PrefetchQueue | None:
+        """The prefetch queue, made once the layer count is known (the second forward on);
+        a model whose layer count changes gets a new one, its accounting carried over."""
+        pq = self._pq
+        if pq is not None and pq.layers == self._num_layers:
+            return pq
+        if self._step < 1 or self.layout is None:
+            return None
+        new = PrefetchQueue(_FrameLoads(self), block_bytes=self.arena.frame_bytes, window=1,
+                            layers=self._num_layers, is_resident=self._resident,
+                            on_arrival=lambda _layer: True)  # the load landed in its frame
+        if pq is not None:
+            pq.end_sequence(0)
+            new.stats = pq.stats
+        self._pq, self._hinted = new, -1
+        return new
+
+    def _resident(self, layer: int) -> bool:
+        """For the prefetch queue: nothing to load (resident, loading, or no tokens yet)."""
+        st = self.layers[layer]
+        return st.frame is not None or st.load is not None or st.seq_len == 0
+
+    def _issue_prefetch(self, layer: int) -> _Prefetch:
+        """The prefetch queue issues ``layer``: start its load (``_FrameLoads.submit``)."""
+        st = self.layers[layer]
+        if self._protect is None:  # built only when a load is issued (most calls issue none)
+            computing, window = self._protect_window
+            self._protect = {computing, *window, *self._loading}
+        if not self._start_load(st, protected=self._protect):
+            raise QueueFullError(f"no frame can be freed to prefetch layer {layer}")
+        assert st.load is not None
+        st.load.prefetch = _Prefetch(layer)
+        return st.load.prefetch
+
+    def _sync_prefetch(self) -> None:
+        """The queue's accounting into the counters (published to the device as they are)."""
+        if self._pq is not None:
+            s: PrefetchStats = self._pq.stats
+            c = self.counters
+            c["prefetch_issued"], c["prefetch_useful"] = s.issued, s.useful
+            c["prefetch_late"], c["prefetch_wasted"] = s.late, s.wasted
 
     # ------------------------------------------------------------------------- frames
     def _take_frame(self, protected: set[int]) -> Frame:
@@ -278,8 +385,8 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
     def _evict(self, st: _Layer) -> None:
         assert st.frame is not None and st.load is None
         self.counters["evictions"] += 1
-        self.counters["prefetch_wasted"] += st.prefetched
-        st.prefetched = False
+        if self._pq is not None:
+            self._pq.evicted(st.index)  # a prefetch that landed and was never used: wasted
         self._save(st)
         self._release_frame(st)
         self.mover.release(st.frame)
@@ -302,6 +409,9 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         self.arena.configure(self.layout, needed, self._headroom(needed))
         self.policy = make_policy(self.policy_name, self.arena.max_frames)
         self._window = (-1, ())  # the frame count changed: size the prefetch window again
+        if self._pq is not None:  # every frame left: hint the window again from here
+            self._pq.end_sequence(0)
+            self._hinted = -1
 
     # ------------------------------------------------------------------------- load
     def _start_load(self, st: _Layer, protected: set[int]) -> bool:
@@ -386,6 +496,8 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         self.mover.land(frame, ld.token, ld.seq_len)
         st.load = None
         self._loading.discard(st.index)
+        if ld.prefetch is not None:
+            ld.prefetch.done.fire()  # the prefetch queue: arrived (or, if demanded, late)
         if stall:
             self.counters["stall_ns"] += time.perf_counter_ns() - t0
 
@@ -410,7 +522,6 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
     def close(self) -> None:
         """Wait for every transfer, free every frame, drop every device chunk reference."""
         for st in self.layers:
-            self.counters["prefetch_wasted"] += st.prefetched
             if st.load is not None:  # nobody needs these bytes any more: discard, even if it failed
                 try:
                     st.load.transfer.wait()
@@ -420,12 +531,18 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
                     st.load.landed.wait()
                 if self.mover.cuda:
                     self.staging.put(st.load.token[0])
+                if st.load.prefetch is not None:
+                    st.load.prefetch.done.fire()
                 st.load = None
                 self._loading.discard(st.index)
             if st.frame is not None:
                 self.mover.release(st.frame)
                 self.arena.give(st.frame)
                 st.frame = None
+        if self._pq is not None:  # what landed and was never used is wasted
+            self._pq.end_sequence(0)
+            self._sync_prefetch()
+            self._pq = None
         self._drain_writes()
         self._drop_tails()
         for st in self.layers:
