@@ -118,11 +118,19 @@ def device_state(name: str) -> str:
 
 
 def load_config(name: str) -> DeviceConfig:
+    """The device's stored configuration. A file this cxlemu cannot take (damaged, or written by
+    an older one with values it now refuses) is a ``ConfigError`` naming the device, the file
+    and the way out, never a bare parse error."""
     path = device_path(name) / "config.json"
     try:
-        return DeviceConfig.from_json(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise DeviceNotFound(name, str(runtime_dir())) from None
+    try:
+        return DeviceConfig.from_json(text)
+    except (ValueError, TypeError, KeyError, ConfigError) as exc:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"device {name!r}: {path} cannot be used ({exc}); "
+                          f"`cxlemu destroy {name}` removes the device") from None
 
 
 def _map(path: Path, size: int, *, writable: bool = True) -> mmap.mmap:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -81,6 +82,35 @@ def test_raw_device_error_names_the_code(served_subprocess) -> None:
     assert proc.returncode == 1
     assert json.loads(proc.stdout)["retcode_name"] == "Unsupported"
     assert "0x03 Unsupported" in proc.stderr
+
+
+def test_list_reports_an_unreadable_device_and_still_lists_the_others(served_subprocess, runtime_dir) -> None:
+    """A device whose config.json this cxlemu cannot take (damaged, or a bandwidth of 0 that an
+    older cxlemu wrote for "unthrottled") gets a record saying so and a warning; the others are
+    listed as usual, and commands on it fail with one line naming the way out."""
+    name, _ = served_subprocess
+    broken = Path(runtime_dir) / f"{name}-old"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({
+        "capacity": 1 << 28, "fw_revision": "cxlemu-0.1.0", "lsa_size": 131072, "name": broken.name,
+        "numa_node": None, "preset": None, "serial": 1,
+        "timing": {"read_bandwidth_gbps": 0.0, "read_latency_ns": 0.0, "time_scale": 1.0,
+                   "transaction_bytes": 64, "write_bandwidth_gbps": 0.0, "write_latency_ns": 0.0}}))
+    try:
+        proc = cxlemu("list", check=True)
+        records = {r["memdev"]: r for r in json.loads(proc.stdout)}
+        assert records[name]["state"] == "served"
+        bad = records[broken.name]
+        assert bad["state"] == "unreadable" and "read_bandwidth_gbps must be at least" in bad["error"]
+        assert f"cxlemu destroy {broken.name}" in bad["error"]
+        assert proc.stderr.startswith(f"cxlemu: warning: device '{broken.name}'")
+        proc = cxlemu("identify", broken.name)
+        assert proc.returncode != 0 and proc.stderr.count("\n") == 1
+        assert proc.stderr.startswith("cxlemu: error: device") and "cannot be used" in proc.stderr
+        assert cxlemu("destroy", broken.name).returncode == 0
+        assert not broken.exists()
+    finally:
+        shutil.rmtree(broken, ignore_errors=True)
 
 
 @pytest.mark.parametrize("args, fragment", [

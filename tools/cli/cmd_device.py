@@ -146,6 +146,21 @@ def _running_revision(name: str) -> str | None:
     return out[:16].rstrip(b"\0").decode(errors="replace") if rc == 0 and len(out) >= 16 else None
 
 
+def _describe_or_report(name: str) -> dict[str, Any]:
+    """``describe(name)``, or for a device whose files cannot be read, a record saying so (and a
+    warning on stderr): one broken device does not hide the others."""
+    from emulator.device import device_path
+    from emulator.spec.errors import ConfigError
+
+    try:
+        return describe(name)
+    except ConfigError as exc:
+        print(f"cxlemu: warning: {exc}", file=sys.stderr)
+        return {"memdev": name, "ram_size": None, "state": "unreadable", "host": None,
+                "numa_node": None, "firmware_version": None, "preset": None, "error": str(exc),
+                "path": str(device_path(name))}
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from emulator.device import list_devices
 
@@ -153,7 +168,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for n in args.names:
         if n not in names:
             raise CliError(f"no device named {n!r} (see `cxlemu list`)")
-    records = [describe(n) for n in (args.names or names)]
+    records = [_describe_or_report(n) for n in (args.names or names)]
     if args.human:
         from rich.console import Console
         from rich.table import Table
