@@ -103,10 +103,12 @@ class FeedDrain:
         self.chmu = chmu
         self.drained = 0
 
-    def service(self, now_ns: int) -> None:
+    def service(self, now_ns: int) -> bool:
+        """Drain the ring into the CHMU; True if there was anything (the runner then keeps its
+        shortest nap, so a streaming host does not overrun the ring)."""
         head, tail = int(self._header[_HEAD]), int(self._header[_TAIL])
         if tail == head:
-            return
+            return False
         entries = self._ring[(head + np.arange(tail - head)) % FEED_ENTRIES]
         self._header[_HEAD] = tail
         writes = (entries & WRITE_BIT) != 0
@@ -116,6 +118,7 @@ class FeedDrain:
         if (~writes).any():
             self.chmu.record(dpas[~writes], False)
         self.drained += entries.size
+        return True
 
     @property
     def dropped(self) -> int:
