@@ -272,8 +272,11 @@ def test_handle_fields_and_callbacks_on_a_pending_handle():
         h.wait(timeout=0)
     with pytest.raises(TypeError):
         h.wait(0, 1)
-    h._complete([5, DmaError(1, "x")])
-    assert seen == [7] and h.done() and h.wait(0)[0] == 5 and [e.index for e in h.errors] == [1]
+    cq: list[DmaHandle] = []
+    assert h._complete([5, DmaError(1, "x")], cq.append)
+    assert not h._complete([6, 6], cq.append)  # the channel's thread and a waiter may both try
+    assert cq == [h] and seen == [7]
+    assert h.done() and h.wait(0)[0] == 5 and [e.index for e in h.errors] == [1]
     results = h.wait()
     results.append("mine")  # a copy: the handle's results stay as completed
     assert len(h.wait(timeout=None)) == 2
@@ -353,3 +356,67 @@ def test_c_and_python_engines_agree(subs, poisoned):
         return out, bytes(media), bytes(host), dp.counters()
 
     assert run("c") == run("py")
+
+
+def _slow_channel_threads(dp, delay_s: float):
+    """The channel threads' waits end ``delay_s`` late (a descheduled thread); a caller's don't."""
+    wait_until = dp.wait_until
+
+    def wait(completion_ns: int) -> None:
+        wait_until(completion_ns)
+        if threading.current_thread().name.startswith("cxlemu-dma-"):
+            threading.Event().wait(delay_s)
+
+    dp.wait_until = wait
+
+
+@pytest.mark.parametrize("size", [64, 256 << 10], ids=["inline", "queued"])
+def test_the_waiter_completes_its_handle_when_the_channel_thread_lags(impl, size):
+    """wait() on a real-time link knows the completion time once the descriptors are issued: it
+    completes the handle in the caller's thread (callbacks there, one CQ entry) instead of
+    waiting for the channel's thread, here 1 s late. The channel's order is unchanged: the
+    next submission on that channel still completes after it."""
+    dp, media, _ = make(impl, TimingConfig(read_latency_ns=2_000_000, read_bandwidth_gbps=16))
+    _slow_channel_threads(dp, 1.0)
+    buf = np.zeros(size, dtype=np.uint8)
+    where = []
+    with DmaEngine(dp, channels=1) as eng:
+        h = eng.submit([Descriptor("read", 0x1000, buf, 0, size)])
+        h.add_done_callback(lambda _h: where.append(threading.current_thread().name))
+        if size > 64:  # queued: the waiter reaps once the channel's thread has issued it
+            while getattr(h, "_reap", None) is None:
+                threading.Event().wait(0.001)
+        assert h.check(timeout=0.8)[0] > 0  # before the channel thread's 1-s lag
+        assert where == [threading.current_thread().name]
+        assert bytes(buf) == bytes(media[0x1000:0x1000 + size])
+        h2 = eng.submit([Descriptor("read", 0, bytearray(64), 0, 64)])
+        later = h2.check(timeout=10)[0]
+    assert later > h.wait()[0]
+    assert [c.id for c in eng.poll_completions()] == [h.id, h2.id]
+
+
+def test_done_completes_a_handle_whose_time_has_passed(impl):
+    """A poller sees done() once the completion time passes, without the channel's thread."""
+    dp, *_ = make(impl, TimingConfig(read_latency_ns=1_000_000, read_bandwidth_gbps=16))
+    _slow_channel_threads(dp, 1.0)
+    with DmaEngine(dp, channels=1) as eng:
+        h = eng.submit([Descriptor("read", 0, bytearray(64), 0, 64)])
+        for _ in range(800):
+            if h.done():
+                break
+            threading.Event().wait(0.001)
+        assert h.done() and len(eng.poll_completions()) == 1
+
+
+def test_a_small_transfer_due_within_microseconds_completes_in_submit(impl):
+    """A 64-B read on a 5-µs link, issued inline, is due within INLINE_WAIT_NS: submit waits it
+    out and returns it done (no thread hand-off), completed at or after its completion time."""
+    from emulator.dma import INLINE_WAIT_NS
+
+    dp, *_ = make(impl, TimingConfig(read_latency_ns=5_000, read_bandwidth_gbps=16))
+    assert 5_000 < INLINE_WAIT_NS
+    with DmaEngine(dp, channels=1) as eng:
+        for _ in range(20):
+            h = eng.submit([Descriptor("read", 0, bytearray(64), 0, 64)])
+            assert h.done() and eng._now_ns() >= h.wait()[0]
+        assert len(eng.poll_completions()) == 20
