@@ -55,6 +55,13 @@ def test_tiny_run_covers_every_mode_with_equal_tokens() -> None:
     (["--policy", "belady"], "unknown policy 'belady'"),
     (["--prefetch-depth", "deep"], "--prefetch-depth must be a number of layers or 'auto'"),
     (["--preset", "none"], "has an unthrottled link"),
+    (["--context", "-5"], "--context must be >= 1, got -5"),
+    (["--budget", "0"], "--budget is a percentage of the KV in (0, 100], got 0"),
+    (["--budget", "50", "--budget", "150"], "got 150"),
+    (["--layers", "1"], "--layers must be >= 2"),
+    (["--heads", "0"], "--heads must be >= 1"),
+    (["--block-tokens", "0"], "--block-tokens must be >= 1"),
+    (["--time-scale", "0"], "--time-scale must be > 0"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, message, capsys) -> None:
     pytest.importorskip("torch")

@@ -190,6 +190,8 @@ def cmd_bandwidth(args: Any) -> int:
     from tools.cli._common import CliError, parse_int, parse_size, print_json
 
     sizes = [parse_size(s) for s in args.size] if args.size else SIZES
+    if min(sizes) < 1:
+        raise CliError(f"--size must be at least 1 byte, got {min(sizes)}")
     modes = MODES if args.mode == "all" else (args.mode,)
     if args.processes < 1 or args.channels < 1 or args.seconds <= 0:
         raise CliError("--processes and --channels must be >= 1 and --seconds > 0")
