@@ -3,6 +3,9 @@ JSON on stdout, one-line errors with exit 2 for bad arguments and 1 for device r
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,6 +43,12 @@ def test_bad_arguments_exit_2_device_refusals_exit_1(served: Any, capsys: pytest
     assert cli(capsys, "poison", "inject", name, "zz")[0] == 2
     assert cli(capsys, "poison", "clear", name, "0", "--data", "00")[0] == 2
     assert cli(capsys, "poison", "list", "no-such-device")[0] == 2
+    # a separate process, as a user runs it (rich draws its progress bar on a pipe too)
+    proc = subprocess.run([sys.executable, "-m", "tools.cli.main", "scan-media", name, "--dpa",
+                           hex(served.firmware.config.capacity), "--length", "64"],
+                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 2 and proc.stderr.startswith("cxlemu: error: range [")
+    assert proc.stderr.count("\n") == 1  # the range is refused before a progress bar is drawn
     for i in range(256):
         served.firmware.poison.inject(i * 64)
     rc, _, err = cli(capsys, "poison", "inject", name, "0x100000")

@@ -80,6 +80,7 @@ def test_two_processes_share_one_link(capsys, served):
     (["bench", "latency", "--working-set", "1G"], "inside the media"),
     (["bench", "bandwidth", "--processes", "0"], "--processes and --channels must be >= 1"),
     (["bench", "bandwidth", "--size", "0"], "--size must be at least 1 byte, got 0"),
+    (["bench", "latency", "--working-set", "1"], "--working-set must be at least 4K"),
     (["bench", "latency", "nosuchdev"], "no device named 'nosuchdev'"),
 ])
 def test_bad_probe_arguments_are_one_line_exit_2(capsys, argv, message):

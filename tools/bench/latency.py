@@ -165,6 +165,8 @@ def cmd_latency(args: Any) -> int:
     if args.hops < 1000 or args.rounds < 1:
         raise CliError("--hops must be >= 1000 and --rounds >= 1")
     size, dpa = parse_size(args.working_set), parse_int(args.dpa, "--dpa")
+    if size < 4096:
+        raise CliError(f"--working-set must be at least 4K (a ring of 64 lines of 64 B), got {size}")
     try:
         with open_target(args) as target, scratch_region(target.datapath, dpa, size) as region:
             result = measure(target.datapath, region, dpa, hops=args.hops, rounds=args.rounds,

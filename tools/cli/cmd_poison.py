@@ -129,6 +129,7 @@ def cmd_poison_clear(args: argparse.Namespace) -> int:
 def cmd_scan_media(args: argparse.Namespace) -> int:
     with device(args.name) as md:
         dpa, length = _range(args)
+        md._dpa_range(dpa, length)  # a bad range fails here, before the progress bar is drawn
         with progress_bar(f"scan {args.name}") as update:
             res = md.scan_media(dpa, length, log_events=not args.no_event_log, progress=update)
     print_json({"memdev": args.name, "stopped_prematurely": res.stopped_prematurely,
