@@ -133,8 +133,22 @@ def test_bad_arguments_say_what_to_change() -> None:
         CxlCache(hbm_budget_bytes=0, store=MemoryBlockStore(1 << 20))
     with pytest.raises(ValueError, match="unknown eviction policy 'belady'"):
         CxlCache(hbm_budget_bytes=1 << 20, policy="belady", store=MemoryBlockStore(1 << 20))
-    with pytest.raises(ValueError, match="block_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="block_tokens must be an int >= 1, got 0"):
         CxlCache(hbm_budget_bytes=1 << 20, block_tokens=0, store=MemoryBlockStore(1 << 20))
+    with pytest.raises(ValueError, match="block_tokens must be an int >= 1, got 2.5"):
+        CxlCache(hbm_budget_bytes=1 << 20, block_tokens=2.5, store=MemoryBlockStore(1 << 20))
+    with pytest.raises(ValueError, match="max_seq_len must be None or an int >= 1"):
+        CxlCache(hbm_budget_bytes=1 << 20, max_seq_len=0, store=MemoryBlockStore(1 << 20))
+    with pytest.raises(ValueError, match="give device= or store=, not both"):
+        CxlCache(hbm_budget_bytes=1 << 20, device="mem0", store=MemoryBlockStore(1 << 20))
+
+
+def test_a_device_that_does_not_exist_is_refused_at_construction() -> None:
+    """Not at the first forward, deep inside generate(): the name and the runtime dir."""
+    from driver import DeviceNotFound
+
+    with pytest.raises(DeviceNotFound, match="no device named 'no-such-dev'"):
+        CxlCache(hbm_budget_bytes=1 << 20, device="no-such-dev")
 
 
 @pytest.mark.parametrize("shape", [

@@ -113,8 +113,13 @@ class CxlCache(Cache):
         super().__init__(layers=[])
         if isinstance(hbm_budget_bytes, bool) or not isinstance(hbm_budget_bytes, int) or hbm_budget_bytes <= 0:
             raise ConfigError(f"hbm_budget_bytes must be a positive int, got {hbm_budget_bytes!r}")
-        if block_tokens < 1:
-            raise ConfigError(f"block_tokens must be >= 1, got {block_tokens}")
+        if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
+            raise ConfigError(f"block_tokens must be an int >= 1, got {block_tokens!r}")
+        if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
+                                        or max_seq_len < 1):
+            raise ConfigError(f"max_seq_len must be None or an int >= 1 (the final length), got {max_seq_len!r}")
+        if device is not None and store is not None:
+            raise ConfigError("give device= or store=, not both")
         if prefetch_depth != "auto" and (not isinstance(prefetch_depth, int) or prefetch_depth < 0):
             raise ConfigError(f"prefetch_depth must be an int >= 0 or 'auto', got {prefetch_depth!r}")
         from firmware_model.policies import make_policy
@@ -122,6 +127,11 @@ class CxlCache(Cache):
         self._kw: dict[str, Any] = dict(budget=hbm_budget_bytes, policy=policy, block_tokens=block_tokens,
                         prefetch_depth=prefetch_depth, prefix_sharing=prefix_sharing,
                         max_retries=max_retries, max_seq_len=max_seq_len, full_writeback=full_writeback)
+        if device is not None:
+            from emulator.device import DeviceNotFound, device_path, runtime_dir
+
+            if not (device_path(device) / "config.json").is_file():  # fail here, not in generate()
+                raise DeviceNotFound(device, str(runtime_dir()))
         self._backing = _Backing(device, store, device_capacity)
         self._recorder = ForwardRecorder(model, self) if model is not None else None
         self._engine: ResidencyEngine | None = None
