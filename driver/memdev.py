@@ -79,9 +79,7 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
     # fails on poisoned lines before copying a byte. The untimed calls are for setup/inspection.
     def read(self, dpa: int, size: int) -> bytes:
         """Timed read of `size` bytes at `dpa`; PoisonError if it touches a poisoned line."""
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"size must be an int >= 0, got {size!r}")
-        out = bytearray(size)
+        out = self._buffer_for(dpa, size, "read")
         self.datapath.read(dpa, out)
         self.access_feed.note(dpa, size, False)
         return bytes(out)
@@ -100,9 +98,17 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
 
     def read_untimed(self, dpa: int, size: int) -> bytes:
         """Read without the link's cost (setup, inspection); poison still fails the read."""
-        out = bytearray(size)
+        out = self._buffer_for(dpa, size, "read")
         self.datapath.read_untimed(dpa, out)
         return bytes(out)
+
+    def _buffer_for(self, dpa: int, size: int, what: str) -> bytearray:
+        """A buffer for a read of ``size`` bytes at ``dpa``, after checking both (a size past
+        the media is refused before anything that large is allocated)."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"size must be an int >= 0, got {size!r}")
+        self.datapath.check_range(dpa, size, what)
+        return bytearray(size)
 
     def write_untimed(self, dpa: int, data: Any) -> None:
         self.datapath.write_untimed(dpa, data)

@@ -165,3 +165,16 @@ def test_poisoned_bitmap_fails_untimed_read(memdev: MemDev) -> None:
         memdev.read_untimed(0x1000, 256)
     assert info.value.dpa == 0x1080
     assert memdev.read_untimed(0x1000, 0x80) == b"\xAA" * 0x80
+
+
+def test_a_read_past_the_media_is_refused_before_its_buffer_is_made(memdev: MemDev) -> None:
+    """A 1 TiB read of a small device: the range error, not a MemoryError from allocating."""
+    cap = memdev.config.capacity
+    for read in (memdev.read, memdev.read_untimed):
+        with pytest.raises(ValueError, match=f"read of {1 << 40} B at DPA 0x40 runs past the end"):
+            read(0x40, 1 << 40)
+        with pytest.raises(ValueError, match="DPA must be an int >= 0"):
+            read(-64, 8)
+        with pytest.raises(ValueError, match="size must be an int >= 0"):
+            read(0, -1)
+        assert read(cap - 8, 8) == bytes(8)

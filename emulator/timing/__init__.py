@@ -139,6 +139,13 @@ class DataPath:
             return rc
         raise self.error_for(rc, what, dpa, n, self._core.err_dpa)
 
+    def check_range(self, dpa: int, n: int, what: str = "read") -> None:
+        """Raise what a transfer of ``n`` bytes at ``dpa`` would (bad DPA, or past the end of
+        the media) without moving anything: for callers that allocate ``n`` bytes first."""
+        dpa = self._dpa(dpa, what)
+        if n > self.size - dpa:
+            raise self.error_for(E_RANGE, what, dpa, n, 0)
+
     def error_for(self, rc: int, what: str, dpa: int, n: int, err_dpa: int) -> Exception:
         """The exception a core's error code stands for (PoisonError, or ValueError naming the
         bound), so every path words its errors alike."""
