@@ -71,3 +71,30 @@ def test_bad_arguments_are_one_line_errors(argv, message, capsys) -> None:
     assert main(["bench", "kv", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("cxlemu: error: ") and message in err
+
+
+def _row(mode: str, pct: int, step: float, ratio: float = 1.0, context: int = 8192):
+    from tools.bench.kv import KvBenchRow
+
+    return KvBenchRow(context=context, budget_pct=pct, mode=mode, frames=8, step_ms=step, tokens_per_s=1.0,
+                      ratio=ratio, loads=0, gb_loaded=0.0, stall_ms=0.0, hit_rate=1.0, tokens_equal=True)
+
+
+def test_goals_take_the_best_cxlemu_row_of_each_budget() -> None:
+    """The issue's three goals per (context, budget < 100 %), from the rows of one run."""
+    from tools.bench.kv import goals, markdown
+
+    rows = [_row("resident", 100, 22.0), _row("cxlemu:lru", 100, 22.5),
+            _row("demand", 50, 38.0), _row("layerwise", 50, 40.0),
+            _row("cxlemu:lru", 50, 27.0, 1.227), _row("cxlemu:reuse", 50, 24.0, 1.091),
+            _row("demand", 25, 30.0), _row("layerwise", 25, 26.0), _row("cxlemu:reuse", 25, 26.5, 1.2),
+            _row("demand", 50, 20.0, context=2048)]  # no cxlemu row there: no goals
+    got = goals(rows)
+    assert [(g.context, g.budget_pct, g.best, g.ratio) for g in got] == [
+        (8192, 50, "cxlemu:reuse", 1.091), (8192, 25, "cxlemu:reuse", 1.2)]
+    assert (round(got[0].over_demand, 4), round(got[0].over_layerwise, 4)) == (1.5833, 1.6667)
+    assert got[0].met == (True, True, True)
+    assert got[1].met == (False, False, False)  # 1.2 > 1.10, 30 / 26.5 < 1.5, behind 26.0
+    table = markdown(rows).split("\n\n")[1].splitlines()
+    assert table[2] == "| 8192 | 50 | cxlemu:reuse | 1.091 (met) | 1.58x (met) | 1.67x (met) |"
+    assert table[3] == "| 8192 | 25 | cxlemu:reuse | 1.200 (not met) | 1.13x (not met) | 0.98x (not met) |"

@@ -273,6 +273,51 @@ def cmd_kv(args: Any) -> int:
     return 0 if all(r.tokens_equal for r in rows) else 1
 
 
+#: The goals (BENCHMARKS.md) for the best cxlemu policy at a budget below 100 %.
+RATIO_GOAL, DEMAND_GOAL = 1.10, 1.5
+
+
+@dataclass(frozen=True)
+class KvGoals:
+    """The goals of one (context, budget) of a run: the best cxlemu row against them."""
+
+    context: int
+    budget_pct: int
+    best: str
+    ratio: float
+    over_demand: float  # demand fetch's step time / the best's
+    over_layerwise: float  # whole-layer offload's step time / the best's
+
+    @property
+    def met(self) -> tuple[bool, bool, bool]:
+        return self.ratio <= RATIO_GOAL, self.over_demand >= DEMAND_GOAL, self.over_layerwise > 1.0
+
+
+def goals(rows: list[KvBenchRow]) -> list[KvGoals]:
+    """For each (context, budget < 100 %) with cxlemu rows: the best one (lowest step time) and
+    its ratio, and how much faster it is than demand fetch and whole-layer offload (pure)."""
+    out = []
+    for key in dict.fromkeys((r.context, r.budget_pct) for r in rows if r.budget_pct < 100):
+        group = {r.mode: r for r in rows if (r.context, r.budget_pct) == key}
+        ours = [r for m, r in group.items() if m.startswith("cxlemu:")]
+        if not ours or "demand" not in group or "layerwise" not in group:
+            continue
+        best = min(ours, key=lambda r: r.step_ms)
+        out.append(KvGoals(key[0], key[1], best.mode, best.ratio, group["demand"].step_ms / best.step_ms,
+                           group["layerwise"].step_ms / best.step_ms))
+    return out
+
+
+def _goal_cells(g: KvGoals) -> list[str]:
+    ok = ["met" if m else "not met" for m in g.met]
+    return [str(g.context), str(g.budget_pct), g.best, f"{g.ratio:.3f} ({ok[0]})",
+            f"{g.over_demand:.2f}x ({ok[1]})", f"{g.over_layerwise:.2f}x ({ok[2]})"]
+
+
+_GOAL_COLUMNS = ("context", "budget %", "best", f"ratio <= {RATIO_GOAL:.2f}", f"x demand >= {DEMAND_GOAL}",
+                 "x whole-layer > 1")
+
+
 def render(rows: list[KvBenchRow], args: Any, timing: Any) -> Any:
     """A rich table of the rows (pure: rows in, renderable out)."""
     from rich.table import Table
@@ -287,7 +332,17 @@ def render(rows: list[KvBenchRow], args: Any, timing: Any) -> Any:
         t.add_row(str(r.context), str(r.budget_pct), r.mode, str(r.frames), f"{r.step_ms:.2f}",
                   f"{r.tokens_per_s:.1f}", f"{r.ratio:.2f}", f"{r.hit_rate:.2f}", f"{r.gb_loaded:.3f}",
                   f"{r.stall_ms:.2f}", "yes" if r.tokens_equal else "NO")
-    return t
+    found = goals(rows)
+    if not found:
+        return t
+    from rich.console import Group
+
+    g = Table(title="goals for the best cxlemu policy in this run (budgets below 100 %)")
+    for col in _GOAL_COLUMNS:
+        g.add_column(col, justify="left" if col == "best" else "right")
+    for goal in found:
+        g.add_row(*_goal_cells(goal))
+    return Group(t, g)
 
 
 def markdown(rows: list[KvBenchRow]) -> str:
@@ -299,4 +354,8 @@ def markdown(rows: list[KvBenchRow]) -> str:
         lines.append(f"| {r.context} | {r.budget_pct} | {r.mode} | {r.frames} | {r.step_ms:.2f} | "
                      f"{r.tokens_per_s:.1f} | {r.ratio:.2f} | {r.hit_rate:.2f} | {r.gb_loaded:.3f} | "
                      f"{r.stall_ms:.2f} | {'yes' if r.tokens_equal else 'NO'} |")
+    found = goals(rows)
+    if found:
+        lines += ["", "| " + " | ".join(_GOAL_COLUMNS) + " |", "|---:|---:|---|---:|---:|---:|"]
+        lines += ["| " + " | ".join(_goal_cells(g)) + " |" for g in found]
     return "\n".join(lines)
