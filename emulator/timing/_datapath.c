@@ -151,13 +151,35 @@ static uint64_t to_ticks(int64_t ns) { return ns > 0 ? (uint64_t)((double)ns * t
  * The last stretch is a bare RDTSC loop (a few ns a turn): on the 2-vCPU host this took the
  * +1000 ns probe from +24..27 to +15..20 ns over, and its p99 jitter from 4-6 % to 2-4 %. */
 #define SPIN_FINE_NS 200
+/* The bare loop still exits up to one of its turns (~10 ns on a VM) past the target, and where
+ * in that turn depends on the phase of its readings against the target: in a loop of identical
+ * accesses (a pointer chase) the phase repeats, so every access ended the same few ns late or
+ * early, a bias that moved with the configured latency and the calibration (15-30 ns between
+ * processes, 3-10 % of a 100-ns latency).  Error feedback removes it: each spin aims earlier by
+ * what the last one of this thread ended past its aim, so consecutive lateness telescopes and
+ * the mean lands on the target (each access within one turn of it).  Only a turn's remainder is
+ * carried, never a preemption's lateness, and nothing after a wait that was already over. */
+#define SPIN_CARRY_MAX_NS 40
+static __thread uint64_t spin_late;
 static inline void spin_to(uint64_t target)
 {
+    uint64_t aim = target - (spin_late < target ? spin_late : 0);
+    uint64_t t = ticks_spin();
+    if (t >= aim) {
+        spin_late = 0;
+        return;
+    }
     uint64_t fine = to_ticks(SPIN_FINE_NS);
-    while (ticks_spin() + fine < target)
+    while (t + fine < aim) {
         CPU_RELAX();
-    while (ticks_spin() < target)
+        t = ticks_spin();
+    }
+    while (t < aim) {
         __asm__ __volatile__("" ::: "memory");
+        t = ticks_spin();
+    }
+    uint64_t late = t - aim;
+    spin_late = late < to_ticks(SPIN_CARRY_MAX_NS) ? late : 0;
 }
 
 /* Now on the clock the link model stamps requests with (this thread's TSC anchor, or
