@@ -339,7 +339,11 @@ static uint64_t reserve_always(const cxl_dp *dp, int dir, uint64_t req, uint64_t
  * critical path), so the link is reserved after the copy rather than before: a difference of
  * the copy's duration, below the clock's own resolution on a VM.  Everything it adds to an
  * untimed access (that reading, the reservation, the counters, the spin's exit) is measured
- * once per process and deducted as comp_ns[0]. */
+ * once per process and deducted as comp_ns[0].  The counters come after the spin: before it,
+ * their four or five atomics shared the wait's window with the reading and the reservation, and at a
+ * 100-ns latency (an ~85-ns window) that work overran the window whenever the host was busy,
+ * so the error grew with load (+3 to +8 ns at load 1.2-1.7); after it, their cost is a
+ * constant the calibration measures. */
 #define SHORT_BYTES 4096
 
 static int64_t short_transfer(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst,
@@ -350,11 +354,11 @@ static int64_t short_transfer(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *
     uint64_t req = (uint64_t)ticks_to_ns(copied);
     uint64_t start = reserve_always(dp, dir, req, occ);
     uint64_t completion = start + occ + (uint64_t)lat;
-    account(dp, dir, n, occ, completion - req);
     int64_t wait_ns = (int64_t)(completion - req) - dp->comp_ns[0];
     uint64_t target = copied + to_ticks(wait_ns);
     if (wait_ns > 0)
         spin_to(target);
+    account(dp, dir, n, occ, completion - req);
     (void)dpa;
     return (int64_t)completion;
 }
