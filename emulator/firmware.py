@@ -225,12 +225,11 @@ class FirmwareRunner:
         self.idle_sleep_s = idle_sleep_s
         self.max_idle_sleep_s = max(idle_sleep_s, max_idle_sleep_s)
         self.spin_s = spin_s
-        self.serviced = False  # the last step's services had work (see run)
         self._stop = threading.Event()
 
-    def step(self) -> bool:
-        """One pass: the mailbox, a background job slice, the services. True if the mailbox or
-        a background job had work; ``serviced`` tells whether a service had some."""
+    def step(self) -> tuple[bool, bool]:
+        """One pass: the mailbox, a background job slice, the services. Returns (the mailbox or
+        a background job had work, a service had work)."""
         busy = self.fw.service_mailbox()
         busy = self.fw.step_background() or busy
         now = time.monotonic_ns()
@@ -241,18 +240,18 @@ class FirmwareRunner:
             except Exception as exc:
                 log.exception("firmware service %r failed", service)
                 self.fw.note_internal_error(0, exc)
-        self.serviced = serviced
-        return busy
+        return busy, serviced
 
     def run(self) -> None:
         last_busy = time.monotonic()
         nap = self.idle_sleep_s
         while not self._stop.is_set():
-            if self.step():
+            busy, serviced = self.step()
+            if busy:
                 last_busy = time.monotonic()
                 nap = self.idle_sleep_s
             elif time.monotonic() - last_busy > self.spin_s:
-                if self.serviced:
+                if serviced:
                     nap = self.idle_sleep_s
                 self._stop.wait(nap)
                 nap = min(2 * nap, self.max_idle_sleep_s)
