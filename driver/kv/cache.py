@@ -128,10 +128,9 @@ class CxlCache(Cache):
                         prefetch_depth=prefetch_depth, prefix_sharing=prefix_sharing,
                         max_retries=max_retries, max_seq_len=max_seq_len, full_writeback=full_writeback)
         if device is not None:
-            from emulator.device import DeviceNotFound, device_path, runtime_dir
+            from emulator.device import load_config
 
-            if not (device_path(device) / "config.json").is_file():  # fail here, not in generate()
-                raise DeviceNotFound(device, str(runtime_dir()))
+            load_config(device)  # a missing or unusable device fails here, not in generate()
         self._backing = _Backing(device, store, device_capacity)
         self._recorder = ForwardRecorder(model, self) if model is not None else None
         self._engine: ResidencyEngine | None = None
