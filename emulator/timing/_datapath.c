@@ -20,7 +20,7 @@
  * counters, spin exit), measured once per process by calibration, is deducted.
  *
  *     transfers <= 4 KiB  short_transfer(): copy, one fenced TSC reading (= request time),
- *                         reserve, count, spin            (one clock access on the path)
+ *                         reserve, count, spin from that reading   (one clock access)
  *     longer ones         timed(): stamp, reserve, copy (overlapping the link time),
  *                         count, spin until link done + lat
  *     simulated time      timed() with now >= 0: nothing waits; same arithmetic as the twin
@@ -337,13 +337,16 @@ static uint64_t reserve_always(const cxl_dp *dp, int dir, uint64_t req, uint64_t
 /* The short path: a real-time transfer of at most SHORT_BYTES, whose copy takes a few ns.  Its
  * request time is taken after the copy (one fenced TSC reading, the only clock access on the
  * critical path), so the link is reserved after the copy rather than before: a difference of
- * the copy's duration, below the clock's own resolution on a VM.  Everything it adds to an
- * untimed access (that reading, the reservation, the counters, the spin's exit) is measured
- * once per process and deducted as comp_ns[0].  The counters come after the spin: before it,
- * their four or five atomics shared the wait's window with the reading and the reservation, and at a
- * 100-ns latency (an ~85-ns window) that work overran the window whenever the host was busy,
- * so the error grew with load (+3 to +8 ns at load 1.2-1.7); after it, their cost is a
- * constant the calibration measures. */
+ * the copy's duration, below the clock's own resolution on a VM.  The reservation and the
+ * counters then run inside the wait, which is measured from that reading, so the wait absorbs
+ * them; what it cannot absorb (the reading's fence, the spin's exit, the return) is measured once
+ * per process and deducted as comp_ns[0].
+ *
+ * Why the counters sit inside the wait: after the spin, their four or five atomics made the
+ * emulator's own cost per access depend on the wait's length (24.4-31 ns over waits of 60-100 ns
+ * on the 2-vCPU host), so one calibrated figure could not fit every configured latency; inside
+ * it, the cost is 15.3-16.8 ns at every wait length with L1-resident lines, 16-19 ns with lines
+ * from L2, L3 or DRAM.  At 100 ns the window is ~84 ns and the work in it ~40 ns. */
 #define SHORT_BYTES 4096
 
 static int64_t short_transfer(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst,
@@ -354,11 +357,10 @@ static int64_t short_transfer(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *
     uint64_t req = (uint64_t)ticks_to_ns(copied);
     uint64_t start = reserve_always(dp, dir, req, occ);
     uint64_t completion = start + occ + (uint64_t)lat;
-    int64_t wait_ns = (int64_t)(completion - req) - dp->comp_ns[0];
-    uint64_t target = copied + to_ticks(wait_ns);
-    if (wait_ns > 0)
-        spin_to(target);
     account(dp, dir, n, occ, completion - req);
+    int64_t wait_ns = (int64_t)(completion - req) - dp->comp_ns[0];
+    if (wait_ns > 0)
+        spin_to(copied + to_ticks(wait_ns));
     (void)dpa;
     return (int64_t)completion;
 }
