@@ -76,6 +76,37 @@ def test_whole_transactions_are_charged(impl, dpa, n, txn, charged):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("gbps", "scale", "n"), [(0.001, 1000, 32 << 20), (0.001, 1000, 4096),
+                                                  (3.0, 1, 64)])
+def test_link_time_is_exact_past_64_bits(impl, gbps, scale, n):
+    """bytes x fs/B past 2**64 (32 MiB at 1 MB/s x 1000: 3.4e19 fs) takes the 128-bit
+    arithmetic, the rest the 64-bit one; both round half up to the ns."""
+    cfg = TimingConfig(read_bandwidth_gbps=gbps, time_scale=scale)
+    dp, *_ = make(impl, cfg, clock=SimClock(0), size=max(MEDIA, n))
+    fs = cfg.link_params().fs_per_byte[0]
+    assert dp.read(0, bytearray(n)) == (n * fs + 500_000) // 1_000_000
+
+
+def test_compensation_reaches_the_core_in_picoseconds(monkeypatch):
+    """A fraction of a ns is 1 % of a 100-ns latency: the override and the core keep it."""
+    from emulator.timing import _cimpl
+
+    monkeypatch.setenv("CXLEMU_TIMING_COMP_NS", "12.345,20")
+    _cimpl.calibrated_comp_ns.cache_clear()
+    try:
+        assert _cimpl.calibrated_comp_ns() == (12.345, 20.0)
+        dp, *_ = make("c", QEMU)
+        assert list(dp._core.dp.comp_ps) == [12345, 20000]
+        dp.close()
+        monkeypatch.setenv("CXLEMU_TIMING_COMP_NS", "fast")
+        _cimpl.calibrated_comp_ns.cache_clear()
+        with pytest.raises(ValueError, match="CXLEMU_TIMING_COMP_NS must be one or two numbers"):
+            _cimpl.calibrated_comp_ns()
+    finally:
+        _cimpl.calibrated_comp_ns.cache_clear()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_time_scale_multiplies_every_device_time(impl):
     cfg = TimingConfig(read_latency_ns=100, read_bandwidth_gbps=8, time_scale=2.5)
     dp, *_ = make(impl, cfg, clock=SimClock(0))

@@ -19,7 +19,7 @@ from emulator.timing._buffers import host_view
 from emulator.timing._cdatapath import ffi, lib  # ImportError when not built
 from emulator.timing.config import LinkParams
 
-_ABI_VERSION = 2  # CXL_ABI_VERSION in _datapath.h
+_ABI_VERSION = 3  # CXL_ABI_VERSION in _datapath.h
 if getattr(lib, "CXL_ABI_VERSION", 1) != _ABI_VERSION:
     raise ImportError("emulator.timing._cdatapath is a stale build of the C core: rebuild it "
                       "(`pip install -e .` or `python -m emulator.timing._build`)")
@@ -60,22 +60,25 @@ def address(cdata: Any) -> int:
     return int(ffi.cast("uintptr_t", cdata))
 
 
-# The calibration chases a ring larger than L1 (with a line from beyond L1, as a device access
-# mostly has, the bookkeeping costs ~1-2 ns more than with an L1-resident one) but within L2
-# (an L3-sized ring reads other tenants' use of the shared L3: ±6 ns between rounds), at a
-# short latency, in many short interleaved rounds (see _calibrate_native).
-_CALIBRATE_RING_BYTES = 256 << 10
+# The calibration chases a 1 MiB ring (past L1, about one core's L2), at a short latency, in
+# many short interleaved rounds (see _calibrate_native).  The ring's size moves the figure: the
+# bookkeeping costs a little more when the line came from further out (on the 2-vCPU host,
+# 256 KiB: 14.8-15.1 ns, 1 MiB: 15.6-17.7, 16 MiB: 17.7-18.4; the 64 MiB probe needs ~16.5);
+# an L3-sized ring also reads other tenants' use of the shared L3.
+_CALIBRATE_RING_BYTES = 1 << 20
 _CALIBRATE_LAT_NS = 100
 _CALIBRATE_FS = 15_625  # 64 GB/s: a 64-B hop holds the link 1 ns, so the reservation runs
 _CALIBRATE_HOPS = 2000
-_CALIBRATE_ROUNDS = 61
+_CALIBRATE_ROUNDS = 21
+_CALIBRATE_PASSES = 3
+_CALIBRATE_GAP_S = 0.04
 
 
 class CCore:
     """Owns the ``cxl_dp`` struct and keeps the buffers it points into alive."""
 
     def __init__(self, media: memoryview, poison: memoryview | None, link: memoryview,
-                 params: LinkParams, comp_ns: tuple[int, int] = (0, 0)) -> None:
+                 params: LinkParams, comp_ns: tuple[float, float] = (0.0, 0.0)) -> None:
         self._keep: list[Any] = []
         dp = ffi.new("cxl_dp *")
         dp.media = self._ptr(media)
@@ -87,7 +90,7 @@ class CCore:
         dp.lat_ns = list(params.lat_ns)
         dp.fs_per_byte = list(params.fs_per_byte)
         dp.txn_bytes = params.txn_bytes
-        dp.comp_ns = list(comp_ns)
+        dp.comp_ps = [round(1000 * c) for c in comp_ns]
         dp.untimed = int(params.untimed)
         self.dp = dp
         self.params = params
@@ -218,9 +221,17 @@ def py_chase(transfer: Any, dpa: int, hops: int) -> tuple[list[int], int]:
 
 def _calibrate_native(fs_per_byte: int) -> float:
     """(timed hop − untimed hop − configured added latency) of a C-level chase over
-    _CALIBRATE_RING_BYTES: interquartile means per round, the lower quartile over interleaved
-    rounds.  A round read while the core's SMT sibling is busy, or the host preempts, costs more
-    (up to +10 ns), never less: the emulator's own cost is the undisturbed one."""
+    _CALIBRATE_RING_BYTES: per round the difference of the two modes' trimmed means, the median
+    over one pass's interleaved rounds, the least over _CALIBRATE_PASSES passes _CALIBRATE_GAP_S
+    apart.
+
+    Trimmed means, not interquartile ones: hops over L2-resident lines take nearly the same
+    time each, and the clock reads in ~10-ns steps on some VMs, so a round's samples are two or
+    three adjacent multiples of the step; an interquartile mean of those leans to the commonest
+    one (by up to ±2 ns, depending on where the true time falls between steps), while a mean
+    telescopes to the true total.  Only the slowest 1 % (interrupts, preemptions) is dropped.
+    The least pass: a spell of contention on the core (a busy SMT sibling) makes the timed path
+    cost more, never less, and the gaps let a short spell pass."""
     import mmap
 
     lines = _CALIBRATE_RING_BYTES // 64
@@ -229,33 +240,43 @@ def _calibrate_native(fs_per_byte: int) -> float:
     expected = _CALIBRATE_LAT_NS + (64 * fs_per_byte + 500_000) // 1_000_000
     core = CCore(media, None, memoryview(bytearray(ls.USED_BYTES)).cast("Q"),
                  LinkParams(lat_ns=(_CALIBRATE_LAT_NS, 0), fs_per_byte=(fs_per_byte, 0), txn_bytes=64))
+    passes = []
     try:
         core.chase(build_chase_ring(media, 0, lines), 20_000, True)
-        estimates = []
-        for _ in range(_CALIBRATE_ROUNDS):  # each round continues the chain where the last stopped
-            _, timed = core.chase(core.last_end, _CALIBRATE_HOPS, True, _CALIBRATE_HOPS)
-            _, local = core.chase(core.last_end, _CALIBRATE_HOPS, False, _CALIBRATE_HOPS)
-            estimates.append(interquartile_mean(timed) - interquartile_mean(local) - expected)
+        for i in range(_CALIBRATE_PASSES):
+            if i:
+                time.sleep(_CALIBRATE_GAP_S)
+            estimates = []
+            for _ in range(_CALIBRATE_ROUNDS):  # each round continues the chain where the last stopped
+                _, timed = core.chase(core.last_end, _CALIBRATE_HOPS, True, _CALIBRATE_HOPS)
+                _, local = core.chase(core.last_end, _CALIBRATE_HOPS, False, _CALIBRATE_HOPS)
+                estimates.append(trimmed_mean(timed) - trimmed_mean(local) - expected)
+            passes.append(statistics.median(estimates))
     finally:
         core.close()
         media.release()
         ring.close()
-    return statistics.quantiles(estimates, n=4)[0]
+    return min(passes)
 
 
 @functools.cache
-def calibrated_comp_ns() -> tuple[int, int]:
+def calibrated_comp_ns() -> tuple[float, float]:
     """The timed path's own cost per access over the same access with timing off (the TSC
-    reading, the spin's exit), measured once per process (about 0.15 s) by a C-level chase,
-    where no interpreter noise blurs it; deducted from every
-    real-time wait so a configured latency is *added* latency.  A Python caller also pays
-    the cache misses its interpreter causes between calls (tens of ns; see BENCHMARKS).
-    [0] short transfers, [1] longer ones: one figure, since a longer transfer's link time
-    dwarfs it.  ``CXLEMU_TIMING_COMP_NS=A[,B]`` overrides it (0 disables compensation)."""
+    reading's fence, the spin's exit), in ns to a fraction of one, measured once per process
+    (about 0.1 s, a third of it busy) by a C-level chase, where no interpreter noise blurs it;
+    deducted from every real-time wait so a configured latency is *added* latency.  A Python
+    caller also pays the cache misses its interpreter causes between calls (tens of ns; see
+    BENCHMARKS).  [0] short transfers, [1] longer ones: one figure, since a longer transfer's
+    link time dwarfs it.  ``CXLEMU_TIMING_COMP_NS=A[,B]`` overrides it (0 disables
+    compensation)."""
     tsc_ticks_per_ns()
     override = os.environ.get("CXLEMU_TIMING_COMP_NS")
     if override is not None:
-        parts = [int(x) for x in override.split(",")]
+        try:
+            parts = [float(x) for x in override.split(",")]
+        except ValueError:
+            raise ValueError(f"CXLEMU_TIMING_COMP_NS must be one or two numbers of ns (A or A,B), "
+                             f"got {override!r}") from None
         return parts[0], parts[-1]
-    comp = round(min(max(_calibrate_native(_CALIBRATE_FS), -200), 500))
+    comp = round(min(max(_calibrate_native(_CALIBRATE_FS), -200.0), 500.0), 2)
     return comp, comp

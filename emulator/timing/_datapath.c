@@ -14,7 +14,7 @@
  * implements the same arithmetic; tests compare the two on a simulated clock.
  *
  * Real time (now < 0): the caller waits, spinning on the TSC (GIL released by cffi), until
- *     max(t_copied + lat, start + occ + lat) - dp->comp_ns[path]
+ *     max(t_copied + lat, start + occ + lat) - dp->comp_ps[path] / 1000
  * i.e. the configured latency is *added* to the emulator's own copy (a local access),
  * never overlapped with it, and the emulator's fixed bookkeeping cost (TSC reading, CAS,
  * counters, spin exit), measured once per process by calibration, is deducted.
@@ -92,6 +92,8 @@ void cxl_wait_until(int64_t deadline)
         CPU_RELAX();
 }
 
+static void set_spin_ticks(void);
+
 int cxl_tsc_calibrate(int64_t window_ns)
 {
     if (!HAVE_TSC || window_ns <= 0) {
@@ -106,6 +108,7 @@ int cxl_tsc_calibrate(int64_t window_ns)
     uint64_t t1 = ticks_now();
     ticks_per_ns = (double)(t1 - t0) / (double)(n1 - n0);
     tsc_ok = ticks_per_ns > 0.1;
+    set_spin_ticks();
     return tsc_ok;
 }
 
@@ -144,6 +147,9 @@ static stamp_t stamp_now(void)
 }
 
 static uint64_t to_ticks(int64_t ns) { return ns > 0 ? (uint64_t)((double)ns * ticks_per_ns) : 0; }
+static uint64_t ps_to_ticks(int64_t ps) { return ps > 0 ? (uint64_t)((double)ps * ticks_per_ns * 1e-3) : 0; }
+/* The compensation of the longer path, in whole ns (its link time dwarfs the fraction). */
+static int64_t comp_long_ns(const cxl_dp *dp) { return (dp->comp_ps[1] + 500) / 1000; }
 
 /* Spin until the TSC passes target.  PAUSE costs 10-140 cycles depending on the core (it is
  * a hint for the sibling hyperthread), so a loop of PAUSE + RDTSC exits up to one such step
@@ -161,16 +167,27 @@ static uint64_t to_ticks(int64_t ns) { return ns > 0 ? (uint64_t)((double)ns * t
  * carried, never a preemption's lateness, and nothing after a wait that was already over. */
 #define SPIN_CARRY_MAX_NS 40
 static __thread uint64_t spin_late;
+/* SPIN_FINE_NS and SPIN_CARRY_MAX_NS in ticks, set with ticks_per_ns: after the spin's exit
+ * every instruction is the emulator's own cost (not absorbed by the wait), so the exit path
+ * does no floating point and no call: the thread-local carry's address (a __tls_get_addr
+ * call in a shared library) is taken before the wait. */
+static uint64_t spin_fine_ticks, spin_carry_max_ticks;
+static void set_spin_ticks(void)
+{
+    spin_fine_ticks = to_ticks(SPIN_FINE_NS);
+    spin_carry_max_ticks = to_ticks(SPIN_CARRY_MAX_NS);
+}
 static inline void spin_to(uint64_t target)
 {
-    uint64_t aim = target - (spin_late < target ? spin_late : 0);
+    uint64_t *carry = &spin_late;
+    __asm__("" : "+r"(carry)); /* keep the address in a register: not recomputed after the exit */
+    uint64_t aim = target - (*carry < target ? *carry : 0);
     uint64_t t = ticks_spin();
     if (t >= aim) {
-        spin_late = 0;
+        *carry = 0;
         return;
     }
-    uint64_t fine = to_ticks(SPIN_FINE_NS);
-    while (t + fine < aim) {
+    while (t + spin_fine_ticks < aim) {
         CPU_RELAX();
         t = ticks_spin();
     }
@@ -179,7 +196,7 @@ static inline void spin_to(uint64_t target)
         t = ticks_spin();
     }
     uint64_t late = t - aim;
-    spin_late = late < to_ticks(SPIN_CARRY_MAX_NS) ? late : 0;
+    *carry = late < spin_carry_max_ticks ? late : 0;
 }
 
 /* Now on the clock the link model stamps requests with (this thread's TSC anchor, or
@@ -223,8 +240,15 @@ static uint64_t charged_bytes(const cxl_dp *dp, uint64_t dpa, uint64_t n)
     return ((dpa + n + mask) & ~mask) - (dpa & ~mask);
 }
 
+/* 64-bit arithmetic whenever charged * fs_per_byte fits (every short transfer does: 4 KiB at
+ * 1 MB/s is 4.1e12 fs): a division by the constant 1e6 compiles to a multiply and a shift, where
+ * the 128-bit one is a call into libgcc that runs a DIV (tens of cycles, on a divider the SMT
+ * sibling shares). */
 static uint64_t occupancy_ns(uint64_t charged, uint64_t fs_per_byte)
 {
+    uint64_t fs64;
+    if (!__builtin_mul_overflow(charged, fs_per_byte, &fs64) && fs64 <= UINT64_MAX - 500000u)
+        return (fs64 + 500000u) / 1000000u;
     unsigned __int128 fs = (unsigned __int128)charged * fs_per_byte;
     return (uint64_t)((fs + 500000u) / 1000000u);
 }
@@ -340,28 +364,36 @@ static uint64_t reserve_always(const cxl_dp *dp, int dir, uint64_t req, uint64_t
  * the copy's duration, below the clock's own resolution on a VM.  The reservation and the
  * counters then run inside the wait, which is measured from that reading, so the wait absorbs
  * them; what it cannot absorb (the reading's fence, the spin's exit, the return) is measured once
- * per process and deducted as comp_ns[0].
+ * per process and deducted as comp_ps[0] (to the picosecond: the calibration resolves a
+ * fraction of a ns, and 1 ns is 1 % of a 100-ns latency).
  *
- * Why the counters sit inside the wait: after the spin, their four or five atomics made the
- * emulator's own cost per access depend on the wait's length (24.4-31 ns over waits of 60-100 ns
- * on the 2-vCPU host), so one calibrated figure could not fit every configured latency; inside
- * it, the cost is 15.3-16.8 ns at every wait length with L1-resident lines, 16-19 ns with lines
- * from L2, L3 or DRAM.  At 100 ns the window is ~84 ns and the work in it ~40 ns. */
+ * Everything before that reading and after the spin's exit is the emulator's own cost, and
+ * costs more whenever the core's SMT sibling is busy, so the path keeps both short:
+ * - the counters sit inside the wait: after the spin, their four or five atomics made the cost
+ *   per access depend on the wait's length (24.4-31 ns over waits of 60-100 ns on the 2-vCPU
+ *   host), so one calibrated figure could not fit every configured latency;
+ * - the link arithmetic comes after the reading: its 128-bit division by 1e6 (a libgcc call and
+ *   a DIV) used to run before the copy; occupancy_ns() now divides in 64 bits, a multiply and a
+ *   shift;
+ * - the exit path takes no call and no floating point (see spin_to).
+ * With the last two, the calibration's spells of +4-7 ns (one process in three or four, before)
+ * went: it reads 14.8-15.1 ns on 256-KiB rings, 48 calibrations in 8 processes without one. */
 #define SHORT_BYTES 4096
 
 static int64_t short_transfer(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst,
-                              const uint8_t *src, uint64_t n, uint64_t occ, int64_t lat)
+                              const uint8_t *src, uint64_t n)
 {
     memcpy(dst, src, n);
     uint64_t copied = ticks_now();
+    uint64_t occ = occupancy_ns(charged_bytes(dp, dpa, n), dp->fs_per_byte[dir]);
+    int64_t lat = dp->lat_ns[dir];
     uint64_t req = (uint64_t)ticks_to_ns(copied);
     uint64_t start = reserve_always(dp, dir, req, occ);
     uint64_t completion = start + occ + (uint64_t)lat;
     account(dp, dir, n, occ, completion - req);
-    int64_t wait_ns = (int64_t)(completion - req) - dp->comp_ns[0];
-    if (wait_ns > 0)
-        spin_to(copied + to_ticks(wait_ns));
-    (void)dpa;
+    int64_t wait_ps = (int64_t)(completion - req) * 1000 - dp->comp_ps[0];
+    if (wait_ps > 0)
+        spin_to(copied + ps_to_ticks(wait_ps));
     return (int64_t)completion;
 }
 
@@ -381,10 +413,10 @@ static int64_t timed(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst, cons
         __atomic_fetch_add(dir_word(dp, dir, CXL_LS_TRANSFERS), 1, __ATOMIC_RELAXED);
         return real ? 0 : now;
     }
+    if (real && wait && tsc_ok && n && n <= SHORT_BYTES)
+        return short_transfer(dp, dir, dpa, dst, src, n);  /* its link arithmetic after the copy */
     uint64_t occ = occupancy_ns(charged_bytes(dp, dpa, n), dp->fs_per_byte[dir]);
     int64_t lat = dp->lat_ns[dir];
-    if (real && wait && tsc_ok && n && n <= SHORT_BYTES)
-        return short_transfer(dp, dir, dpa, dst, src, n, occ, lat);
     stamp_t ref = {now, 0};
     if (real)
         ref = stamp_now();
@@ -396,8 +428,8 @@ static int64_t timed(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst, cons
     memcpy(dst, src, n);
     account(dp, dir, n, occ, completion - req);
     if (real && wait)
-        finish_wait(done_target(ref, (int64_t)(start + occ), lat, dp->comp_ns[1]),
-                    (int64_t)(start + occ), lat, dp->comp_ns[1]);
+        finish_wait(done_target(ref, (int64_t)(start + occ), lat, comp_long_ns(dp)),
+                    (int64_t)(start + occ), lat, comp_long_ns(dp));
     return (int64_t)completion;
 }
 
@@ -453,8 +485,8 @@ int64_t cxl_copy(const cxl_dp *dp, uint64_t src, uint64_t dst, uint64_t n, int64
     __atomic_fetch_add(dir_word(dp, CXL_DIR_READ, CXL_LS_BUSY_NS), occ_r, __ATOMIC_RELAXED);
     __atomic_fetch_add(dir_word(dp, CXL_DIR_WRITE, CXL_LS_BUSY_NS), occ_w, __ATOMIC_RELAXED);
     if (real && wait)
-        finish_wait(done_target(ref, (int64_t)link_done, (int64_t)lat, dp->comp_ns[1]),
-                    (int64_t)link_done, (int64_t)lat, dp->comp_ns[1]);
+        finish_wait(done_target(ref, (int64_t)link_done, (int64_t)lat, comp_long_ns(dp)),
+                    (int64_t)link_done, (int64_t)lat, comp_long_ns(dp));
     return (int64_t)(link_done + lat);
 }
 

@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 /* Bumped when a declaration below changes: _cimpl refuses a stale build of the extension. */
-#define CXL_ABI_VERSION 2
+#define CXL_ABI_VERSION 3
 
 #define CXL_DIR_READ 0
 #define CXL_DIR_WRITE 1
@@ -35,8 +35,8 @@ typedef struct {
     int64_t lat_ns[2];       /* per direction, time scale applied */
     uint64_t fs_per_byte[2]; /* femtoseconds per byte, time scale applied; 0 = unthrottled */
     uint64_t txn_bytes;      /* power of two, 64..4096 */
-    int64_t comp_ns[2];      /* emulator's own per-access cost, deducted from real-time waits:
-                                [0] short transfers (<= 4 KiB), [1] longer ones */
+    int64_t comp_ps[2];      /* emulator's own per-access cost in picoseconds, deducted from
+                                real-time waits: [0] short transfers (<= 4 KiB), [1] longer ones */
     int untimed;             /* all of lat_ns and fs_per_byte are 0: count, never read the clock */
 } cxl_dp;
 
