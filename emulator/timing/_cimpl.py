@@ -60,12 +60,13 @@ def address(cdata: Any) -> int:
     return int(ffi.cast("uintptr_t", cdata))
 
 
-# The calibration chases a 1 MiB ring (past L1, about one core's L2), at a short latency, in
-# many short interleaved rounds (see _calibrate_native).  The ring's size moves the figure: the
-# bookkeeping costs a little more when the line came from further out (on the 2-vCPU host,
-# 256 KiB: 14.8-15.1 ns, 1 MiB: 15.6-17.7, 16 MiB: 17.7-18.4; the 64 MiB probe needs ~16.5);
-# an L3-sized ring also reads other tenants' use of the shared L3.
-_CALIBRATE_RING_BYTES = 1 << 20
+# The calibration chases a 256 KiB ring (past L1, inside L2), at a short latency, in many short
+# interleaved rounds (see _calibrate_native).  The ring's size moves the figure a little, as
+# the bookkeeping costs more when the line came from further out (on the 2-vCPU host, 256 KiB:
+# 14.8-15.1 ns; 1 MiB: 15.6-17.7; 16 MiB: 17.7-18.4; a 64 MiB chase needs ~16.5), but a ring
+# that reaches L3 also reads other tenants' use of it (a 1 MiB one calibrated up to ~20 ns in
+# 3 processes of 10), and a Python caller's hot lines (the side-by-side check) want the least.
+_CALIBRATE_RING_BYTES = 256 << 10
 _CALIBRATE_LAT_NS = 100
 _CALIBRATE_FS = 15_625  # 64 GB/s: a 64-B hop holds the link 1 ns, so the reservation runs
 _CALIBRATE_HOPS = 2000
