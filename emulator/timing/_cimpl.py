@@ -61,11 +61,11 @@ def address(cdata: Any) -> int:
 
 
 # The calibration chases a 256 KiB ring (past L1, inside L2), at a short latency, in many short
-# interleaved rounds (see _calibrate_native).  The ring's size moves the figure a little, as the
-# bookkeeping costs more when the line came from further out (on the 2-vCPU host, 256 KiB:
-# 20.2-20.4 ns; 1 MiB: 21.1-21.7; 16 MiB: 21.2-23.7; a 64 MiB chase at 100 ns needs ~21.2), but a
-# ring that reaches L3 also reads other tenants' use of it (with an earlier build a 1 MiB one
-# calibrated 3-5 ns high in 3 processes of 10, and the 100-ns check failed in those 3).
+# interleaved rounds (see _calibrate_native).  The ring's size moves the figure a little, as
+# the bookkeeping costs more when the line came from further out (on the 2-vCPU host, 256 KiB:
+# 14.8-15.1 ns; 1 MiB: 15.6-17.7; 16 MiB: 17.7-18.4; a 64 MiB chase needs ~16.5), but a ring
+# that reaches L3 also reads other tenants' use of it (a 1 MiB one calibrated up to ~20 ns in
+# 3 processes of 10), and a Python caller's hot lines (the side-by-side check) want the least.
 _CALIBRATE_RING_BYTES = 256 << 10
 _CALIBRATE_LAT_NS = 100
 _CALIBRATE_FS = 15_625  # 64 GB/s: a 64-B hop holds the link 1 ns, so the reservation runs

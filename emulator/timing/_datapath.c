@@ -278,25 +278,14 @@ static uint64_t reserve(const cxl_dp *dp, int dir, uint64_t req, uint64_t occ)
     return start;
 }
 
-static void count_transfer(const cxl_dp *dp, int dir, uint64_t n)
+static void account(const cxl_dp *dp, int dir, uint64_t n, uint64_t occ, uint64_t total)
 {
     __atomic_fetch_add(dir_word(dp, dir, CXL_LS_BYTES), n, __ATOMIC_RELAXED);
     __atomic_fetch_add(dir_word(dp, dir, CXL_LS_TRANSFERS), 1, __ATOMIC_RELAXED);
-}
-
-/* The link's own counters: busy time, latency sum and histogram. */
-static void count_link(const cxl_dp *dp, int dir, uint64_t occ, uint64_t total)
-{
     if (occ)
         __atomic_fetch_add(dir_word(dp, dir, CXL_LS_BUSY_NS), occ, __ATOMIC_RELAXED);
     __atomic_fetch_add(dir_word(dp, dir, CXL_LS_LATENCY_NS), total, __ATOMIC_RELAXED);
     __atomic_fetch_add(dir_word(dp, dir, CXL_LS_HIST + hist_bucket(total)), 1, __ATOMIC_RELAXED);
-}
-
-static void account(const cxl_dp *dp, int dir, uint64_t n, uint64_t occ, uint64_t total)
-{
-    count_transfer(dp, dir, n);
-    count_link(dp, dir, occ, total);
 }
 
 static void count_error(const cxl_dp *dp, int dir)
@@ -372,25 +361,23 @@ static uint64_t reserve_always(const cxl_dp *dp, int dir, uint64_t req, uint64_t
 /* The short path: a real-time transfer of at most SHORT_BYTES, whose copy takes a few ns.  Its
  * request time is taken after the copy (one fenced TSC reading, the only clock access on the
  * critical path), so the link is reserved after the copy rather than before: a difference of
- * the copy's duration, below the clock's own resolution on a VM.  The reservation and the link
+ * the copy's duration, below the clock's own resolution on a VM.  The reservation and the
  * counters then run inside the wait, which is measured from that reading, so the wait absorbs
- * them.  After the spin comes what an untimed transfer also does after its copy (bytes and
- * transfers, count_transfer()), so the two cancel in a timed-minus-untimed difference whatever
- * the caller left in the caches.  The rest (the reading's fence, the spin's exit, the return)
- * is measured once per process and deducted as comp_ps[0] (to the picosecond: the calibration
- * resolves a fraction of a ns, and 1 ns is 1 % of a 100-ns latency).
+ * them; what it cannot absorb (the reading's fence, the spin's exit, the return) is measured once
+ * per process and deducted as comp_ps[0] (to the picosecond: the calibration resolves a
+ * fraction of a ns, and 1 ns is 1 % of a 100-ns latency).
  *
- * Everything before that reading and after the spin's exit is the emulator's own cost, varies
- * with the core's state (a busy SMT sibling), and is kept short:
- * - the link counters sit inside the wait: after the spin, the four or five atomics made the
- *   cost per access move with the wait's length and link speed (23.5-33 ns on the 2-vCPU host);
- *   inside it, 19.9-21.5 ns across waits of 87-250 ns and links of 1 ns / 64 B or none;
+ * Everything before that reading and after the spin's exit is the emulator's own cost, and
+ * costs more whenever the core's SMT sibling is busy, so the path keeps both short:
+ * - the counters sit inside the wait: after the spin, their four or five atomics made the cost
+ *   per access depend on the wait's length (24.4-31 ns over waits of 60-100 ns on the 2-vCPU
+ *   host), so one calibrated figure could not fit every configured latency;
  * - the link arithmetic comes after the reading: its 128-bit division by 1e6 (a libgcc call and
  *   a DIV) used to run before the copy; occupancy_ns() now divides in 64 bits, a multiply and a
  *   shift;
  * - the exit path takes no call and no floating point (see spin_to).
  * With the last two, the calibration's spells of +4-7 ns (one process in three or four, before)
- * became rare. */
+ * went: it reads 14.8-15.1 ns on 256-KiB rings, 48 calibrations in 8 processes without one. */
 #define SHORT_BYTES 4096
 
 static int64_t short_transfer(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst,
@@ -403,12 +390,10 @@ static int64_t short_transfer(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *
     uint64_t req = (uint64_t)ticks_to_ns(copied);
     uint64_t start = reserve_always(dp, dir, req, occ);
     uint64_t completion = start + occ + (uint64_t)lat;
-    uint64_t total = completion - req;
-    count_link(dp, dir, occ, total);
-    int64_t wait_ps = (int64_t)total * 1000 - dp->comp_ps[0];
+    account(dp, dir, n, occ, completion - req);
+    int64_t wait_ps = (int64_t)(completion - req) * 1000 - dp->comp_ps[0];
     if (wait_ps > 0)
         spin_to(copied + ps_to_ticks(wait_ps));
-    count_transfer(dp, dir, n);
     return (int64_t)completion;
 }
 
@@ -424,7 +409,8 @@ static int64_t timed(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst, cons
         if (n == 0)
             return real ? 0 : now;
         memcpy(dst, src, n);
-        count_transfer(dp, dir, n);
+        __atomic_fetch_add(dir_word(dp, dir, CXL_LS_BYTES), n, __ATOMIC_RELAXED);
+        __atomic_fetch_add(dir_word(dp, dir, CXL_LS_TRANSFERS), 1, __ATOMIC_RELAXED);
         return real ? 0 : now;
     }
     if (real && wait && tsc_ok && n && n <= SHORT_BYTES)
