@@ -6,6 +6,7 @@ C core deducts from real-time waits so a configured latency is *added* latency.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import statistics
 import time
@@ -265,7 +266,8 @@ def calibrated_comp_ns() -> tuple[float, float]:
     """The timed path's own cost per access over the same access with timing off (the TSC
     reading's fence, the spin's exit), in ns to a fraction of one, measured once per process
     (about 0.1 s, a third of it busy) by a C-level chase, where no interpreter noise blurs it;
-    deducted from every real-time wait so a configured latency is *added* latency.  A Python
+    deducted from every real-time wait so a configured latency is *added* latency.  Combined
+    with this host's recent calibrations (remembered_comp_ns()).  A Python
     caller also pays the cache misses its interpreter causes between calls (tens of ns; see
     BENCHMARKS).  [0] short transfers, [1] longer ones: one figure, since a longer transfer's
     link time dwarfs it.  ``CXLEMU_TIMING_COMP_NS=A[,B]`` overrides it (0 disables
@@ -279,5 +281,51 @@ def calibrated_comp_ns() -> tuple[float, float]:
             raise ValueError(f"CXLEMU_TIMING_COMP_NS must be one or two numbers of ns (A or A,B), "
                              f"got {override!r}") from None
         return parts[0], parts[-1]
-    comp = round(min(max(_calibrate_native(_CALIBRATE_FS), -200.0), 500.0), 2)
+    comp = round(min(max(remembered_comp_ns(_calibrate_native(_CALIBRATE_FS)), -200.0), 500.0), 2)
     return comp, comp
+
+
+#: calibrations kept per host, and how long one counts
+_HISTORY_KEEP = 16
+_HISTORY_MAX_AGE_S = 7 * 24 * 3600
+
+
+def combine_calibrations(values: list[float]) -> float:
+    """The host's compensation from its calibrations: the lower quartile (the least of fewer
+    than four).  A spell of contention on the core (a busy SMT sibling, another tenant) can
+    cover a whole calibration, 0.1 s, and inflate it by 4-7 ns; it never deflates one."""
+    if len(values) < 4:
+        return min(values)
+    return statistics.quantiles(values, n=4)[0]
+
+
+def remembered_comp_ns(measured: float, *, now: float | None = None) -> float:
+    """Record this process's calibration with this host's recent ones
+    (``$XDG_CACHE_HOME/cxlemu/timing-calibration.json``, keyed by the host and the method) and
+    return combine_calibrations() of them all.  ``CXLEMU_TIMING_CALIBRATION_CACHE=0`` uses this
+    process's alone; a cache that cannot be read or written is left alone."""
+    if os.environ.get("CXLEMU_TIMING_CALIBRATION_CACHE", "1") == "0":
+        return measured
+    from emulator.timing.localmem import cache_dir, host_fingerprint
+
+    now = time.time() if now is None else now
+    path = cache_dir() / "timing-calibration.json"
+    key = host_fingerprint(f"calibration-v1|abi{_ABI_VERSION}|{_CALIBRATE_RING_BYTES}|"
+                           f"{_CALIBRATE_LAT_NS}|{_CALIBRATE_HOPS}x{_CALIBRATE_ROUNDS}x{_CALIBRATE_PASSES}")
+    history: list[list[float]] = []
+    try:
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and data.get("key") == key:
+            history = [[float(t), float(v)] for t, v in data["calibrations"]
+                       if now - float(t) < _HISTORY_MAX_AGE_S]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    history = (history + [[now, measured]])[-_HISTORY_KEEP:]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(f".{path.name}.{os.getpid()}")
+        staged.write_text(json.dumps({"key": key, "calibrations": history}))
+        os.replace(staged, path)
+    except OSError:
+        pass
+    return combine_calibrations([v for _, v in history])

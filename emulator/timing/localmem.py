@@ -37,12 +37,19 @@ class LocalMemory:
     source: str  # "measured", "cached", "env" or "fallback"
 
 
-def _cache_path() -> Path:
+def cache_dir() -> Path:
+    """Where cxlemu keeps what it measured of this host: ``$XDG_CACHE_HOME/cxlemu``."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "cxlemu" / "local-memory.json"
+    return Path(base) / "cxlemu"
 
 
-def _fingerprint() -> str:
+def _cache_path() -> Path:
+    return cache_dir() / "local-memory.json"
+
+
+def host_fingerprint(method: str) -> str:
+    """This host (CPU model, memory size, CPU count, hostname) and the measuring method's
+    version: a better measurement, or another host, replaces an older one."""
     cpu = mem = ""
     try:
         cpu = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines()
@@ -51,8 +58,11 @@ def _fingerprint() -> str:
                     if ln.startswith("MemTotal")), "")
     except OSError:
         pass
-    # the method's version is part of the key: a better measurement replaces an older one
-    return hashlib.sha256(f"v2|{platform.node()}|{cpu}|{mem}|{os.cpu_count()}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{method}|{platform.node()}|{cpu}|{mem}|{os.cpu_count()}".encode()).hexdigest()[:16]
+
+
+def _fingerprint() -> str:
+    return host_fingerprint("v2")
 
 
 def _from_env(text: str) -> LocalMemory:
