@@ -1,7 +1,9 @@
 """`cxlemu bench fidelity`: the timed data path's benchmark list, each figure against its target.
 
 - latency: added latency configured at 100, 250, 500, 1000 ns, measured by the latency probe
-  (its C chase, MLC's method); error of the mean ≤ 3 %, p99 jitter ≤ 10 %.  The same chase from
+  (its C chase, MLC's method, 1 000 000 hops a mode: about 0.5 s, so that a spell of host
+  contention, 0.05-0.3 s, covers a minority of its rounds); error of the mean ≤ 3 %, p99 jitter
+  ≤ 10 %.  The same chase from
   a Python loop is reported beside it, not held to the target.
 - bandwidth: 1, 2, 4, 8 GB/s configured, 2 MiB transfers, read and write; error ≤ 3 %.
 - overhead: unthrottled timed copy / numpy copy ≥ 0.9 for ≥ 64 KiB; one zero-latency 64-B
@@ -50,7 +52,7 @@ def latency_checks(files: Any, hops: int) -> list[dict[str, Any]]:
             out.append(_check(f"latency +{lat} ns (C chase): p99 jitter", r.p99_jitter_pct,
                               "<= 10 %", r.p99_jitter_pct <= 10, added_p99_ns=r.added_p99_ns,
                               local_p99_ns=r.local_p99_ns))
-            r = latency.measure(dp, dp.media[0:64 << 20], 0, hops=hops // 4, native=False)
+            r = latency.measure(dp, dp.media[0:64 << 20], 0, hops=hops // 10, native=False)
             out.append(_check(f"latency +{lat} ns (Python loop): error", r.error_pct, "(reported)",
                               None, added_ns=round(r.added_ns, 1), local_ns=round(r.local_ns, 1),
                               p99_jitter_pct=round(r.p99_jitter_pct, 1)))
@@ -154,7 +156,7 @@ def side_by_side_checks(fast: str, slow: str, reps: int) -> list[dict[str, Any]]
 def run(*, quick: bool = False) -> list[dict[str, Any]]:
     from emulator.device import DeviceConfig, serve
 
-    hops, secs = (20_000, 0.2) if quick else (200_000, 1.0)
+    hops, secs = (20_000, 0.2) if quick else (1_000_000, 1.0)
     pid = os.getpid()
     checks: list[dict[str, Any]] = []
     with serve(DeviceConfig(name=f"fid-none-{pid}", capacity=256 << 20)) as none_dev, \
