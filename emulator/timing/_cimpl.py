@@ -66,7 +66,7 @@ def address(cdata: Any) -> int:
 # the bookkeeping costs more when the line came from further out (on the 2-vCPU host, 256 KiB:
 # 14.8-15.1 ns; 1 MiB: 15.6-17.7; 16 MiB: 17.7-18.4; a 64 MiB chase needs ~16.5), but a ring
 # that reaches L3 also reads other tenants' use of it (a 1 MiB one calibrated up to ~20 ns in
-# 3 processes of 10), and a Python caller's hot lines (the side-by-side check) want the least.
+# 3 processes of 10).
 _CALIBRATE_RING_BYTES = 256 << 10
 _CALIBRATE_LAT_NS = 100
 _CALIBRATE_FS = 15_625  # 64 GB/s: a 64-B hop holds the link 1 ns, so the reservation runs
@@ -265,10 +265,10 @@ def _calibrate_native(fs_per_byte: int) -> float:
 def calibrated_comp_ns() -> tuple[float, float]:
     """The timed path's own cost per access over the same access with timing off (the TSC
     reading's fence, the spin's exit), in ns to a fraction of one, measured once per process
-    (about 0.1 s, a third of it busy) by a C-level chase, where no interpreter noise blurs it;
-    deducted from every real-time wait so a configured latency is *added* latency.  Combined
-    with this host's recent calibrations (remembered_comp_ns()).  A Python
-    caller also pays the cache misses its interpreter causes between calls (tens of ns; see
+    (about 0.1 s, a third of it busy) by a C-level chase, where no interpreter noise blurs it,
+    and combined with this host's recent calibrations (remembered_comp_ns()); deducted from
+    every real-time wait so a configured latency is *added* latency.  Called from Python, the
+    figure a program sees moves by ten or more ns either way with its access pattern (see
     BENCHMARKS).  [0] short transfers, [1] longer ones: one figure, since a longer transfer's
     link time dwarfs it.  ``CXLEMU_TIMING_COMP_NS=A[,B]`` overrides it (0 disables
     compensation)."""

@@ -15,8 +15,9 @@ interpreter between hops, so its mean and p99 show what the data path itself add
 path's own cost is deducted with the compensation a C caller's data path gets.
 ``native=False`` (``--python``) chases from Python instead, one ``DataPath`` call per hop, as
 a Python program reads: each hop then also carries the interpreter (~0.5 µs a hop here), and
-the emulator's bookkeeping misses in the caches the interpreter uses between calls, so the
-added latency reads some tens of ns over the configured one (BENCHMARKS.md).
+the added latency reads some tens of ns over the configured one (BENCHMARKS.md, "Latency from a
+Python loop": the likeliest cause, the bookkeeping missing in caches the interpreter uses between
+calls, is not settled).
 """
 from __future__ import annotations
 
