@@ -43,10 +43,6 @@ def cache_dir() -> Path:
     return Path(base) / "cxlemu"
 
 
-def _cache_path() -> Path:
-    return cache_dir() / "local-memory.json"
-
-
 def host_fingerprint(method: str) -> str:
     """This host (CPU model, memory size, CPU count, hostname) and the measuring method's
     version: a better measurement, or another host, replaces an older one."""
@@ -59,10 +55,6 @@ def host_fingerprint(method: str) -> str:
     except OSError:
         pass
     return hashlib.sha256(f"{method}|{platform.node()}|{cpu}|{mem}|{os.cpu_count()}".encode()).hexdigest()[:16]
-
-
-def _fingerprint() -> str:
-    return host_fingerprint("v2")
 
 
 def _from_env(text: str) -> LocalMemory:
@@ -116,7 +108,7 @@ def local_memory(*, refresh: bool = False) -> LocalMemory:
     env = os.environ.get("CXLEMU_LOCAL_MEMORY")
     if env:
         return _from_env(env)
-    path, key = _cache_path(), _fingerprint()
+    path, key = cache_dir() / "local-memory.json", host_fingerprint("v2")
     if not refresh:
         try:
             data = json.loads(path.read_text())

@@ -3,8 +3,7 @@
 - latency: added latency configured at 100, 250, 500, 1000 ns, measured by the latency probe
   (its C chase, MLC's method, 1 000 000 hops a mode: about 0.5 s, so that a spell of host
   contention, 0.05-0.3 s, covers a minority of its rounds); error of the mean ≤ 3 %, p99 jitter
-  ≤ 10 %.  The same chase from
-  a Python loop is reported beside it, not held to the target.
+  ≤ 10 %.  The same chase from a Python loop is reported beside it, not held to the target.
 - bandwidth: 1, 2, 4, 8 GB/s configured, 2 MiB transfers, read and write; error ≤ 3 %.
 - overhead: unthrottled timed copy / numpy copy ≥ 0.9 for ≥ 64 KiB; one zero-latency 64-B
   transfer from Python, submit to completion, ≤ 2 µs.
