@@ -30,12 +30,12 @@ when ENABLE goes 0 -> 1; an invalid one leaves the unit disabled and ``last_erro
 """
 from __future__ import annotations
 
-import struct
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 
+from emulator.regfile import word_views
 from emulator.spec.registers import CHMU_OFFSET, CHMU_SIZE
 from firmware_model.hotness import RANGE_GRANULE, HotnessConfig, HotnessUnit
 
@@ -76,18 +76,20 @@ class _Regs:
         self.buf = memoryview(region).cast("B")
         if len(self.buf) < INST + INSTANCE_LEN:
             raise ValueError(f"CHMU region of {len(self.buf)} bytes is smaller than {INST + INSTANCE_LEN:#x}")
+        views = word_views(self.buf)
+        self._q, self._h = views[8], views[2]
 
     def q(self, off: int) -> int:
-        return struct.unpack_from("<Q", self.buf, off)[0]
+        return self._q[off >> 3]
 
     def set_q(self, off: int, v: int) -> None:
-        struct.pack_into("<Q", self.buf, off, v)
+        self._q[off >> 3] = v
 
     def w(self, off: int) -> int:
-        return struct.unpack_from("<H", self.buf, off)[0]
+        return self._h[off >> 1]
 
     def set_w(self, off: int, v: int) -> None:
-        struct.pack_into("<H", self.buf, off, v)
+        self._h[off >> 1] = v
 
     def bitmap(self) -> np.ndarray:
         return np.frombuffer(self.buf[INST + BITMAP_REL:INST + HOTLIST_REL], dtype=np.uint8)

