@@ -370,6 +370,17 @@ class ChmuRegs:
             self.regs.set_w(HEAD, st.tail)
         return out
 
+    def consume(self, n: int) -> int:
+        """Advance head past the oldest ``n`` entries (at most those published); returns how many
+        it consumed. With ``read_hotlist(consume=False)`` it consumes exactly what was read."""
+        if n < 0:
+            raise ValueError(f"cannot consume {n} hotlist entries")
+        st = self.status()
+        n = min(n, st.entries)
+        if n:
+            self.regs.set_w(HEAD, (st.head + n) % st.hotlist_size)
+        return n
+
     def clear_status(self, overflow: bool = False, fill: bool = False) -> None:
         """Clear the overflow / fill-threshold status bits (by writing 0 to them, see module doc)."""
         st = self.regs.q(STATUS)

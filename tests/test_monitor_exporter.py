@@ -225,7 +225,7 @@ def test_exporter_cli_serves_until_interrupted(loaded: Served) -> None:
 def test_exporter_cli_bad_port_and_busy_port() -> None:
     bad = subprocess.run([sys.executable, "-m", "tools.cli.main", "exporter", "--port", "70000"],
                          check=False, capture_output=True, text=True, timeout=60)
-    assert (bad.returncode, bad.stderr) == (2, "cxlemu: error: --port must be 1..65535, got 70000\n")
+    assert (bad.returncode, bad.stderr) == (2, "cxlemu: error: argument --port: port must be 1..65535, got 70000\n")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()

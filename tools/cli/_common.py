@@ -1,6 +1,7 @@
 """Helpers shared by the `cxlemu` subcommands: errors, size parsing, JSON output."""
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -8,7 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+# A hex number takes every hex digit it can: 0x1B is 27 bytes, 0x1 B and 0x1KiB carry a suffix.
+_SIZE_RE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -21,12 +23,37 @@ class CliError(Exception):
 
 
 def parse_size(text: str) -> int:
-    """'1G', '256M', '4096', '2GiB' -> bytes; raises CliError on anything else."""
+    """'1G', '256M', '4096', '2GiB', '0x10000000', '0x10M' -> bytes; raises CliError on anything else
+    (fractions, signs, unknown suffixes)."""
     m = _SIZE_RE.match(text)
     if not m:
-        raise CliError(f"malformed size {text!r}: use a number with an optional K/M/G/T suffix, e.g. 1G")
+        raise CliError(f"malformed size {text!r}: use a decimal or 0x-prefixed hex number with an optional "
+                       f"K/M/G/T suffix, e.g. 1G or 0x10000000")
     unit = (m.group(2) or "").upper()[:1]
-    return int(m.group(1)) * _UNITS[unit]
+    digits = m.group(1)
+    number = int(digits[2:], 16) if digits[:2].lower() == "0x" else int(digits, 10)  # '010' is ten
+    return number * _UNITS[unit]
+
+
+class ArgumentError(CliError, argparse.ArgumentTypeError):
+    """A bad option value: as an argparse ``type=`` it becomes ``argument --x: ...`` (exit 2);
+    raised anywhere else it is a CliError (exit 2)."""
+
+
+PORT_RANGE = (1, 65535)
+
+
+def parse_port(text: str | int) -> int:
+    """A TCP port, 1..65535, from decimal text; usable as an argparse ``type=``. Raises
+    ArgumentError (a CliError and an argparse.ArgumentTypeError) with the valid range."""
+    lo, hi = PORT_RANGE
+    try:
+        port = int(str(text).strip(), 10)
+    except ValueError:
+        raise ArgumentError(f"malformed port {text!r}: use a number {lo}..{hi}") from None
+    if not lo <= port <= hi:
+        raise ArgumentError(f"port must be {lo}..{hi}, got {port}")
+    return port
 
 
 def parse_int(text: str, what: str) -> int:

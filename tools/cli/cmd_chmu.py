@@ -2,6 +2,7 @@
 
     cxlemu chmu mem0                          # capabilities, configuration, status, hotlist (peek)
     cxlemu chmu mem0 --consume --json         # read the hotlist and advance head past it
+    cxlemu chmu mem0 --consume --limit 8      # show and consume the 8 oldest entries only
     cxlemu chmu mem0 --threshold 4 --unit-size 4K --mode epoch --epoch-ms 100   # (re)configure + enable
     cxlemu chmu mem0 --disable | --reset | --clear-overflow
 """
@@ -13,6 +14,7 @@ from typing import Any
 
 from tools.cli._common import CliError, parse_size, print_json
 
+_TEXT_LIMIT = 32  # hotlist entries shown as text without --limit
 _CONFIG_FLAGS = ("threshold", "unit_size", "mode", "epoch_ms", "downsample", "random", "track",
                  "fill_threshold", "irq_fill")
 
@@ -21,8 +23,10 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("chmu", help="show or configure a device's CHMU (hotness monitoring unit)")
     p.add_argument("name", metavar="NAME", help="device name")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--consume", action="store_true", help="advance the hotlist head past what is shown")
-    p.add_argument("--limit", type=int, default=32, help="hotlist entries to print as text (default 32)")
+    p.add_argument("--consume", action="store_true",
+                   help="advance the hotlist head past what is shown (exactly those entries)")
+    p.add_argument("--limit", type=_positive_int, default=None, metavar="N",
+                   help="hotlist entries to show, oldest first (default: 32 as text, all with --json)")
     g = p.add_argument_group("configure (any of these reprograms, resets and enables the unit)")
     g.add_argument("--threshold", type=int, help="hotness threshold (accesses per unit)")
     g.add_argument("--unit-size", help="unit size, a power of two from 256 to 2M (default 4K)")
@@ -39,6 +43,17 @@ def register(subparsers: Any) -> None:
     a.add_argument("--reset", action="store_true", help="clear counters, hotlist and status")
     a.add_argument("--clear-overflow", action="store_true", help="clear the overflow / fill status bits")
     p.set_defaults(func=_cmd_chmu)
+
+
+def _positive_int(text: str) -> int:
+    """--limit: a whole number >= 1 (an argparse ``type=``: a bad one is a one-line error, exit 2)."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"malformed number {text!r}: use a whole number >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _open(name: str):
@@ -85,7 +100,7 @@ def _cmd_chmu(args: argparse.Namespace) -> int:
     if args.json:
         print_json(doc)
     else:
-        _print_text(doc, args.limit)
+        _print_text(doc)
     return 0
 
 
@@ -100,13 +115,16 @@ def _apply_and_read(regs: Any, args: argparse.Namespace) -> dict[str, Any]:
         regs.reset()
     if args.clear_overflow:
         regs.clear_status(overflow=True, fill=True)
-    status = regs.status()
+    limit = args.limit if args.limit is not None else None if args.json else _TEXT_LIMIT
+    shown = regs.read_hotlist(consume=False)[:limit]
+    status = regs.status()  # after the read: its entries count at least those read
+    consumed = regs.consume(len(shown)) if args.consume else 0  # what is shown, never more
     return {"name": args.name, "capabilities": regs.capabilities(), "config": regs.config(),
             "status": vars(status) | {"entries": status.entries},
-            "hotlist": [{"dpa": dpa, "count": n} for dpa, n in regs.read_hotlist(consume=args.consume)]}
+            "hotlist": [{"dpa": dpa, "count": n} for dpa, n in shown], "consumed": consumed}
 
 
-def _print_text(doc: dict[str, Any], limit: int) -> None:
+def _print_text(doc: dict[str, Any]) -> None:
     c, s = doc["config"], doc["status"]
     state = "enabled" if s["enabled"] else "disabled"
     epoch = f"epoch {c['epoch_ns'] / 1e6:g} ms" if c["mode"] == "epoch" else "always-on"
@@ -115,7 +133,10 @@ def _print_text(doc: dict[str, Any], limit: int) -> None:
     flags = [n for n in ("overflow", "fill_threshold_reached") if s[n]]
     print(f"hotlist: {s['entries']}/{s['hotlist_size'] - 1} entries (head {s['head']}, tail {s['tail']})"
           + (f", status: {', '.join(flags)}" if flags else ""))
-    for e in doc["hotlist"][:limit]:
+    for e in doc["hotlist"]:
         print(f"  DPA {e['dpa']:#014x}  count {e['count']}")
-    if len(doc["hotlist"]) > limit:
-        print(f"  ... {len(doc['hotlist']) - limit} more (--limit N or --json)")
+    more = s["entries"] - len(doc["hotlist"])
+    if more > 0:
+        print(f"  ... {more} more, not shown{' nor consumed' if doc['consumed'] else ''} (--limit N or --json)")
+    if doc["consumed"]:
+        print(f"consumed {doc['consumed']} entries")

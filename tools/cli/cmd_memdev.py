@@ -243,7 +243,10 @@ def cmd_fw_pack(args: argparse.Namespace) -> int:
         image = build_image(args.revision, body)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
-    Path(args.output).write_bytes(image)
+    try:
+        Path(args.output).write_bytes(image)
+    except OSError as exc:  # a bad -o is a bad argument: exit 2, the reason without the errno noise
+        raise CliError(f"cannot write --output {args.output}: {exc.strerror or exc}") from None
     print_json({"output": args.output, "revision": args.revision, "size": len(image)})
     return 0
 

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from tools.cli._common import CliError
+from tools.cli._common import CliError, parse_port
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e = subparsers.add_parser("exporter", help="Prometheus metrics of devices over HTTP",
                               description="Serve GET /metrics (text format 0.0.4) from devices' telemetry pages.")
     e.add_argument("names", nargs="*", metavar="NAME", help="devices to export (default: all)")
-    e.add_argument("--port", type=int, required=True, help="TCP port to listen on")
+    e.add_argument("--port", type=parse_port, required=True, help="TCP port to listen on, 1..65535")
     e.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     e.set_defaults(func=cmd_exporter)
 
@@ -52,8 +52,6 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 def cmd_exporter(args: argparse.Namespace) -> int:
     from tools.exporter import start_exporter
 
-    if not 1 <= args.port <= 65535:
-        raise CliError(f"--port must be 1..65535, got {args.port}")
     try:
         server = start_exporter(args.names or None, args.host, args.port)
     except OSError as exc:

@@ -34,9 +34,50 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(message)
 
 
+def version() -> str:
+    """The installed distribution's version; from a source tree that is not installed, pyproject's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("cxlemu")
+    except PackageNotFoundError:
+        import re
+        from pathlib import Path
+
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        try:
+            m = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.MULTILINE)
+        except OSError:
+            m = None
+        return m.group(1) if m else "unknown"
+
+
+class _VersionAction(argparse.Action):
+    """`cxlemu --version`: `cxlemu <version>` on stdout, exit 0 (looked up only when asked)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: object, values: object,
+                 option_string: str | None = None) -> None:
+        print(f"cxlemu {version()}")
+        raise _Done(0)
+
+
+class _Done(Exception):
+    """An option that did all the work (--version): main returns its exit code."""
+
+    def __init__(self, exit_code: int) -> None:
+        super().__init__(exit_code)
+        self.exit_code = exit_code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="cxlemu", description="CXL Type-3 memory expander emulator")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in _MODULES:
@@ -50,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
+    except _Done as done:
+        return done.exit_code
     except CliError as exc:
         if debug:
             raise

@@ -46,7 +46,7 @@ def header(views: list[DeviceView], selected: int, clock: str, *, paused: bool =
 
 
 def _no_devices() -> Panel:
-    return Panel(Text(f"no devices in {dev.runtime_dir()} (create one with `cxlemu create`)"),
+    return Panel(Text(f"no devices in {dev.runtime_dir()} (serve one with `cxlemu serve --name NAME --capacity SIZE`)"),
                  title="devices")
 
 
