@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from driver._cmd_base import CommandMixin
 from emulator.spec.opcodes import Opcode
-from emulator.spec.payloads import BG_OP_STATUS, IDENTIFY
+from emulator.spec.payloads import BG_OP_STATUS, IDENTIFY, bg_op_status_fields
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,10 @@ class GenericCommands(CommandMixin):
         return Identify(**IDENTIFY.unpack(self.call(Opcode.IDENTIFY)))
 
     def background_status(self) -> BackgroundStatus:
+        """Background Operation Status (§8.2.9.1.2): percent from bits 7:1 of byte 0."""
         d = BG_OP_STATUS.unpack(self.call(Opcode.BACKGROUND_OPERATION_STATUS))
-        return BackgroundStatus(bool(d["status"] & 1), d["percent"] & 0x7F, d["opcode"], d["retcode"])
+        running, percent = bg_op_status_fields(d["status"])
+        return BackgroundStatus(running, percent, d["opcode"], d["retcode"])
 
     def abort_background(self) -> None:
         self.call(Opcode.REQUEST_BACKGROUND_ABORT)

@@ -1,6 +1,7 @@
 """Typed wrappers of the memory-device commands: identify, partition, LSA, health, alerts,
-timestamp, logs (CEL), security state, event interrupt policy (CXL r3.1 §8.2.9.2.4-5, §8.2.9.4-5,
-§8.2.9.9.1-3, §8.2.9.9.6). Each returns a dataclass and raises `MailboxError` on a return code."""
+timestamp, logs (CEL), security state, Secure Erase, event interrupt policy (CXL r3.1 §8.2.9.2.4-5,
+§8.2.9.4-5, §8.2.9.9.1-3, §8.2.9.9.5.2, §8.2.9.9.6). Each returns a dataclass (or None) and raises
+`MailboxError` on a return code. Sanitize's wrapper is in `driver/_cmd_poison.py`."""
 from __future__ import annotations
 
 import time
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from driver._cmd_base import CommandMixin
+from driver.mailbox import Progress
 from emulator.spec import payloads_memdev as P
 from emulator.spec.layout import Layout
 from emulator.spec.opcodes import Opcode
@@ -210,6 +212,13 @@ class MemdevCommands(CommandMixin):
     # security and event interrupts
     def security_state(self) -> SecurityState:
         return SecurityState(_decode(P.SECURITY_STATE, self.call(Opcode.GET_SECURITY_STATE))["state"])
+
+    def secure_erase(self, progress: Progress | None = None) -> None:
+        """Secure Erase (4401h, background; Linux `cxl sanitize-memdev --erase`): zeroes the media
+        and clears poison, keeps the LSA and the event logs; media disabled while it runs.
+        `progress` gets each new percent complete. Sanitize (which also erases the LSA and the
+        events) is `sanitize()`."""
+        self.call(Opcode.SECURE_ERASE, progress=progress)
 
     def event_interrupt_policy(self) -> dict[str, int]:
         """Per event log: its setting byte (mode in [1:0], MSI message number in [7:4])."""

@@ -18,11 +18,37 @@ committed decoders within the device. The spec asks the device for the aliasing 
 Lock On Commit set; cxlemu makes them always, since a refused commit is easier to debug than
 silent aliasing.
 
-A committed decoder's settings are latched when it commits, as hardware latches them: `decoders()`
-returns the latched copies, so a host scribbling on a committed decoder never changes decode
-mid-access. With LOCK_ON_COMMIT the latched words are also put back into the registers whenever a
-host changes them (the registers are read-only until reset). COMMITTED and ERR_NOT_COMMITTED are
-read-only to the host; the service restores them when a host writes them.
+Commit order on a polled BAR. Hardware acts on each store as it arrives, so "decoders 0..n-1
+committed before n" is judged when decoder n's COMMIT is written: a host that sets COMMIT on
+decoder 1 and then on decoder 0 gets ERR_NOT_COMMITTED on 1. A pass of the service sees only the
+registers' state, not the order of the stores that made it, and "1 then 0" leaves the same state
+as "0 then 1". The rule cxlemu applies: **a commit request of decoder n is refused
+(ERR_NOT_COMMITTED) when a decoder below n is committed in the same pass**. Both COMMIT bits were
+then set before the device had reported COMMITTED for the lower one, so the host did not wait for
+it, and which store came first cannot be known. For the bad order refusing is what hardware does;
+for the good order it is what hardware may do when decoder n's COMMIT arrives before its commit of
+decoder n-1 has completed. Only COMMIT bits already set when the pass took its snapshot of the registers
+are acted on; one that appears while the pass runs (a host that saw this pass's COMMITTED and
+went on to the next decoder, as it should) waits for the next pass, so a host that waits is never
+refused. Linux never meets the rule: cxl_decoder_commit() commits in decoder order, one decoder at
+a time, and cxld_await_commit() polls for COMMITTED (or ERR) before it returns, so the next
+decoder's COMMIT is written only after the previous one reads COMMITTED; `driver.hdm` does the
+same. Uncommits are not ordered: §8.2.4.20.7 clears COMMITTED on any 1 -> 0 of COMMIT.
+
+A committed decoder is read-only while its COMMIT stays set, locked or not: its settings are
+latched when it commits, `decoders()` decodes the latched copies, and any other change a host
+makes to its registers (BASE, SIZE, DPA SKIP, CTRL fields) is undone by the next pass, which puts
+the latched words back. So the registers always show what the device decodes, and a host
+scribbling on a committed decoder never changes decode mid-access. To reprogram a decoder the
+host clears COMMIT (COMMITTED drops), writes the new values and sets COMMIT again, as Linux does
+(cxl_decoder_reset clears COMMIT, then zeroes the registers; cxl_decoder_commit programs them and
+sets COMMIT); a write that lands in the same pass as the COMMIT clear is kept, since the decoder
+is then uncommitted. With LOCK_ON_COMMIT even the COMMIT clear is undone: the registers are
+read-only until reset. QEMU instead lets the write through and decodes what the registers
+show (cxl_type3_dpa reads the decoder registers on every access); cxlemu refuses the write so
+that registers and decode agree without re-running the commit checks on half-written values
+(BASE_LO and BASE_HI are separate stores). COMMITTED and ERR_NOT_COMMITTED are read-only to the
+host; the service restores them when a host writes them.
 
 RAS: the status registers are RW1C, which a shared-memory BAR cannot emulate (a host writing back
 the value it read, as Linux does to clear, is indistinguishable from no write). cxlemu reports media
@@ -30,6 +56,7 @@ errors through the poison list and event records instead, so RAS holds its reset
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,9 +153,10 @@ class HdmDecoderBlock:
     def service(self) -> None:
         """Act on the hosts' writes since the last pass.
 
-        Uncommits run first, from the top decoder down, then commits from the bottom up, so a
-        host that clears and sets several COMMIT bits between two passes, in the orders the spec
-        asks of software, is served in those orders.
+        Uncommits run first, from the top decoder down, then commits from the bottom up. A
+        commit request is acted on only if its COMMIT bit was set in the snapshot `now` this pass
+        starts from, and is refused when a decoder below it is committed in this same pass (see
+        the module docstring: their order cannot be known).
 
         A pass over unchanged registers costs one 0x90-byte compare against `_seen`: the registers
         as this pass found them plus this pass's own writes. A host write that lands during the
@@ -142,9 +170,10 @@ class HdmDecoderBlock:
         for i in reversed(range(self.n_decoders)):
             if self._latched[i] is not None:
                 self._service_committed(i)
+        committed_now: set[int] = set()
         for i in range(self.n_decoders):
-            if self._latched[i] is None:
-                self._service_uncommitted(i)
+            if self._latched[i] is None and self._service_uncommitted(i, now, committed_now):
+                committed_now.add(i)
         self._seen = bytes(self._expect)
 
     def _set(self, reg: Reg, value: int) -> None:
@@ -166,12 +195,12 @@ class HdmDecoderBlock:
         if words == latched.words:
             return
         ctrl = words[4]
-        if latched.locked:
-            self._write_words(i, latched.words)  # read-only until reset: undo the host's write
-        elif not ctrl & C.CTRL_COMMIT:
+        if latched.locked or ctrl & C.CTRL_COMMIT:
+            # read-only while committed (until reset when locked): undo the host's write, so the
+            # registers keep showing what decodes (module docstring)
+            self._write_words(i, latched.words)
+        else:
             self._uncommit(i, ctrl)
-        elif ctrl & _RO_CTRL_BITS != C.CTRL_COMMITTED:
-            self._set(self._regs[i].CTRL, (ctrl & ~_RO_CTRL_BITS) | C.CTRL_COMMITTED)
 
     def _uncommit(self, i: int, ctrl: int) -> None:
         """§8.2.4.20.7: a 1 -> 0 transition of Commit shall clear Committed, whatever the order.
@@ -180,32 +209,45 @@ class HdmDecoderBlock:
         self._latched[i] = None
         self._set(self._regs[i].CTRL, ctrl & ~_RO_CTRL_BITS)
 
-    def _service_uncommitted(self, i: int) -> None:
+    def _service_uncommitted(self, i: int, snapshot: bytes, committed_now: set[int]) -> bool:
+        """Serve decoder i (not committed); True when this call committed it."""
         ctrl_reg = self._regs[i].CTRL
         ctrl = self.regs.get(ctrl_reg)
         if not ctrl & C.CTRL_COMMIT:
             if ctrl & _RO_CTRL_BITS:  # COMMIT cleared after an error (or a host wrote RO bits)
                 self._set(ctrl_reg, ctrl & ~_RO_CTRL_BITS)
-            return
+            return False
         if ctrl & C.CTRL_ERR_NOT_COMMITTED:
-            return  # waits for the host to clear COMMIT
+            return False  # waits for the host to clear COMMIT
+        at = ctrl_reg.offset - self._window[0]
+        if not int.from_bytes(snapshot[at:at + 4], "little") & C.CTRL_COMMIT:
+            return False  # set after this pass's snapshot: the next pass serves it
         words = self._words(i)
         try:
-            settings = self._check(i, words)
+            settings = self._check(i, words, committed_now)
         except DecoderRefused as exc:
             self.errors[i] = str(exc)
             self._set(ctrl_reg, (ctrl & ~C.CTRL_COMMITTED) | C.CTRL_ERR_NOT_COMMITTED)
-            return
+            return False
         self.errors.pop(i, None)
         committed = words[:4] + ((ctrl & ~_RO_CTRL_BITS) | C.CTRL_COMMITTED,) + words[5:]
         self._latched[i] = _Latched(committed, settings)
         self._set(ctrl_reg, committed[4])
+        return True
 
     # ---- the checks of a commit request --------------------------------------------------------
-    def _check(self, i: int, words: tuple[int, ...]) -> DecoderSettings:
-        """The settings a commit request programs, or DecoderRefused saying which rule it breaks."""
+    def _check(self, i: int, words: tuple[int, ...], committed_now: Collection[int] = ()) -> DecoderSettings:
+        """The settings a commit request programs, or DecoderRefused saying which rule it breaks.
+        `committed_now`: the decoders this pass committed (their COMMITTED was not yet visible
+        when decoder i's COMMIT was written)."""
         if any(latched is None for latched in self._latched[:i]):
             raise DecoderRefused(f"decoder {i} committed before decoders 0..{i - 1} (§8.2.4.20.12)")
+        racing = sorted(j for j in committed_now if j < i)
+        if racing:
+            raise DecoderRefused(
+                f"decoder {i}'s COMMIT was set before decoder {racing[-1]} reported COMMITTED (both seen in "
+                f"one pass, so their order is unknown); decoders 0..{i - 1} must be committed first "
+                f"(§8.2.4.20.12): wait for COMMITTED after each commit, as Linux does")
         base_lo, base_hi, size_lo, size_hi, ctrl, skip_lo, skip_hi = words
         base, size, skip = base_hi << 32 | base_lo, size_hi << 32 | size_lo, skip_hi << 32 | skip_lo
         for name, value in (("base", base), ("size", size), ("DPA skip", skip)):

@@ -138,6 +138,7 @@ def test_dpa_accumulates_across_decoders(dev: tuple[Host, HdmDecoderBlock]) -> N
     host, hdm = dev
     host.enable()
     host.program(0, base=0x40 * SZ_256M, size=4 * SZ_256M, iw=1)
+    hdm.service()  # a host waits for COMMITTED before the next decoder (Linux cxld_await_commit)
     host.program(1, base=0x80 * SZ_256M, size=2 * SZ_256M, skip=SZ_256M)
     hdm.service()
     assert "needs DPA up to 0x50000000" in hdm.errors[1]  # 512 + 256 + 512 MiB > 1 GiB
@@ -151,6 +152,7 @@ def test_dpa_accumulates_across_decoders(dev: tuple[Host, HdmDecoderBlock]) -> N
 def test_base_below_previous_window_is_refused(dev: tuple[Host, HdmDecoderBlock]) -> None:
     host, hdm = dev
     host.program(0, base=8 * SZ_256M, size=2 * SZ_256M)
+    hdm.service()
     host.program(1, base=9 * SZ_256M, size=SZ_256M)
     hdm.service()
     assert host.ctrl(0) & COMMITTED
@@ -176,6 +178,7 @@ def test_uncommit_below_a_committed_decoder_stops_decode_above_it(dev: tuple[Hos
     host, hdm = dev
     host.enable()
     host.program(0, base=0, size=SZ_256M)
+    hdm.service()
     host.program(1, base=SZ_256M, size=SZ_256M)
     hdm.service()
     host.set_ctrl(0, host.ctrl(0) & ~COMMIT)
@@ -195,6 +198,7 @@ def test_uncommit_below_a_committed_decoder_stops_decode_above_it(dev: tuple[Hos
 def test_recommitting_a_hole_counts_the_dpa_of_decoders_above(dev: tuple[Host, HdmDecoderBlock]) -> None:
     host, hdm = dev  # 1 GiB of DPA
     host.program(0, base=0, size=SZ_256M)
+    hdm.service()
     host.program(1, base=4 * SZ_256M, size=2 * SZ_256M)
     hdm.service()
     host.set_ctrl(0, host.ctrl(0) & ~COMMIT)
@@ -207,6 +211,7 @@ def test_recommitting_a_hole_counts_the_dpa_of_decoders_above(dev: tuple[Host, H
 def test_uncommit_top_down_in_one_pass(dev: tuple[Host, HdmDecoderBlock]) -> None:
     host, hdm = dev
     host.program(0, base=0, size=SZ_256M)
+    hdm.service()
     host.program(1, base=SZ_256M, size=SZ_256M)
     hdm.service()
     host.set_ctrl(1, host.ctrl(1) & ~COMMIT)
@@ -227,14 +232,100 @@ def test_a_refused_write_repeated_is_refused_again(dev: tuple[Host, HdmDecoderBl
         assert host.ctrl(0) & (COMMIT | COMMITTED) == COMMIT | COMMITTED
 
 
-def test_unlocked_committed_decoder_decodes_latched_settings(dev: tuple[Host, HdmDecoderBlock]) -> None:
+def test_commit_1_then_0_between_two_passes_refuses_1(dev: tuple[Host, HdmDecoderBlock]) -> None:
+    """Hardware judges decoder 1's COMMIT when it is written: decoder 0 was not committed then."""
+    host, hdm = dev
+    host.enable()
+    host.program(1, base=SZ_256M, size=SZ_256M)  # COMMIT on decoder 1 first ...
+    host.program(0, base=0, size=SZ_256M)        # ... then on decoder 0, no firmware pass between
+    hdm.service()
+    assert host.ctrl(0) == COMMIT | COMMITTED | 1 << 12
+    assert host.ctrl(1) == COMMIT | ERR | 1 << 12
+    assert hdm.errors == {1: "decoder 1's COMMIT was set before decoder 0 reported COMMITTED (both seen in "
+                             "one pass, so their order is unknown); decoders 0..0 must be committed first "
+                             "(§8.2.4.20.12): wait for COMMITTED after each commit, as Linux does"}
+    assert hdm.decoders() == [DecoderSettings(base=0, size=SZ_256M)]
+    assert hdm.hpa_to_dpa(SZ_256M) is None
+    host.set_ctrl(1, host.ctrl(1) & ~COMMIT)  # Linux cxld_await_commit on error, then a retry
+    hdm.service()
+    host.set_ctrl(1, host.ctrl(1) | COMMIT)
+    hdm.service()
+    assert host.ctrl(1) == COMMIT | COMMITTED | 1 << 12
+    assert hdm.hpa_to_dpa(SZ_256M + 64) == SZ_256M + 64
+
+
+def test_commit_0_then_1_between_two_passes_is_refused_alike(dev: tuple[Host, HdmDecoderBlock]) -> None:
+    """The same registers as 1-then-0: the store order is unknown, so decoder 1 is refused too."""
+    host, hdm = dev
+    host.program(0, base=0, size=SZ_256M)
+    host.program(1, base=SZ_256M, size=SZ_256M)
+    hdm.service()
+    assert host.ctrl(0) & (COMMITTED | ERR) == COMMITTED
+    assert host.ctrl(1) & (COMMITTED | ERR) == ERR
+    assert hdm.committed_count == 1
+
+
+def test_commit_raised_during_a_pass_waits_for_the_next_pass(dev: tuple[Host, HdmDecoderBlock],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that sees decoder 0's COMMITTED while the pass is still running and at once commits
+    decoder 1 (what Linux does, only fast) is served by the next pass, never refused."""
+    host, hdm = dev
+    ctrl0 = HDM + 0x20
+    set_register = hdm._set
+
+    def set_then_host_reacts(reg: object, value: int) -> None:
+        set_register(reg, value)  # type: ignore[arg-type]
+        if reg.offset == ctrl0 and value & COMMITTED:  # type: ignore[attr-defined]
+            host.program(1, base=SZ_256M, size=SZ_256M)
+
+    monkeypatch.setattr(hdm, "_set", set_then_host_reacts)
+    host.program(0, base=0, size=SZ_256M)
+    hdm.service()
+    assert host.ctrl(0) & (COMMITTED | ERR) == COMMITTED
+    assert host.ctrl(1) == COMMIT | 1 << 12  # not looked at yet
+    monkeypatch.setattr(hdm, "_set", set_register)
+    hdm.service()
+    assert host.ctrl(1) == COMMIT | COMMITTED | 1 << 12
+    assert hdm.errors == {}
+
+
+def test_committed_decoder_reprogrammed_keeps_registers_and_decode_agreed(
+        dev: tuple[Host, HdmDecoderBlock]) -> None:
+    """An unlocked, committed decoder is read-only while COMMIT stays set: a new base (or IG) put
+    into its registers is undone, so the registers show the window the device decodes."""
     host, hdm = dev
     host.enable()
     host.program(0, base=4 * SZ_256M, size=SZ_256M)
     hdm.service()
-    host.wr(HDM + 0x10, 0x70000000)  # not allowed while committed: decode keeps what was committed
+    before = bytes(host.bar[HDM + 0x10: HDM + 0x30])
+    host.wr(HDM + 0x14, 0)                      # BASE_HI
+    host.wr(HDM + 0x10, 0x70000000)             # BASE_LO: base 0x70000000, COMMIT still set
+    host.set_ctrl(0, host.ctrl(0) | 3)          # and IG 3
     hdm.service()
+    assert bytes(host.bar[HDM + 0x10: HDM + 0x30]) == before
+    assert host.rd(HDM + 0x10) == 0x40000000 and host.ctrl(0) == COMMIT | COMMITTED | 1 << 12
     assert hdm.decoders() == [DecoderSettings(base=4 * SZ_256M, size=SZ_256M)]
+    assert hdm.hpa_to_dpa(0x70000000) is None
+    assert hdm.hpa_to_dpa(4 * SZ_256M + 0x1040) == 0x1040
+    assert hdm.errors == {}
+
+
+def test_reprogramming_after_clearing_commit_takes_the_new_base(dev: tuple[Host, HdmDecoderBlock]) -> None:
+    """The way to move a committed decoder: clear COMMIT (a base written in the same gap is kept,
+    the decoder being uncommitted), then commit again (Linux cxl_decoder_reset, cxl_decoder_commit)."""
+    host, hdm = dev
+    host.enable()
+    host.program(0, base=4 * SZ_256M, size=SZ_256M)
+    hdm.service()
+    host.set_ctrl(0, host.ctrl(0) & ~COMMIT)
+    host.wr(HDM + 0x10, 0x70000000)
+    hdm.service()
+    assert host.rd(HDM + 0x10) == 0x70000000 and host.ctrl(0) & (COMMIT | COMMITTED) == 0
+    assert hdm.decoders() == []
+    host.set_ctrl(0, host.ctrl(0) | COMMIT)
+    hdm.service()
+    assert hdm.decoders() == [DecoderSettings(base=0x70000000, size=SZ_256M)]
+    assert hdm.hpa_to_dpa(0x70000000 + 64) == 64 and hdm.hpa_to_dpa(4 * SZ_256M) is None
 
 
 def test_read_only_status_bits_are_restored(dev: tuple[Host, HdmDecoderBlock]) -> None:
@@ -285,11 +376,21 @@ class CommitProtocol(RuleBasedStateMachine):
         if n in self.model and not self.model[n][1]:
             del self.model[n]
 
+    @rule(n=st.integers(0, 3), base_lo=st.integers(0, 15).map(lambda u: u << 28))
+    def scribble_base(self, n: int, base_lo: int) -> None:
+        """A host writing BASE_LO with COMMIT left as it is (undone on a committed decoder)."""
+        self.host.wr(HDM + 0x10 + 0x20 * n, base_lo)
+        self.hdm.service()
+
     @invariant()
     def registers_and_decode_match_model(self) -> None:
         prefix = []
         for n in range(4):
             assert bool(self.host.ctrl(n) & COMMITTED) == (n in self.model)
+            if n in self.model:  # what a committed decoder's registers show is what it was given
+                dec = HDM + 0x10 + 0x20 * n
+                assert self.host.rd(dec + 4) << 32 | self.host.rd(dec) == n * SLOT
+                assert self.host.rd(dec + 0xC) << 32 | self.host.rd(dec + 8) == self.model[n][0]
             if n in self.model and len(prefix) == n:
                 prefix.append((n * SLOT, self.model[n][0]))
         assert [(d.base, d.size) for d in self.hdm.decoders()] == prefix

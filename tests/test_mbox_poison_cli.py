@@ -71,6 +71,15 @@ def test_sanitize_with_progress(served: Any, capsys: pytest.CaptureFixture[str])
     assert not served.firmware.media[:4096].any()
 
 
+def test_sanitize_erase_sends_secure_erase_and_keeps_the_lsa(served: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    served.firmware.media[:4096] = 7
+    served.firmware.lsa[:6] = list(b"label!")
+    assert main(["sanitize", served.name, "--erase"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"memdev": served.name, "secure_erased": True} and "secure erase" in err
+    assert not served.firmware.media[:4096].any() and bytes(served.firmware.lsa[:6]) == b"label!"
+
+
 def test_events_show_then_clear(served: Any, capsys: pytest.CaptureFixture[str]) -> None:
     fw = served.firmware
     for i in range(3):

@@ -1,12 +1,17 @@
 """Sanitize: media disabled while it runs (every media command refused), progress in slices, and
-afterwards media, LSA, poison and events all gone, media enabled again."""
+afterwards media, LSA, poison and events all gone, media enabled again. Secure Erase (4401h): the
+same job shape, but user data only: media and poison go, the LSA and the event logs stay."""
 from __future__ import annotations
 
 import struct
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pytest
 
+import emulator.commands.sanitize as sanitize_mod
 from emulator.firmware import Firmware
 from emulator.mailbox import COMMANDS, dispatch
 from emulator.spec import registers as R
@@ -103,3 +108,100 @@ def test_sanitize_end_to_end_through_the_driver(served: Any, memdev: Any) -> Non
     assert rc == RetCode.SUCCESS and lsa == bytes(512)
     assert md.get_poison_list().records == [] and md.get_event_records("warning").records == []
     assert md.media_status == R.MEDIA_READY
+
+
+# Secure Erase (§8.2.9.9.5.2) ------------------------------------------------------------------
+def test_secure_erase_zeroes_media_and_poison_and_keeps_lsa_and_events(fw: Firmware) -> None:
+    dirty(fw)
+    events_before = fw.events.counts()
+    assert sum(events_before) >= 2
+    assert dispatch(fw, Opcode.SECURE_ERASE, b"") == (RetCode.BACKGROUND_COMMAND_STARTED, b"")
+    assert fw.media_disabled
+    percents = []
+    while fw.step_background():
+        percents.append(fw.background_status[1])
+    assert percents == [12, 25, 37, 50, 62, 75, 87, 99, 100]  # 32 MiB slices, not paced
+    assert fw.background_status == (False, 100, Opcode.SECURE_ERASE, RetCode.SUCCESS)
+    assert not fw.media_disabled
+    assert np.count_nonzero(fw.media) == 0
+    assert np.count_nonzero(fw.poison_bits) == 0 and fw.poison.records == []
+    assert fw.lsa.tobytes() == b"\xee" * 4096  # the LSA is not user data: kept
+    assert fw.events.counts() == events_before  # event logs kept
+    assert dispatch(fw, Opcode.GET_SCAN_MEDIA_RESULTS, b"") == (RetCode.UNSUPPORTED, b"")  # scan results gone
+
+
+def test_secure_erase_is_refused_by_the_generic_rules_as_sanitize_is(fw: Firmware) -> None:
+    assert dispatch(fw, Opcode.SECURE_ERASE, b"\0") == (RetCode.INVALID_PAYLOAD_LENGTH, b"")  # no input
+    assert dispatch(fw, Opcode.SANITIZE, b"")[0] == RetCode.BACKGROUND_COMMAND_STARTED
+    assert dispatch(fw, Opcode.SECURE_ERASE, b"") == (RetCode.BUSY, b"")  # another background op runs
+    while fw.step_background():
+        pass
+    fw.media_disabled = True  # media disabled with no background operation running
+    assert dispatch(fw, Opcode.SECURE_ERASE, b"") == (RetCode.MEDIA_DISABLED, b"")
+    fw.media_disabled = False
+    assert dispatch(fw, Opcode.SECURE_ERASE, b"")[0] == RetCode.BACKGROUND_COMMAND_STARTED
+    fw.step_background()
+    assert dispatch(fw, Opcode.GET_POISON_LIST, struct.pack("<QQ", 0, 1)) == (RetCode.MEDIA_DISABLED, b"")
+    assert dispatch(fw, Opcode.GET_LSA, struct.pack("<II", 0, 64)) == (RetCode.MEDIA_DISABLED, b"")
+    assert dispatch(fw, Opcode.SANITIZE, b"") == (RetCode.BUSY, b"")
+    assert dispatch(fw, Opcode.REQUEST_BACKGROUND_ABORT, b"") == (RetCode.REQUEST_ABORT_NOT_SUPPORTED, b"")
+    while fw.step_background():
+        pass
+    assert fw.background_status[2:] == (Opcode.SECURE_ERASE, RetCode.SUCCESS) and not fw.media_disabled
+
+
+@pytest.fixture
+def held_erase(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Hold every Secure Erase job at 0 % until the event is set, so a test can look at the device
+    while the erase runs (the job keeps yielding: the firmware still serves the mailbox)."""
+    gate = threading.Event()
+    zero_media = sanitize_mod._zero_media
+
+    def held(fw: Firmware, ns_per_byte: float) -> Any:
+        while not gate.is_set():
+            yield 0
+        return (yield from zero_media(fw, ns_per_byte))
+
+    monkeypatch.setattr(sanitize_mod, "_zero_media", held)
+    yield gate
+    gate.set()
+
+
+def test_secure_erase_through_the_mailbox_of_a_served_device(served: Any, memdev: Any,
+                                                            held_erase: threading.Event) -> None:
+    md = memdev
+    md.write(0, b"\x77" * 8192)
+    md.write(CAPACITY - 4096, b"\x66" * 4096)
+    assert md.send(Opcode.SET_LSA, struct.pack("<II", 0, 0) + b"\x99" * 512)[0] == RetCode.SUCCESS
+    md.inject_poison(0x1000)
+    served.firmware.events.general_media(EventLog.WARNING, 0x1000)
+    warnings = md.get_event_records("warning").records
+    assert len(warnings) >= 1
+
+    assert md.send(Opcode.SECURE_ERASE) == (RetCode.BACKGROUND_COMMAND_STARTED, b"")
+    assert md.media_status == R.MEDIA_DISABLED
+    assert md.send(Opcode.GET_POISON_LIST, struct.pack("<QQ", 0, 1)) == (RetCode.MEDIA_DISABLED, b"")
+    assert md.send(Opcode.GET_EVENT_RECORDS, bytes([EventLog.WARNING])) == (RetCode.MEDIA_DISABLED, b"")
+    assert md.send(Opcode.SANITIZE) == (RetCode.BUSY, b"")
+    held_erase.set()
+    assert md.wait_background() == RetCode.SUCCESS
+
+    assert md.media_status == R.MEDIA_READY
+    assert np.count_nonzero(md.media) == 0
+    assert md.read(0x1000, 64) == bytes(64)  # no longer poisoned
+    assert md.get_poison_list().records == []
+    rc, lsa = md.send(Opcode.GET_LSA, struct.pack("<II", 0, 512))
+    assert rc == RetCode.SUCCESS and lsa == b"\x99" * 512  # kept
+    assert md.get_event_records("warning").records == warnings  # kept
+
+
+def test_secure_erase_driver_wrapper_and_command_effects_log(memdev: Any) -> None:
+    md = memdev
+    md.write(4096, b"\x55" * 4096)
+    seen: list[int] = []
+    md.secure_erase(progress=seen.append)
+    assert seen[-1] == 100 and seen == sorted(seen)
+    assert md.read(4096, 4096) == bytes(4096)
+    cel = {e.opcode: e.effects for e in md.command_effects_log()}
+    # Immediate Data Change (bit 2) | Security State Change (bit 5) | Background Operation (bit 6)
+    assert cel[Opcode.SECURE_ERASE] == 0x64 == cel[Opcode.SANITIZE]

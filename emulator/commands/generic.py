@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 from emulator.mailbox import command
 from emulator.spec.opcodes import Opcode
 from emulator.spec.payloads import (BG_OP_STATUS, COMPONENT_TYPE_TYPE3, CXLEMU_DEVICE_ID,
-                                    CXLEMU_VENDOR_ID, IDENTIFY)
+                                    CXLEMU_VENDOR_ID, IDENTIFY, bg_op_status_byte)
 from emulator.spec.registers import MAILBOX_PAYLOAD_LOG2
 from emulator.spec.retcodes import RetCode
 
@@ -24,8 +24,9 @@ def identify(fw: "Firmware", payload: memoryview) -> tuple[RetCode, bytes]:
 
 @command(Opcode.BACKGROUND_OPERATION_STATUS, "Background Operation Status", in_len=0)
 def background_operation_status(fw: "Firmware", payload: memoryview) -> tuple[RetCode, bytes]:
+    """§8.2.9.1.2: byte 0 = percent complete [7:1] | in progress [0] (QEMU cmd_infostat_bg_op_sts)."""
     running, percent, opcode, retcode = fw.background_status
-    return RetCode.SUCCESS, BG_OP_STATUS.pack(status=int(running), percent=percent, opcode=opcode,
+    return RetCode.SUCCESS, BG_OP_STATUS.pack(status=bg_op_status_byte(running, percent), opcode=opcode,
                                               retcode=retcode)
 
 

@@ -1,4 +1,4 @@
-"""Sanitize (CXL r3.1 §8.2.9.9.5.1): erase all user data, in the background, media disabled.
+"""Sanitize and Secure Erase (CXL r3.1 §8.2.9.9.5.1-2): erase in the background, media disabled.
 
     Sanitize ──▶ media disabled (the dispatcher answers Media Disabled to media commands)
              ──▶ job, per slice: zero a chunk of media and its poison bits
@@ -11,6 +11,35 @@ writes zeros. Rewriting every line also removes all poison. The job paces itself
 write bandwidth when one is configured (a real sanitize overwrites the whole media), else runs
 as fast as the work goes. It cannot be aborted: the spec keeps media disabled after a sanitize
 that did not finish, so stopping half-way would only leave the device unusable.
+
+Secure Erase (§8.2.9.9.5.2, opcode 4401h; Linux `cxl sanitize-memdev --erase`, sysfs
+`security/erase`) erases the *user data* "by changing the media encryption keys for all user data
+areas of the device". cxlemu gives it Sanitize's job shape (media disabled while it runs: a
+half-erased device holds neither the old data nor the new), with these differences, each from
+what the spec and Linux's ABI text (Documentation/ABI/testing/sysfs-bus-cxl) say of the two:
+
+    Secure Erase ──▶ media disabled while it runs (media commands answer Media Disabled)
+                 ──▶ job, per slice: zero a chunk of media and its poison bits
+                 ──▶ last slice: forget the poison list and the last scan's results
+                 ──▶ media enabled, return Success
+
+- user data only: the LSA and the event logs are kept. Sanitize makes "all user data and
+  meta-data, whether it resides in persistent capacity, volatile capacity, or the label storage
+  area" unavailable, and QEMU's sanitize also discards the event records;
+- not paced at the write bandwidth: a key change does not rewrite the media, so the job runs as
+  fast as zeroing the file goes (still in slices, so the mailbox stays responsive);
+- the media is re-enabled however the job ends (the "media disabled until a successful Sanitize"
+  rule is Sanitize's alone); it cannot be aborted either, a half-erased device being of no use.
+- its precondition "security applied to the user data areas disabled or unlocked" always holds:
+  cxlemu has no passphrases (Get Security State answers 0).
+
+Poison goes with the data: the erased lines hold new (zero) contents, so no line stays poisoned.
+No input payload. The dispatcher's rules refuse it as they refuse Sanitize: Busy while any
+background command runs (a Sanitize or Secure Erase included), Media Disabled while the media is.
+QEMU does not implement 4401h (its table has Sanitize and Media Operations only). Linux's cxl_pci
+waits asynchronously only for Sanitize: it sends Secure Erase with no background poll budget, so
+under Linux a Secure Erase must be done by the time its doorbell clears (a real key change is);
+cxlemu's own driver waits for it like any background command.
 """
 from __future__ import annotations
 
@@ -44,16 +73,41 @@ def _ns_per_byte(fw: Firmware) -> float:
     return fw.config.timing.time_scale / gbps if gbps else 0.0
 
 
-def _sanitize(fw: Firmware) -> BackgroundJob:
+def _zero_media(fw: Firmware, ns_per_byte: float) -> BackgroundJob:
+    """Zero the media and its poison bits in slices, yielding percent complete."""
     capacity = fw.config.capacity
-    for lo, hi in paced_slices(capacity, _ns_per_byte(fw), SLICE_BYTES, granule=mmap.PAGESIZE):
+    for lo, hi in paced_slices(capacity, ns_per_byte, SLICE_BYTES, granule=mmap.PAGESIZE):
         _zero_slice(fw, lo, hi)
         yield 100 * hi // capacity
+    return RetCode.SUCCESS
+
+
+def _sanitize(fw: Firmware) -> BackgroundJob:
+    yield from _zero_media(fw, _ns_per_byte(fw))
     fw.lsa[:] = 0
     fw.poison.reset()
     fw.events.discard_all()
     fw.scan_media = ScanState()  # the last scan's findings describe media that no longer exists
     fw.media_disabled = False  # only a sanitize that completed re-enables the media (§8.2.9.9.5.1)
+    return RetCode.SUCCESS
+
+
+@command(Opcode.SECURE_ERASE, "Secure Erase", in_len=0, needs_media=True,
+         effects=Effect.IMMEDIATE_DATA_CHANGE | Effect.SECURITY_STATE_CHANGE | Effect.BACKGROUND_OPERATION)
+def secure_erase(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
+    fw.media_disabled = True
+    fw.start_background(Opcode.SECURE_ERASE, _secure_erase(fw), abortable=False)
+    return RetCode.BACKGROUND_COMMAND_STARTED, b""
+
+
+def _secure_erase(fw: Firmware) -> BackgroundJob:
+    """User data only: media and poison go, the LSA and the event logs stay (module docstring)."""
+    try:
+        yield from _zero_media(fw, 0.0)  # a key change: no pacing at the write bandwidth
+        fw.poison.reset()
+        fw.scan_media = ScanState()
+    finally:
+        fw.media_disabled = False
     return RetCode.SUCCESS
 
 

@@ -43,6 +43,7 @@ class Opcode(IntEnum):
     GET_SCAN_MEDIA_RESULTS = 0x4305
     # §8.2.9.9.5 Sanitize
     SANITIZE = 0x4400
+    SECURE_ERASE = 0x4401  # Linux CXL_MBOX_OP_SECURE_ERASE
     # §8.2.9.9.6 Persistent memory data-at-rest security
     GET_SECURITY_STATE = 0x4500
 

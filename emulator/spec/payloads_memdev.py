@@ -10,8 +10,11 @@ import uuid
 
 from emulator.spec.layout import Layout
 
-# §8.2.9.9.1.1 Identify Memory Device Output Payload. r3.0 added the Dynamic Capacity
-# Event Log Size at 43h (0x45 bytes); QEMU and Linux (struct cxl_mbox_identify) use 0x45.
+# §8.2.9.9.1.1 Identify Memory Device Output Payload. r3.0 added the Dynamic Capacity Event Log
+# Size at 43h, making it 0x45 bytes. QEMU's cmd_identify_memory_device answers 0x45 (it fills
+# dc_event_log_size); Linux's struct cxl_mbox_identify stops at qos_telemetry_caps, 0x43 bytes
+# (CXL_CMD(IDENTIFY, 0, 0x43, ...) in drivers/cxl/core/mbox.c), and copies only those 0x43 of a
+# longer answer. cxlemu answers 0x45, as QEMU does.
 IDENTIFY_MEMDEV = Layout("Identify Memory Device", "8.2.9.9.1.1", 0x45, [
     ("fw_revision", "16s"),          # 00h ASCII, NUL padded
     ("total_capacity", "Q"),         # 10h 256 MiB units

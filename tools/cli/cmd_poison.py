@@ -4,7 +4,7 @@
     cxlemu poison inject mem0 0x1000
     cxlemu poison clear mem0 0x1000 [--data HEX64]
     cxlemu scan-media mem0 [--dpa X --length SIZE] [--no-event-log]
-    cxlemu sanitize mem0
+    cxlemu sanitize mem0 [--erase]
 
 JSON on stdout (as `cxl list --media-errors` prints media errors); progress bars on stderr.
 """
@@ -56,6 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("sanitize", help="erase media, LSA, poison and events (background, with progress)")
     p.add_argument("name")
+    p.add_argument("--erase", action="store_true",
+                   help="Secure Erase (4401h) instead, as `cxl sanitize-memdev --erase`: media and poison "
+                        "only, LSA and events kept")
     p.set_defaults(func=cmd_sanitize)
 
 
@@ -82,6 +85,23 @@ def progress_bar(description: str) -> Iterator[Callable[[int], None]]:
 def _range(args: argparse.Namespace) -> tuple[int, int | None]:
     dpa = parse_int(args.dpa, "DPA")
     return dpa, None if args.length is None else parse_size(args.length)
+
+
+def _scan_range(args: argparse.Namespace, capacity: int) -> tuple[int, int]:
+    """--dpa / --length as a non-empty range inside the device, else a one-line error naming the
+    valid range (an empty scan would print nothing and exit 0; one past the end, an inverted range)."""
+    dpa, length = _range(args)
+    shown = f"[{dpa:#x}, {'end of device' if length is None else hex(dpa + length)})"
+    device = f"the device is [0x0, {capacity:#x})"
+    if not 0 <= dpa < capacity:
+        raise CliError(f"range {shown} is outside the device: {device}, use a --dpa below {capacity:#x}")
+    if length == 0:
+        raise CliError(f"range {shown} is empty: {device}, use a --length of 64 to {capacity - dpa:#x} "
+                       f"from --dpa {dpa:#x}")
+    if length is not None and dpa + length > capacity:
+        raise CliError(f"range {shown} ends past the device: {device}, use a --length of at most "
+                       f"{capacity - dpa:#x} from --dpa {dpa:#x}")
+    return dpa, capacity - dpa if length is None else length
 
 
 def _json_errors(records: list[Any]) -> list[dict[str, Any]]:
@@ -128,8 +148,8 @@ def cmd_poison_clear(args: argparse.Namespace) -> int:
 
 def cmd_scan_media(args: argparse.Namespace) -> int:
     with device(args.name) as md:
-        dpa, length = _range(args)
-        md._dpa_range(dpa, length)  # a bad range fails here, before the progress bar is drawn
+        dpa, length = _scan_range(args, md.config.capacity)
+        md._dpa_range(dpa, length)  # a misaligned range fails here, before the progress bar is drawn
         with progress_bar(f"scan {args.name}") as update:
             res = md.scan_media(dpa, length, log_events=not args.no_event_log, progress=update)
     print_json({"memdev": args.name, "stopped_prematurely": res.stopped_prematurely,
@@ -139,7 +159,8 @@ def cmd_scan_media(args: argparse.Namespace) -> int:
 
 
 def cmd_sanitize(args: argparse.Namespace) -> int:
-    with device(args.name) as md, progress_bar(f"sanitize {args.name}") as update:
-        md.sanitize(progress=update)
-    print_json({"memdev": args.name, "sanitized": True})
+    what = "secure erase" if args.erase else "sanitize"
+    with device(args.name) as md, progress_bar(f"{what} {args.name}") as update:
+        (md.secure_erase if args.erase else md.sanitize)(progress=update)
+    print_json({"memdev": args.name, "secure_erased" if args.erase else "sanitized": True})
     return 0
