@@ -26,6 +26,7 @@ from emulator.spec.retcodes import RetCode
 Progress = Callable[[int], None]
 
 MBOX_TIMEOUT_S = 2.0          # Linux: CXL_MAILBOX_TIMEOUT_MS = 2 * HZ
+LIVENESS_POLL_S = 0.01        # how often a waiting host checks that the firmware's process lives
 BACKGROUND_TIMEOUT_S = 600.0  # sanitize of a large device can take minutes
 
 
@@ -33,13 +34,16 @@ class MailboxClient:
     """Raw mailbox exchange over a mapped BAR; typed commands build on `send` and `call`."""
 
     def __init__(self, regs: RegisterFile, lock_path: Path, name: str, *, timeout_s: float = MBOX_TIMEOUT_S,
-                 alive: Callable[[], bool] = lambda: True) -> None:
+                 gone: Callable[[bool], str | None] = lambda thorough: None) -> None:
+        """``gone(thorough)``: why the device can no longer answer, or None. Asked on every poll
+        of the doorbell with ``thorough=False`` (a look at the state word: must be cheap), and
+        every ``LIVENESS_POLL_S`` with ``thorough=True`` (may check the firmware's process)."""
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.regs = regs
         self.name = name
         self.timeout_s = timeout_s
-        self._alive = alive
+        self._gone = gone
         self._tlock = threading.Lock()
         self._lock_fd = os.open(lock_path, os.O_RDWR)
 
@@ -59,6 +63,11 @@ class MailboxClient:
         payload = bytes(payload)
         if len(payload) > R.MAILBOX_PAYLOAD_SIZE:
             raise ValueError(f"payload of {len(payload)} bytes exceeds the {R.MAILBOX_PAYLOAD_SIZE}-byte mailbox")
+        if self._lock_fd < 0:
+            raise ValueError(f"{self.name}: send() on a closed handle: open the device again (MemDev.open)")
+        reason = self._gone(False)
+        if reason is not None:
+            raise DeviceGone(self.name, reason)
         with self._tlock:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
@@ -90,15 +99,24 @@ class MailboxClient:
         return rc, bytes(regs.region(R.MB_PAYLOAD_OFFSET, out_len))
 
     def _poll_doorbell_clear(self) -> None:
-        deadline = time.monotonic() + self.timeout_s
+        """Wait for the firmware to clear the doorbell. A firmware that stops, dies (SIGKILL, a
+        zombie) or restarts meanwhile is found within LIVENESS_POLL_S: the state word on every
+        poll, the process every LIVENESS_POLL_S; only a live firmware gets the whole timeout."""
+        now = time.monotonic()
+        deadline, next_check = now + self.timeout_s, now + LIVENESS_POLL_S
         spins = 0
-        while self.regs.get_field(R.MB_CTRL, "DOORBELL"):
+        doorbell = R.MB_CTRL.f("DOORBELL").mask
+        while self.regs.get(R.MB_CTRL) & doorbell:
             spins += 1
             # sleep(0) releases the GIL: an in-process firmware thread runs at once
             time.sleep(0 if spins < 2000 else 0.0001)
-            if time.monotonic() > deadline:
-                if not self._alive():
-                    raise DeviceGone(self.name, "its firmware is not running")
+            reason = self._gone(False)
+            now = time.monotonic()
+            if reason is None and now >= next_check:
+                reason, next_check = self._gone(True), now + LIVENESS_POLL_S
+            if reason is not None:
+                raise DeviceGone(self.name, reason)
+            if now > deadline:
                 raise MailboxTimeout(f"{self.name}: doorbell still set after {self.timeout_s} s")
 
     def wait_background(self, progress: Progress | None = None, timeout_s: float = BACKGROUND_TIMEOUT_S) -> int:
@@ -116,6 +134,7 @@ class MailboxClient:
                 return R.MB_BG_STATUS.f("RETCODE").get(self.regs.get(R.MB_BG_STATUS))
             if time.monotonic() > deadline:
                 raise MailboxTimeout(f"{self.name}: background operation still running after {timeout_s} s")
-            if not self._alive():
-                raise DeviceGone(self.name, "its firmware stopped during a background operation")
+            reason = self._gone(True)
+            if reason is not None:
+                raise DeviceGone(self.name, f"{reason} during a background operation")
             time.sleep(0.001)

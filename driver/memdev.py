@@ -21,53 +21,85 @@ from driver._cmd_generic import GenericCommands
 from driver._cmd_memdev import MemdevCommands
 from driver._cmd_poison import PoisonCommands
 from driver.mailbox import MBOX_TIMEOUT_S, MailboxClient
+from emulator import liveness
 from emulator.chmu_feed import AccessFeed
-from emulator.device import DeviceFiles, firmware_pid
+from emulator.device import DeviceFiles
 from emulator.regfile import RegisterFile, find_capabilities
 from emulator.spec import registers as R
 from emulator.spec.errors import DeviceGone
 from emulator.timing import DataPath, first_poisoned
 
 READY_TIMEOUT_S = 5.0  # Linux waits 60 s for mailbox ready at probe; a local emulator is faster
+READY_POLL_S = 0.01
 
 
 class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCommands, PoisonCommands):
-    """An open memory device (like /dev/cxl/memN)."""
+    """An open memory device (like /dev/cxl/memN).
+
+    A handle belongs to one boot of its device's firmware (emulator/liveness.py): once that
+    firmware stops, dies (even by SIGKILL) or is restarted, the mailbox and every data-path call
+    raise ``DeviceGone`` (found within ~20 ms), never touching a stale mapping; while the media is
+    disabled (sanitize, secure erase) data-path calls raise ``MediaDisabled``."""
 
     def __init__(self, files: DeviceFiles, *, timeout_s: float = MBOX_TIMEOUT_S) -> None:
         self.files = files
         self.config = files.config
         self.bar = files.bar
+        regs = RegisterFile(files.bar)
+        self._state = liveness.state_view(files.bar)
+        self._expected = liveness.serving_word(self._state[0])  # this boot, up, media enabled
+        super().__init__(regs, files.path / "mbox.lock", files.name, timeout_s=timeout_s, gone=self._gone_reason)
         self.media = np.frombuffer(files.media, dtype=np.uint8)
         self._poison = np.frombuffer(files.poison, dtype=np.uint8)
-        self.datapath = DataPath.for_device(files)
+        self.datapath = DataPath.for_device(files, state=(liveness.state_view(files.bar), self._expected))
         self.access_feed = AccessFeed(files.bar, files.path / "chmu.lock")  # what the CHMU counts
-        regs = RegisterFile(files.bar)
-        super().__init__(regs, files.path / "mbox.lock", files.name, timeout_s=timeout_s,
-                         alive=lambda: firmware_pid(files.name) is not None)
         self.capabilities = find_capabilities(regs)
+        self._watch = liveness.WATCHER.add(files.path, liveness.state_view(files.bar), self._expected)
 
     @classmethod
     def open(cls, name: str, *, timeout_s: float = MBOX_TIMEOUT_S,
              ready_timeout_s: float = READY_TIMEOUT_S) -> "MemDev":
-        """Open a served device by name; waits for Mailbox Ready as Linux's cxl_await_media_ready."""
+        """Open a served device by name; waits for Mailbox Ready as Linux's cxl_await_media_ready,
+        and raises ``DeviceGone`` at once when no live firmware serves it (never served, stopped,
+        killed, or a zombie)."""
         files = DeviceFiles.open(name)
         try:
+            cls._await_ready(files, ready_timeout_s)
             md = cls(files, timeout_s=timeout_s)
-            md._await_ready(ready_timeout_s)
         except BaseException:
             files.close()
             raise
         return md
 
-    def _await_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.regs.get_field(R.MEMDEV_STATUS, "MBOX_READY") or firmware_pid(self.name) is None:
-            if time.monotonic() > deadline:
-                if firmware_pid(self.name) is None:
-                    raise DeviceGone(self.name, "no firmware serves it (start it with `cxlemu serve`)")
-                raise DeviceGone(self.name, f"mailbox not ready after {timeout_s} s")
-            time.sleep(0.01)
+    @staticmethod
+    def _await_ready(files: DeviceFiles, timeout_s: float) -> None:
+        """Wait for the firmware's boot to finish (state word up, Mailbox Ready) while its process
+        lives; a firmware that is not running fails at once, and its state word is marked down."""
+        regs = RegisterFile(files.bar)
+        state = liveness.state_view(files.bar)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                reason = liveness.dead_firmware(files.path)
+                if reason is not None:
+                    liveness.mark_down(state, state[0])
+                    raise DeviceGone(files.name, reason)
+                if state[0] & liveness.UP and regs.get_field(R.MEMDEV_STATUS, "MBOX_READY"):
+                    return
+                if time.monotonic() > deadline:
+                    raise DeviceGone(files.name, f"mailbox not ready after {timeout_s} s")
+                time.sleep(READY_POLL_S)
+        finally:
+            state.release()
+
+    def _gone_reason(self, thorough: bool) -> str | None:
+        """Why this handle may no longer use the device (the mailbox asks; see MailboxClient)."""
+        if self._lock_fd < 0:
+            return "this handle was closed"
+        reason = liveness.gone_reason(self._state[0], self._expected)
+        if reason is None and thorough and self._watch is not None and not liveness.WATCHER.check(self._watch):
+            reason = liveness.gone_reason(self._state[0], self._expected) or "its firmware stopped"
+        return reason
 
     @property
     def media_status(self) -> int:
@@ -78,11 +110,14 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
     # link's latency and bandwidth, shares the link with every other host of the device, and
     # fails on poisoned lines before copying a byte. The untimed calls are for setup/inspection.
     def read(self, dpa: int, size: int) -> bytes:
-        """Timed read of `size` bytes at `dpa`; PoisonError if it touches a poisoned line."""
-        out = self._buffer_for(dpa, size, "read")
-        self.datapath.read(dpa, out)
+        """Timed read of `size` bytes at `dpa`; PoisonError if it touches a poisoned line.
+
+        As faithful as ``read_into``: the bytes returned are allocated once and filled by the
+        transfer's one copy; a read longer than 4 KiB starts its link time when the call does,
+        so the allocation runs inside it (see DataPath.read_bytes)."""
+        data = self.datapath.read_bytes(dpa, size)
         self.access_feed.note(dpa, size, False)
-        return bytes(out)
+        return data
 
     def read_into(self, dpa: int, out: Any) -> int:
         """Timed read filling `out` (bytearray, numpy array, CPU tensor); returns completion ns."""
@@ -118,11 +153,16 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
         return first_poisoned(self._poison, dpa, size)
 
     def close(self) -> None:
+        watch, self._watch = self._watch, None
+        liveness.WATCHER.remove(watch)
+        if watch is not None:
+            watch.view.release()  # a check running now on the watcher thread drops it (ValueError)
         self.access_feed.close()
         self.close_mailbox()
         self.media = np.zeros(0, np.uint8)
         self._poison = np.zeros(0, np.uint8)
         self.datapath.close()  # releases its views of the mmaps before they are unmapped
+        self._state.release()
         self.files.close()
 
     def __enter__(self) -> "MemDev":

@@ -6,10 +6,18 @@
         media          the DPA space (sparse until written)
         lsa            label storage area
         poison         1 bit per 64-B line of media
-        firmware.pid   present while a firmware serves the device
+        state.json     poison list and firmware slots (emulator/persist.py); fwslot<N>.img
+        firmware.pid   "<pid> <start time>" of the process serving it (emulator/liveness.py)
         mbox.lock      hosts flock it around one mailbox exchange
 
 Hosts and monitors find devices by listing the runtime dir, as `cxl list` walks sysfs.
+
+A device outlives the process that serves it, as hardware outlives a power cycle: serving a
+stopped device again (`provision`) keeps its media, LSA, poison list, partition, firmware slots
+and configuration. Serving it with a different configuration is refused, naming the difference,
+unless ``reconfigure`` (the media is kept where it fits); ``fresh`` starts it empty. A new
+device is built in a hidden directory and renamed into place, so a create that fails (a size the
+host cannot back) leaves nothing behind and never touches a device of the same name.
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from emulator import liveness
 from emulator.spec import registers as R
 from emulator.spec.errors import ConfigError, DeviceNotFound
 from emulator.timing.config import TimingConfig
@@ -33,6 +42,7 @@ from emulator.timing.config import TimingConfig
 CAPACITY_UNIT = 256 << 20  # §8.2.9.9.1.1: capacities are reported in 256 MiB multiples
 POISON_GRANULE = 64
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+_STAGING_PREFIX = ".new-"  # a device being created: <runtime dir>/.new-<name>-<pid>
 
 
 def runtime_dir() -> Path:
@@ -59,7 +69,8 @@ class DeviceConfig:
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
-            raise ConfigError(f"device name {self.name!r} must be 1-32 characters of letters, digits, '_', '.', '-'")
+            raise ConfigError(f"device name {self.name!r} must start with a letter or a digit, followed by up "
+                              f"to 31 letters, digits, '_', '.' or '-' (e.g. mem0)")
         if self.capacity <= 0 or self.capacity % CAPACITY_UNIT:
             raise ConfigError(f"capacity {self.capacity} must be a positive multiple of 256 MiB (e.g. 256M, 1G)")
         if not 0 <= self.lsa_size <= 1 << 20 or self.lsa_size % 64:
@@ -84,6 +95,25 @@ class DeviceConfig:
     def with_(self, **changes: Any) -> "DeviceConfig":
         return replace(self, **changes)
 
+    def differences(self, other: "DeviceConfig") -> list[str]:
+        """What differs from ``other``, one 'field: mine -> other's' each (timing field by field)."""
+        out = []
+        mine, theirs = asdict(self), asdict(other)
+        for key in sorted(mine):
+            if key == "timing":
+                for tk in sorted(mine[key]):
+                    if mine[key][tk] != theirs[key][tk]:
+                        out.append(f"timing.{tk}: {mine[key][tk]} -> {theirs[key][tk]}")
+            elif mine[key] != theirs[key]:
+                out.append(f"{key}: {_show(key, mine[key])} -> {_show(key, theirs[key])}")
+        return out
+
+
+def _show(key: str, value: Any) -> str:
+    if key in ("capacity", "lsa_size") and isinstance(value, int):
+        return f"{value} ({value >> 20} MiB)" if value >= 1 << 20 else str(value)
+    return repr(value)
+
 
 def device_path(name: str) -> Path:
     return runtime_dir() / name
@@ -94,22 +124,14 @@ def list_devices() -> list[str]:
     root = runtime_dir()
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+    return sorted(p.name for p in root.iterdir()
+                  if not p.name.startswith(".") and (p / "config.json").is_file())
 
 
 def firmware_pid(name: str) -> int | None:
-    """The pid serving `name`, or None when no live process serves it."""
-    try:
-        pid = int((device_path(name) / "firmware.pid").read_text().strip())
-    except (OSError, ValueError):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return pid
+    """The pid serving `name`, or None when no live process serves it (none recorded, exited, or
+    a zombie: killed and not yet reaped)."""
+    return liveness.firmware_pid(device_path(name))
 
 
 def device_state(name: str) -> str:
@@ -168,20 +190,17 @@ class DeviceFiles:
 
     @classmethod
     def create(cls, config: DeviceConfig) -> "DeviceFiles":
-        """Create (or re-create) the device's files; refuses while another firmware serves it."""
+        """Create the device's files empty, replacing a stopped device of that name; refuses while
+        a firmware serves it. Checked and built aside first: a create that fails changes nothing."""
         path = device_path(config.name)
-        if firmware_pid(config.name) is not None:
-            raise ConfigError(f"device {config.name!r} is already served by pid {firmware_pid(config.name)}")
+        pid = firmware_pid(config.name)
+        if pid is not None:
+            raise ConfigError(f"device {config.name!r} is already served by pid {pid}")
+        check_backing(config)
+        staged = _build(config)
         if path.exists():
-            shutil.rmtree(path)
-        path.mkdir(parents=True, mode=0o700)
-        sizes = {"bar": R.BAR_SIZE, "media": config.capacity, "lsa": config.lsa_size,
-                 "poison": poison_bitmap_size(config.capacity)}
-        for fname, size in sizes.items():
-            with open(path / fname, "wb") as f:
-                f.truncate(size)
-        (path / "mbox.lock").touch()
-        (path / "config.json").write_text(config.to_json())
+            _retire(path)
+        os.rename(staged, path)
         return cls(config, path)
 
     @classmethod
@@ -209,6 +228,98 @@ def poison_bitmap_size(capacity: int) -> int:
     return (capacity // POISON_GRANULE + 7) // 8
 
 
+def _file_sizes(config: DeviceConfig) -> dict[str, int]:
+    return {"bar": R.BAR_SIZE, "media": config.capacity, "lsa": config.lsa_size,
+            "poison": poison_bitmap_size(config.capacity)}
+
+
+def check_backing(config: DeviceConfig) -> None:
+    """Refuse (ConfigError) a device the host cannot back: its files must fit the filesystem of
+    the runtime dir (tmpfs: memory), which is where its pages land once written."""
+    root = runtime_dir()
+    probe = root if root.exists() else next((p for p in root.parents if p.exists()), Path("/"))
+    st = os.statvfs(probe)
+    limit = st.f_blocks * st.f_frsize
+    need = sum(_file_sizes(config).values())
+    if need > limit:
+        fit = (limit - R.BAR_SIZE - config.lsa_size) * 512 // 513 // CAPACITY_UNIT * CAPACITY_UNIT
+        hint = f"at most {fit >> 20} MiB here" if fit > 0 else "none fits here"
+        raise ConfigError(f"capacity {config.capacity} ({config.capacity >> 20} MiB) cannot be backed: the "
+                          f"runtime dir {root} is on a filesystem of {limit >> 20} MiB ({hint}; "
+                          f"CXLEMU_RUNTIME_DIR chooses another)")
+
+
+def _build(config: DeviceConfig) -> Path:
+    """The device's files, empty, in a staging directory beside where it will live."""
+    root = runtime_dir()
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for old in root.glob(f"{_STAGING_PREFIX}{config.name}-*"):  # debris of a create that died
+        pid = old.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or not liveness.process_alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    staged = root / f"{_STAGING_PREFIX}{config.name}-{os.getpid()}"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(mode=0o700)
+    try:
+        for fname, size in _file_sizes(config).items():
+            with open(staged / fname, "wb") as f:
+                f.truncate(size)
+        (staged / "mbox.lock").touch()
+        (staged / "config.json").write_text(config.to_json())
+    except OSError as exc:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise ConfigError(f"device {config.name!r} cannot be created in {root}: {exc.strerror or exc}") from None
+    return staged
+
+
+def _retire(path: Path) -> None:
+    """Remove a stopped device's directory; hosts still holding its BAR see it down first."""
+    with contextlib.suppress(OSError, ValueError):
+        bar = _map(path / "bar", R.BAR_SIZE)
+        view = liveness.state_view(bar)
+        liveness.mark_down(view, view[0])
+        view.release()
+        bar.close()
+    shutil.rmtree(path)
+
+
+def _resize(path: Path, old: DeviceConfig, new: DeviceConfig) -> None:
+    """Reconfigure a stopped device's files in place: media, LSA and poison bitmap take the new
+    sizes (contents kept where they fit; a larger device reads zeros past the old end)."""
+    for fname, size in _file_sizes(new).items():
+        if size != _file_sizes(old)[fname]:
+            os.truncate(path / fname, size)
+    (path / "config.json").write_text(new.to_json())
+
+
+def provision(config: DeviceConfig, *, fresh: bool = False, reconfigure: bool = False) -> DeviceFiles:
+    """The files a firmware serves ``config`` from: the stopped device of that name as it was
+    (same configuration), reconfigured (``reconfigure``), or new (none yet, or ``fresh``)."""
+    name = config.name
+    path = device_path(name)
+    pid = firmware_pid(name)
+    if pid is not None:
+        raise ConfigError(f"device {name!r} is already served by pid {pid}")
+    if fresh or not (path / "config.json").is_file():
+        return DeviceFiles.create(config)
+    try:
+        stored = load_config(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; or serve it with --fresh to start it empty") from None
+    diff = stored.differences(config)
+    if diff and not reconfigure:
+        raise ConfigError(f"device {name!r} exists with another configuration ({'; '.join(diff)}): serve "
+                          f"it as it is (leave those settings out), add --reconfigure to change them "
+                          f"(its media kept where it fits), or --fresh to start it empty")
+    if diff:
+        check_backing(config)
+        try:
+            _resize(path, stored, config)
+        except OSError as exc:
+            raise ConfigError(f"device {name!r} cannot be reconfigured: {exc.strerror or exc}") from None
+    return DeviceFiles(config, path)
+
+
 def destroy(name: str) -> None:
     """Remove a stopped device's files; refuses while it is served."""
     path = device_path(name)
@@ -217,16 +328,17 @@ def destroy(name: str) -> None:
     pid = firmware_pid(name)
     if pid is not None:
         raise ConfigError(f"device {name!r} is served by pid {pid}: stop it (SIGTERM) before destroying it")
-    shutil.rmtree(path)
+    _retire(path)
 
 
 class Served:
     """A device served in this process: its files, its firmware and the runner thread."""
 
-    def __init__(self, config: DeviceConfig, *, keep: bool = False) -> None:
+    def __init__(self, config: DeviceConfig, *, keep: bool = False, fresh: bool = False,
+                 reconfigure: bool = False) -> None:
         from emulator.firmware import Firmware, FirmwareRunner
 
-        self.files = DeviceFiles.create(config)
+        self.files = provision(config, fresh=fresh, reconfigure=reconfigure)
         self.numa_notice = bind_media(self.files)
         self.firmware = Firmware(self.files)
         self.runner = FirmwareRunner(self.firmware)
@@ -254,9 +366,9 @@ class Served:
         self.runner.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.firmware.close()  # down first: hosts fail fast instead of finding no pid file
         with contextlib.suppress(FileNotFoundError):
-            (self.files.path / "firmware.pid").unlink()
-        self.firmware.close()
+            (self.files.path / liveness.PID_FILE).unlink()
         if self.keep:
             self.files.close()
         else:
@@ -284,13 +396,15 @@ def numa_node(name: str) -> int | None:
 
 
 def write_pid(path: Path) -> None:
-    (path / "firmware.pid").write_text(f"{os.getpid()}\n")
+    liveness.write_pid(path)
 
 
 @contextlib.contextmanager
-def serve(config: DeviceConfig, *, keep: bool = False) -> Iterator[Served]:
-    """Serve a device with its firmware in a thread of this process (destroyed on exit unless keep)."""
-    served = Served(config, keep=keep).start()
+def serve(config: DeviceConfig, *, keep: bool = False, fresh: bool = False,
+          reconfigure: bool = False) -> Iterator[Served]:
+    """Serve a device with its firmware in a thread of this process (destroyed on exit unless
+    keep). A stopped device of that name is served as it was (see ``provision``)."""
+    served = Served(config, keep=keep, fresh=fresh, reconfigure=reconfigure).start()
     try:
         yield served
     finally:
@@ -298,6 +412,7 @@ def serve(config: DeviceConfig, *, keep: bool = False) -> Iterator[Served]:
 
 
 __all__ = [
-    "CAPACITY_UNIT", "DeviceConfig", "DeviceFiles", "Served", "destroy", "device_path", "device_state",
-    "firmware_pid", "list_devices", "load_config", "open_bar", "runtime_dir", "serve",
+    "CAPACITY_UNIT", "DeviceConfig", "DeviceFiles", "Served", "check_backing", "destroy", "device_path",
+    "device_state", "firmware_pid", "list_devices", "load_config", "open_bar", "provision", "runtime_dir",
+    "serve",
 ]

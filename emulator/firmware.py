@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from emulator import liveness
 from emulator.device import DeviceFiles
-from emulator.mailbox import dispatch
+from emulator.mailbox import COMMANDS, dispatch
+from emulator.persist import PersistentState
 from emulator.regfile import RegisterFile, init_device_registers
 from emulator.spec import registers as R
 from emulator.spec.retcodes import RetCode
@@ -60,6 +62,12 @@ class Firmware:
         self.files = files
         self.config = files.config
         self.regs = RegisterFile(files.bar)
+        # Boot (a power cycle): a new generation in the state word, down until ready, so hosts
+        # still holding the last boot's handles fail (emulator/liveness.py); registers at reset.
+        self._state = liveness.state_view(files.bar)
+        self.generation = liveness.next_generation(self._state[0])
+        self.regs.region(0, R.BAR_SIZE)[:] = bytes(R.BAR_SIZE)
+        self._state[0] = self.generation
         self.media = np.frombuffer(files.media, dtype=np.uint8)
         self.lsa = np.frombuffer(files.lsa, dtype=np.uint8) if self.config.lsa_size else np.zeros(0, np.uint8)
         self.poison_bits = np.frombuffer(files.poison, dtype=np.uint8)
@@ -85,11 +93,15 @@ class Firmware:
         import emulator.commands
 
         emulator.commands.attach_all(self)
+        self.persist = PersistentState(self)  # poison list and firmware slots of the last boot
+        self.persist.restore()
+        self.services.append(self.persist.service)
         from emulator.fw_telemetry import FirmwarePublisher
 
         self.telemetry = FirmwarePublisher(self)
         self.services.append(self.telemetry.service)
         self.regs.set_fields(R.MEMDEV_STATUS, MEDIA_STATUS=R.MEDIA_READY, MBOX_READY=1)
+        self._state[0] = liveness.serving_word(self.generation, media=True)
 
     # time ------------------------------------------------------------------------------------
     def set_timestamp(self, host_ns: int) -> None:
@@ -113,6 +125,9 @@ class Firmware:
 
     @media_disabled.setter
     def media_disabled(self, disabled: bool) -> None:
+        """Memory Device Status and the state word together: hosts' data paths refuse the media
+        (MediaDisabled) from the moment this returns until it is enabled again."""
+        self._state[0] = liveness.serving_word(self.generation, media=not disabled)
         self.regs.set_field(R.MEMDEV_STATUS, "MEDIA_STATUS", R.MEDIA_DISABLED if disabled else R.MEDIA_READY)
 
     # background operations (§8.2.8.4.7, §8.2.9.1.2) ----------------------------------------------
@@ -164,8 +179,17 @@ class Firmware:
 
     def _finish_background(self, rc: RetCode, percent: int = 100) -> None:
         self._bg = None
+        self._save_state()
         self.regs.set_fields(R.MB_BG_STATUS, PERCENT=percent, RETCODE=int(rc))
         self.regs.set_field(R.MB_STATUS, "BG_OP", 0)
+
+    def _save_state(self) -> None:
+        """Persist what a command or background operation changed (emulator/persist.py); a
+        failure to write is logged, never fatal: the answer still goes back to the host."""
+        try:
+            self.persist.save()
+        except (OSError, ValueError) as exc:
+            log.error("%s: could not save the device state: %s", self.config.name, exc)
 
     # errors ----------------------------------------------------------------------------------
     def note_internal_error(self, opcode: int, exc: BaseException) -> None:
@@ -189,6 +213,9 @@ class Firmware:
         else:
             payload = bytes(regs.region(R.MB_PAYLOAD_OFFSET, length))
             rc, out = dispatch(self, opcode, payload)
+            cmd = COMMANDS.get(opcode)
+            if cmd is not None and cmd.effects and rc == RetCode.SUCCESS:
+                self._save_state()  # before the answer: what the host was told survives a kill
         regs.region(R.MB_PAYLOAD_OFFSET, len(out))[:] = out
         regs.set_fields(R.MB_CMD, OPCODE=opcode, LENGTH=len(out))
         regs.set_fields(R.MB_STATUS, RETCODE=int(rc), BG_OP=int(self._bg is not None))
@@ -196,6 +223,9 @@ class Firmware:
         return True
 
     def close(self) -> None:
+        self._save_state()
+        self._state[0] = self.generation  # down: every host's data path and mailbox now fail
+        self._state.release()
         self.regs.set_field(R.MEMDEV_STATUS, "MBOX_READY", 0)
         self.telemetry.close()
         for attr in ("media", "lsa", "poison_bits"):

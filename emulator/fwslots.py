@@ -173,6 +173,30 @@ class FwSlots:
     def stage(self, slot: int) -> None:
         self.staged = slot
 
+    # persistence (emulator/persist.py): slots are flash, they survive a power cycle -------------
+    def to_state(self) -> dict[str, object]:
+        """Revisions, active and staged slot; the packages travel separately (``images``)."""
+        return {"slots": self.slots, "revisions": list(self.revisions), "active": self.active,
+                "staged": self.staged, "crc32": [None if im is None else zlib.crc32(im) for im in self.images]}
+
+    def restore(self, state: dict[str, object], images: list[bytes | None]) -> None:
+        """Take back what ``to_state`` saved (with the packages it names), then reset as a power
+        cycle does: a staged slot becomes active. A slot whose package is missing or does not
+        match its CRC is left empty (the active slot keeps the booted firmware)."""
+        revisions = list(state.get("revisions", []))  # type: ignore[call-overload]
+        crcs = list(state.get("crc32", []))  # type: ignore[call-overload]
+        for i in range(min(self.slots, len(revisions), len(images), len(crcs))):
+            image = images[i]
+            if revisions[i] is None or image is None or zlib.crc32(image) != crcs[i]:
+                continue
+            self.revisions[i], self.images[i] = revisions[i], image
+        active, staged = int(state.get("active", 1)), int(state.get("staged", 0))  # type: ignore[call-overload]
+        if 1 <= active <= self.slots and self.revisions[active - 1] is not None:
+            self.active = active
+        if 1 <= staged <= self.slots and self.revisions[staged - 1] is not None:
+            self.staged = staged
+        self.cold_reset()
+
     def cold_reset(self) -> None:
         """What a cold reset does to the slots: a staged slot becomes the active one."""
         if self.staged:

@@ -214,6 +214,28 @@ class PoisonList:
             self._fw.poison_bits[:] = 0
             self.overflowed, self.overflow_ns, self._resume = False, 0, None
 
+    # persistence (emulator/persist.py): the list survives a restart, as the bitmap file does ------
+    def to_state(self) -> dict[str, object]:
+        with self._lock:
+            return {"records": [[r.dpa, r.length, int(r.source)] for r in self._records],
+                    "overflowed": self.overflowed, "overflow_ns": self.overflow_ns}
+
+    def restore(self, state: dict[str, object]) -> None:
+        """Take back a list ``to_state`` saved; records outside the DPA space (the device was
+        reconfigured smaller) are dropped, and every record's lines are set in the bitmap."""
+        with self._lock:
+            self._records.clear()
+            self._starts.clear()
+            for dpa, length, source in state.get("records", []):  # type: ignore[union-attr]
+                if dpa % POISON_LINE or length <= 0 or length % POISON_LINE or dpa + length > self.capacity:
+                    continue
+                if self._uncovered(dpa, dpa + length) != [(dpa, dpa + length)] or len(self._records) >= self.limit:
+                    continue
+                self._insert(PoisonRecord(dpa, length, PoisonSource(source)))
+                self._set_lines(dpa, length, True)
+            self.overflowed = bool(state.get("overflowed", False))
+            self.overflow_ns = int(state.get("overflow_ns", 0))  # type: ignore[call-overload]
+
     def clear_overflow(self) -> None:
         with self._lock:
             self.overflowed, self.overflow_ns = False, 0

@@ -54,6 +54,15 @@ class DeviceGone(CxlemuError):
         super().__init__(f"device {name!r} is gone" + (f": {detail}" if detail else ""))
 
 
+class MediaDisabled(CxlemuError):
+    """The device's media is disabled (a sanitize or secure erase runs): no data was moved."""
+
+    def __init__(self, name: str, detail: str = "") -> None:
+        self.device_name = name
+        super().__init__(f"device {name!r}: media disabled" + (f" ({detail})" if detail else "")
+                         + ": no data was moved; retry when the operation completes")
+
+
 class DmaError(CxlemuError):
     """A DMA descriptor failed; nothing was written outside the device or the host buffer."""
 

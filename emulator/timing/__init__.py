@@ -17,10 +17,10 @@ import operator
 import sys
 from typing import Any, Self
 
-from emulator.spec.errors import ConfigError, PoisonError
+from emulator.spec.errors import ConfigError, DeviceGone, MediaDisabled, PoisonError
 from emulator.timing import linkstate
 from emulator.timing._buffers import host_view
-from emulator.timing._pyimpl import E_POISON, E_RANGE, PyCore, first_poisoned
+from emulator.timing._pyimpl import E_DISABLED, E_GONE, E_POISON, E_RANGE, PyCore, first_poisoned
 from emulator.timing.clock import Clock, SimClock, SimpyClock
 from emulator.timing.config import LinkParams, TimingConfig
 
@@ -82,7 +82,12 @@ class DataPath:
     """Timed reads, writes and copies between a device's media and host buffers."""
 
     def __init__(self, media: Any, poison_bits: Any, link_state: Any, config: TimingConfig, *,
-                 impl: str = "auto", clock: Clock | None = None) -> None:
+                 impl: str = "auto", clock: Clock | None = None,
+                 state: tuple[memoryview, int] | None = None, name: str = "") -> None:
+        """``state``: (a one-element u64 view of the device state word, the value it must hold
+        for media access: ``emulator.liveness``); every transfer fails with ``DeviceGone`` or
+        ``MediaDisabled`` while it holds anything else.  None: nothing is checked (a bare data
+        path over buffers).  ``name`` names the device in those errors."""
         if not isinstance(config, TimingConfig):
             raise ConfigError(f"config must be a TimingConfig, got {type(config).__name__}")
         if impl not in _IMPLS:
@@ -91,6 +96,8 @@ class DataPath:
             raise ConfigError(f"clock must have now_ns() -> int (e.g. SimClock), got {type(clock).__name__}")
         self.config = config
         self.clock = clock
+        self.name = name
+        self.state = state
         self.media = host_view(media, writable=True)
         self.size = self.media.nbytes
         self.poison_bits = None if poison_bits is None else host_view(poison_bits, writable=False)
@@ -105,11 +112,13 @@ class DataPath:
         # the C core's one-call entry for host buffers (None on the Python twin, or where
         # _fastcall is not built: then CCore.transfer converts with ffi.from_buffer)
         self._fast: Any = None
+        self._fast_read_bytes: Any = None
         self._from_buffer: Any = None
         if self.impl == "c":
-            from emulator.timing._cimpl import fast_transfer, ffi
+            from emulator.timing._cimpl import fast_read_bytes, fast_transfer, ffi
 
             self._from_buffer, self._fast = ffi.from_buffer, fast_transfer
+            self._fast_read_bytes = fast_read_bytes
             self._dp_addr, self._err_addr = self._core.dp_addr, self._core.err_addr
 
     def _choose_impl(self, impl: str) -> str:
@@ -124,11 +133,11 @@ class DataPath:
 
     def _make_core(self, params: LinkParams) -> Any:
         if self.impl == "py":
-            return PyCore(self.media, self.poison_bits, self._link, params)
+            return PyCore(self.media, self.poison_bits, self._link, params, state=self.state)
         from emulator.timing._cimpl import CCore, calibrated_comp_ns
 
         comp = (0, 0) if self.clock is not None or params.untimed else calibrated_comp_ns()
-        return CCore(self.media, self.poison_bits, self._link, params, comp)
+        return CCore(self.media, self.poison_bits, self._link, params, comp, state=self.state)
 
     # -- helpers --------------------------------------------------------------------------
     def _now(self) -> int:
@@ -151,6 +160,14 @@ class DataPath:
         bound), so every path words its errors alike."""
         if rc == E_POISON:
             return PoisonError(err_dpa)
+        if rc in (E_GONE, E_DISABLED):
+            from emulator.liveness import gone_reason
+
+            word = self.state[0][0] if self.state is not None else 0
+            expected = self.state[1] if self.state is not None else 0
+            if rc == E_DISABLED:
+                return MediaDisabled(self.name, f"{what} of {n} B at DPA {dpa:#x}")
+            return DeviceGone(self.name, gone_reason(word, expected) or "its firmware stopped")
         if rc == E_RANGE:
             return ValueError(f"{what} of {n} B at DPA {dpa:#x} runs past the end of the media "
                               f"({self.size:#x} B): the last byte must be below {self.size:#x}")
@@ -201,6 +218,25 @@ class DataPath:
         if rc < 0:
             self._check(rc, "read", dpa, host_view(_unwrap(out), writable=True).nbytes)
         return rc
+
+    def read_bytes(self, dpa: int, n: int) -> bytes:
+        """A timed read of ``n`` bytes at ``dpa`` into a new ``bytes`` (``MemDev.read``): one
+        allocation and the transfer's one copy, the allocation inside the link time of a read
+        longer than the short path (see ``_fastcall.c``'s read_bytes)."""
+        if dpa.__class__ is not int or dpa < 0:
+            dpa = self._dpa(dpa, "read")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"size must be an int >= 0, got {n!r}")
+        if self._fast_read_bytes is not None:
+            now = -1 if self.clock is None else int(self.clock.now_ns())
+            got = self._fast_read_bytes(self._dp_addr, self._err_addr, dpa, n, now)
+            if got.__class__ is int:
+                raise self.error_for(got, "read", dpa, n, self._core.err_dpa)
+            return got
+        self.check_range(dpa, n, "read")
+        out = bytearray(n)
+        self.read(dpa, out)
+        return bytes(out)
 
     def write(self, dpa: int, src: Any, *, wait: bool = True) -> int:
         """Write ``src`` to media at ``dpa`` (poisoned lines may be written); returns completion."""
@@ -283,15 +319,27 @@ class DataPath:
 
     @classmethod
     def for_device(cls, files: Any, *, config: TimingConfig | None = None, impl: str = "auto",
-                   clock: Clock | None = None) -> DataPath:
+                   clock: Clock | None = None, state: tuple[memoryview, int] | None = None) -> DataPath:
         """The data path of a device: its media, poison bitmap and the link-state page of
         its BAR (``emulator.device.DeviceFiles`` or anything with those mmaps and ``config``).
-        Every host that opens the device this way shares its one link."""
+        Every host that opens the device this way shares its one link.
+
+        Opened on a served device, it checks the device state word on every transfer (see
+        ``emulator.liveness``): once that firmware stops, dies or is restarted every transfer
+        raises ``DeviceGone``, and while the media is disabled ``MediaDisabled``.  Opened on a
+        device no firmware serves (its files alone, for setup), nothing is checked."""
+        from emulator import liveness
         from emulator.spec.registers import LINK_STATE_OFFSET, LINK_STATE_SIZE
 
         link = memoryview(files.bar)[LINK_STATE_OFFSET:LINK_STATE_OFFSET + LINK_STATE_SIZE]
+        if state is None:
+            word = liveness.state_view(files.bar)
+            if word[0] & liveness.UP:
+                state = (word, liveness.serving_word(word[0]))
+            else:
+                word.release()
         return cls(files.media, files.poison, link, config or files.config.timing,
-                   impl=impl, clock=clock)
+                   impl=impl, clock=clock, state=state, name=getattr(files, "name", ""))
 
     def close(self) -> None:
         """Release the views of media, poison bitmap and BAR (so their mmaps can close).  A
@@ -300,7 +348,7 @@ class DataPath:
         core, self._core = self._core, _CLOSED
         if core is not _CLOSED:
             core.close()
-        for view in (self.media, self.poison_bits, self._link):
+        for view in (self.media, self.poison_bits, self._link, self.state[0] if self.state else None):
             if view is not None:
                 view.release()
 

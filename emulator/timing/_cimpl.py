@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import statistics
 import time
 from typing import Any
@@ -20,7 +21,7 @@ from emulator.timing._buffers import host_view
 from emulator.timing._cdatapath import ffi, lib  # ImportError when not built
 from emulator.timing.config import LinkParams
 
-_ABI_VERSION = 3  # CXL_ABI_VERSION in _datapath.h
+_ABI_VERSION = 4  # CXL_ABI_VERSION in _datapath.h
 if getattr(lib, "CXL_ABI_VERSION", 1) != _ABI_VERSION:
     raise ImportError("emulator.timing._cdatapath is a stale build of the C core: rebuild it "
                       "(`pip install -e .` or `python -m emulator.timing._build`)")
@@ -48,6 +49,8 @@ _FASTCALL = _load_fastcall()
 #: Addresses as ints (``address()``).  None without the module (see _load_fastcall).
 fast_transfer: Any = getattr(_FASTCALL, "transfer", None)
 fast_issue: Any = getattr(_FASTCALL, "issue", None)
+#: ``read_bytes(dp, err, dpa, n, now)``: a timed read into a new bytes object (or a CXL_E_* code).
+fast_read_bytes: Any = getattr(_FASTCALL, "read_bytes", None)
 #: The C base of ``emulator.dma.DmaHandle`` (its fields) and the DMA engine's inline path for
 #: one descriptor (issue, and a done handle if complete), or None (see _load_fastcall).
 handle_base: Any = getattr(_FASTCALL, "HandleBase", None)
@@ -80,7 +83,8 @@ class CCore:
     """Owns the ``cxl_dp`` struct and keeps the buffers it points into alive."""
 
     def __init__(self, media: memoryview, poison: memoryview | None, link: memoryview,
-                 params: LinkParams, comp_ns: tuple[float, float] = (0.0, 0.0)) -> None:
+                 params: LinkParams, comp_ns: tuple[float, float] = (0.0, 0.0),
+                 state: tuple[memoryview, int] | None = None) -> None:
         self._keep: list[Any] = []
         dp = ffi.new("cxl_dp *")
         dp.media = self._ptr(media)
@@ -94,6 +98,9 @@ class CCore:
         dp.txn_bytes = params.txn_bytes
         dp.comp_ps = [round(1000 * c) for c in comp_ns]
         dp.untimed = int(params.untimed)
+        if state is not None:  # (a writable view of the device state word, the value it must hold)
+            dp.state = ffi.cast("uint64_t *", self._ptr(state[0]))
+            dp.state_ok = state[1]
         self.dp = dp
         self.params = params
         self.err = ffi.new("uint64_t *")
@@ -240,8 +247,13 @@ def _calibrate_native(fs_per_byte: int) -> float:
     ring = mmap.mmap(-1, _CALIBRATE_RING_BYTES)  # page-aligned, returned to the OS after
     media = memoryview(ring)
     expected = _CALIBRATE_LAT_NS + (64 * fs_per_byte + 500_000) // 1_000_000
+    # a state word that admits access, so the chase checks it as a device's data path does
+    state_ok = 1 | lib.CXL_ST_UP | lib.CXL_ST_MEDIA
+    state = memoryview(bytearray(8)).cast("Q")
+    state[0] = state_ok
     core = CCore(media, None, memoryview(bytearray(ls.USED_BYTES)).cast("Q"),
-                 LinkParams(lat_ns=(_CALIBRATE_LAT_NS, 0), fs_per_byte=(fs_per_byte, 0), txn_bytes=64))
+                 LinkParams(lat_ns=(_CALIBRATE_LAT_NS, 0), fs_per_byte=(fs_per_byte, 0), txn_bytes=64),
+                 state=(state, state_ok))
     passes = []
     try:
         core.chase(build_chase_ring(media, 0, lines), 20_000, True)
@@ -261,6 +273,21 @@ def _calibrate_native(fs_per_byte: int) -> float:
     return min(passes)
 
 
+_COMP_NS_RE = re.compile(r"^\s*[0-9]+(\.[0-9]*)?\s*$|^\s*\.[0-9]+\s*$")
+
+
+def _comp_ns_override(value: str) -> tuple[float, float]:
+    """``CXLEMU_TIMING_COMP_NS``: one or two decimals of ns >= 0 (A or A,B); ConfigError otherwise
+    (a negative figure would lengthen every wait, not compensate it)."""
+    from emulator.spec.errors import ConfigError
+
+    parts = value.split(",")
+    if not 1 <= len(parts) <= 2 or not all(_COMP_NS_RE.match(x) for x in parts):
+        raise ConfigError(f"CXLEMU_TIMING_COMP_NS must be one or two numbers of ns (A or A,B), decimals >= 0 "
+                          f"such as 15.2 or 15.2,20 (0 disables compensation), got {value!r}")
+    return float(parts[0]), float(parts[-1])
+
+
 @functools.cache
 def calibrated_comp_ns() -> tuple[float, float]:
     """The timed path's own cost per access over the same access with timing off (the TSC
@@ -275,12 +302,7 @@ def calibrated_comp_ns() -> tuple[float, float]:
     tsc_ticks_per_ns()
     override = os.environ.get("CXLEMU_TIMING_COMP_NS")
     if override is not None:
-        try:
-            parts = [float(x) for x in override.split(",")]
-        except ValueError:
-            raise ValueError(f"CXLEMU_TIMING_COMP_NS must be one or two numbers of ns (A or A,B), "
-                             f"got {override!r}") from None
-        return parts[0], parts[-1]
+        return _comp_ns_override(override)
     comp = round(min(max(remembered_comp_ns(_calibrate_native(_CALIBRATE_FS)), -200.0), 500.0), 2)
     return comp, comp
 

@@ -204,6 +204,14 @@ static inline void spin_to(uint64_t target)
  * slightly different one. */
 int64_t cxl_link_now(void) { return stamp_now().ns; }
 
+/* A request stamp for cxl_read_from (this thread's clock and TSC, taken together). */
+void cxl_stamp(int64_t *ns, uint64_t *tsc)
+{
+    stamp_t s = stamp_now();
+    *ns = s.ns;
+    *tsc = s.tsc;
+}
+
 /* When a transfer is done: max(link_done, the moment the copy finished) + lat - comp, as a
  * TSC target.  Called right after the copy, so "now" is when the copy finished.  Returns 0
  * when there is no TSC (or the wait is long): then finish_wait() uses the clock. */
@@ -326,9 +334,34 @@ uint64_t cxl_first_poison(const cxl_dp *dp, uint64_t dpa, uint64_t n)
     return UINT64_MAX;
 }
 
+/* Whether the device may be accessed now: its state word (one load, in shared memory) holds
+ * what it held at open.  A generation or UP bit that differs is a gone device; only the media
+ * bit differing is disabled media.  Checked before every transfer, untimed ones included, so a
+ * dead, restarted or sanitizing device never hands out bytes. */
+static int64_t check_state(const cxl_dp *dp)
+{
+    if (dp->state == NULL)
+        return 0;
+    uint64_t s = __atomic_load_n(dp->state, __ATOMIC_ACQUIRE);
+    if (s == dp->state_ok)
+        return 0;
+    uint64_t key = CXL_ST_GEN_MASK | CXL_ST_UP;
+    return (s & key) == (dp->state_ok & key) ? CXL_E_DISABLED : CXL_E_GONE;
+}
+
+int cxl_state_cas(uint64_t *word, uint64_t expect, uint64_t value)
+{
+    return __atomic_compare_exchange_n(word, &expect, value, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
 static int64_t validate(const cxl_dp *dp, int dir, uint64_t dpa, uint64_t n, int check_poison,
                         uint64_t *err_dpa)
 {
+    int64_t st = check_state(dp);
+    if (st) {
+        count_error(dp, dir);
+        return st;
+    }
     if (cxl_check_range(dp, dpa, n)) {
         count_error(dp, dir);
         return CXL_E_RANGE;
@@ -378,7 +411,7 @@ static uint64_t reserve_always(const cxl_dp *dp, int dir, uint64_t req, uint64_t
  * - the exit path takes no call and no floating point (see spin_to).
  * With the last two, the calibration's spells of +4-7 ns (one process in three or four, before)
  * went: it reads 14.8-15.1 ns on 256-KiB rings, 48 calibrations in 8 processes without one. */
-#define SHORT_BYTES 4096
+#define SHORT_BYTES CXL_SHORT_BYTES
 
 static int64_t short_transfer(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst,
                               const uint8_t *src, uint64_t n)
@@ -396,6 +429,9 @@ static int64_t short_transfer(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *
         spin_to(copied + ps_to_ticks(wait_ps));
     return (int64_t)completion;
 }
+
+static int64_t timed_from(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst, const uint8_t *src,
+                          uint64_t n, stamp_t ref, int real, int wait);
 
 /* Reserve, copy, account, and (real time, wait) spin until done.  The copy happens
  * between the reservation and the wait so a bandwidth-bound transfer overlaps its own
@@ -415,11 +451,20 @@ static int64_t timed(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst, cons
     }
     if (real && wait && tsc_ok && n && n <= SHORT_BYTES)
         return short_transfer(dp, dir, dpa, dst, src, n);  /* its link arithmetic after the copy */
-    uint64_t occ = occupancy_ns(charged_bytes(dp, dpa, n), dp->fs_per_byte[dir]);
-    int64_t lat = dp->lat_ns[dir];
     stamp_t ref = {now, 0};
     if (real)
         ref = stamp_now();
+    return timed_from(dp, dir, dpa, dst, src, n, ref, real, wait);
+}
+
+/* The timed transfer from a request time already taken (ref): the longer path, and the
+ * simulated one.  A caller that stamps the request before its own work (MemDev.read allocating
+ * the bytes it returns) passes that stamp, so the work runs inside the link time. */
+static int64_t timed_from(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst, const uint8_t *src,
+                          uint64_t n, stamp_t ref, int real, int wait)
+{
+    uint64_t occ = occupancy_ns(charged_bytes(dp, dpa, n), dp->fs_per_byte[dir]);
+    int64_t lat = dp->lat_ns[dir];
     uint64_t req = (uint64_t)ref.ns;
     if (n == 0)
         return (int64_t)req;
@@ -438,6 +483,21 @@ int64_t cxl_read(const cxl_dp *dp, uint64_t dpa, uint8_t *out, uint64_t n, int64
 {
     int64_t rc = validate(dp, CXL_DIR_READ, dpa, n, 1, err_dpa);
     return rc ? rc : timed(dp, CXL_DIR_READ, dpa, out, dp->media + dpa, n, now, wait);
+}
+
+/* A real-time read whose request time the caller stamped (cxl_stamp) before its own work;
+ * transfers of the short path, and untimed devices, go the usual way (the short path's latency
+ * counts from its copy, as read_into's does). */
+int64_t cxl_read_from(const cxl_dp *dp, uint64_t dpa, uint8_t *out, uint64_t n, int64_t ref_ns,
+                      uint64_t ref_tsc, uint64_t *err_dpa)
+{
+    int64_t rc = validate(dp, CXL_DIR_READ, dpa, n, 1, err_dpa);
+    if (rc)
+        return rc;
+    if (dp->untimed || ref_ns < 0 || n <= SHORT_BYTES || n == 0)
+        return timed(dp, CXL_DIR_READ, dpa, out, dp->media + dpa, n, -1, 1);
+    stamp_t ref = {ref_ns, ref_tsc};
+    return timed_from(dp, CXL_DIR_READ, dpa, out, dp->media + dpa, n, ref, 1, 1);
 }
 
 int64_t cxl_write(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, uint64_t n, int64_t now,

@@ -5,13 +5,27 @@
 #include <stdint.h>
 
 /* Bumped when a declaration below changes: _cimpl refuses a stale build of the extension. */
-#define CXL_ABI_VERSION 3
+#define CXL_ABI_VERSION 4
 
 #define CXL_DIR_READ 0
 #define CXL_DIR_WRITE 1
 
 #define CXL_E_RANGE (-1)
 #define CXL_E_POISON (-2)
+#define CXL_E_GONE (-3)      /* the device's firmware stopped, died or was restarted since open */
+#define CXL_E_DISABLED (-4)  /* media disabled (sanitize, secure erase, activation that needs it) */
+
+/* The device state word (emulator/liveness.py, in the link-state page at CXL_LS_STATE_WORD):
+ * bits 0-31 the boot generation (one more at every serve), CXL_ST_UP while a firmware serves it,
+ * CXL_ST_MEDIA while its media is enabled.  A data path opened at generation g accesses the
+ * media only while the word reads g | UP | MEDIA. */
+#define CXL_LS_STATE_WORD 160
+#define CXL_ST_GEN_MASK 0xFFFFFFFF
+#define CXL_ST_UP 0x100000000
+#define CXL_ST_MEDIA 0x200000000
+
+/* Transfers up to this many bytes take the short path (see _datapath.c). */
+#define CXL_SHORT_BYTES 4096
 
 /* Link-state page: u64 words.  Word 0 magic, 1 layout version; per direction a block of
  * 64 words at CXL_LS_DIR_WORD(d); the copy counters after them. */
@@ -38,6 +52,8 @@ typedef struct {
     int64_t comp_ps[2];      /* emulator's own per-access cost in picoseconds, deducted from
                                 real-time waits: [0] short transfers (<= 4 KiB), [1] longer ones */
     int untimed;             /* all of lat_ns and fs_per_byte are 0: count, never read the clock */
+    const uint64_t *state;   /* the device state word; NULL = not checked (a bare data path) */
+    uint64_t state_ok;       /* the value it must hold for media access (generation | UP | MEDIA) */
 } cxl_dp;
 
 /* One scatter-gather element for cxl_issue_batch (the DMA engine's C path). */
@@ -49,6 +65,10 @@ typedef struct {
 } cxl_desc;
 
 int64_t cxl_now(void);
+void cxl_stamp(int64_t *ns, uint64_t *tsc);
+int cxl_state_cas(uint64_t *word, uint64_t expect, uint64_t value);
+int64_t cxl_read_from(const cxl_dp *dp, uint64_t dpa, uint8_t *out, uint64_t n, int64_t ref_ns,
+                      uint64_t ref_tsc, uint64_t *err_dpa);
 int64_t cxl_link_now(void);
 int cxl_tsc_calibrate(int64_t window_ns);
 double cxl_ticks_per_ns(void);

@@ -16,7 +16,8 @@ from emulator.timing import linkstate as ls
 from emulator.timing._buffers import host_view
 from emulator.timing.config import LinkParams
 
-E_RANGE, E_POISON = -1, -2
+E_RANGE, E_POISON, E_GONE, E_DISABLED = -1, -2, -3, -4
+_ST_KEY = (1 << 33) - 1  # generation | UP (emulator.liveness.KEY)
 _U64 = (1 << 64) - 1
 _LINK_LOCK = threading.Lock()
 _SLEEP_ABOVE_NS, _SLEEP_MARGIN_NS = 20_000_000, 5_000_000
@@ -57,7 +58,8 @@ class PyCore:
     """Timed transfers over a media buffer; errors come back as (code, dpa) like the C core."""
 
     def __init__(self, media: memoryview, poison: memoryview | None, link: memoryview,
-                 params: LinkParams, comp_ns: int = 0) -> None:
+                 params: LinkParams, comp_ns: int = 0, state: tuple[memoryview, int] | None = None) -> None:
+        self.state = state
         self.media = media
         self.size = media.nbytes
         self.poison = np.frombuffer(poison, dtype=np.uint8) if poison is not None else None
@@ -75,6 +77,9 @@ class PyCore:
         return None if self.poison is None else first_poisoned(self.poison, dpa, n)
 
     def _validate(self, d: int, dpa: int, n: int, check_poison: bool) -> int:
+        if self.state is not None and self.state[0][0] != self.state[1]:
+            self._count_error(d)
+            return E_DISABLED if self.state[0][0] & _ST_KEY == self.state[1] & _ST_KEY else E_GONE
         if dpa > self.size or n > self.size - dpa:
             self._count_error(d)
             return E_RANGE

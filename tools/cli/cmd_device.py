@@ -11,16 +11,26 @@ from tools.cli._common import (
     open_memdev,
     parse_hex,
     parse_int,
+    parse_port,
     parse_size,
     print_json,
 )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="create a device and run its firmware in the foreground")
+    p = sub.add_parser("serve", help="serve a device (created if new, as it was if stopped) until SIGINT/SIGTERM",
+                       description="Run a device's firmware in the foreground. A new device is created; a "
+                                   "stopped one is served as it was: media, LSA, poison list, firmware slots "
+                                   "and configuration persist, as hardware keeps them across a power cycle. "
+                                   "Settings given that differ from a stopped device's are refused unless "
+                                   "--reconfigure; --fresh starts it empty.")
     p.add_argument("--name", required=True, help="device name, e.g. mem0")
-    p.add_argument("--capacity", default="1G", help="DPA space, a multiple of 256M (default 1G)")
-    p.add_argument("--lsa-size", default="128K", help="label storage area size (default 128K)")
+    p.add_argument("--capacity", default=None,
+                   help="DPA space, a multiple of 256M (new device: default 1G; stopped one: as it was)")
+    p.add_argument("--lsa-size", default=None, help="label storage area size (new device: default 128K)")
+    p.add_argument("--fresh", action="store_true", help="start the device empty, discarding what it held")
+    p.add_argument("--reconfigure", action="store_true",
+                   help="change a stopped device's settings (media kept where it fits)")
     p.add_argument("--numa-node", type=int, default=None, help="bind the media to this NUMA node")
     p.add_argument("--preset", default=None, help="timing preset (see `cxlemu presets`)")
     p.add_argument("--read-latency-ns", type=float, default=None)
@@ -28,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bandwidth-gbps", type=float, default=None, help="per direction, GB/s")
     p.add_argument("--transaction-bytes", type=int, default=None, help="64..4096, a power of two")
     p.add_argument("--time-scale", type=float, default=None, help="multiply all device times by K")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    p.add_argument("--metrics-port", type=parse_port, default=None,
+                   help="serve Prometheus metrics on 127.0.0.1:PORT (1..65535)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("list", help="list devices as JSON (like `cxl list -M`)")
@@ -49,25 +60,41 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    """DeviceConfig from serve's flags: a preset first, then explicit flags override its fields."""
-    from emulator.device import DeviceConfig
+    """DeviceConfig from serve's flags. The base is the stopped device's stored configuration (a
+    new device, or --fresh: the defaults); a preset replaces the base's timing; explicit flags
+    override single fields. What then differs from the stored configuration is for
+    ``emulator.device.provision`` to refuse or, with --reconfigure, apply."""
+    from emulator.device import DeviceConfig, device_path, load_config
     from emulator.spec.errors import ConfigError
     from emulator.timing.config import TimingConfig
 
     try:
-        timing = TimingConfig()
+        base = DeviceConfig(name=args.name, capacity=1 << 30)
+        if not args.fresh and (device_path(args.name) / "config.json").is_file():
+            try:
+                base = load_config(args.name)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc}; or serve it with --fresh to start it empty") from None
+        timing = base.timing
+        preset = base.preset
         if args.preset:
             from emulator import presets
 
-            timing = presets.load(args.preset).timing
+            timing, preset = presets.load(args.preset).timing, args.preset
         overrides = {k: v for k, v in {
             "read_latency_ns": args.read_latency_ns, "write_latency_ns": args.write_latency_ns,
             "read_bandwidth_gbps": args.bandwidth_gbps, "write_bandwidth_gbps": args.bandwidth_gbps,
             "transaction_bytes": args.transaction_bytes, "time_scale": args.time_scale,
         }.items() if v is not None}
         timing = TimingConfig(**{**timing.to_dict(), **overrides})
-        return DeviceConfig(name=args.name, capacity=parse_size(args.capacity), lsa_size=parse_size(args.lsa_size),
-                            numa_node=args.numa_node, preset=args.preset, timing=timing)
+        fields: dict[str, Any] = {"timing": timing, "preset": preset}
+        if args.capacity is not None:
+            fields["capacity"] = parse_size(args.capacity)
+        if args.lsa_size is not None:
+            fields["lsa_size"] = parse_size(args.lsa_size)
+        if args.numa_node is not None:
+            fields["numa_node"] = args.numa_node
+        return base.with_(**fields)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
 
@@ -76,7 +103,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from emulator.device import Served
     from emulator.spec.errors import ConfigError
 
+    if args.fresh and args.reconfigure:
+        raise CliError("--fresh and --reconfigure exclude each other: --fresh starts empty with the settings given")
     config = build_config(args)
+    from emulator.device import device_path
+
+    existed = (device_path(config.name) / "config.json").is_file() and not args.fresh
     exporter = None
     if args.metrics_port is not None:
         from tools.exporter import start_exporter
@@ -86,7 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CliError(f"cannot serve metrics on 127.0.0.1:{args.metrics_port}: {exc.strerror or exc}") from None
     try:
-        served = Served(config, keep=True)
+        served = Served(config, keep=True, fresh=args.fresh, reconfigure=args.reconfigure)
     except ConfigError as exc:
         if exporter is not None:
             exporter.shutdown()
@@ -101,7 +133,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     t = config.timing
     link = "unthrottled" if t.read_bandwidth_gbps is None else f"{t.read_bandwidth_gbps:g} GB/s"
-    print(f"cxlemu: serving {config.name}: {config.capacity >> 20} MiB, read {t.read_latency_ns:g} ns / "
+    kept = (" (reconfigured, media kept)" if args.reconfigure else " (as it was: media, LSA, poison, slots kept)") \
+        if existed else " (new)"
+    print(f"cxlemu: serving {config.name}{kept}: {config.capacity >> 20} MiB, read {t.read_latency_ns:g} ns / "
           f"write {t.write_latency_ns:g} ns, {link}, "
           f"pid {__import__('os').getpid()} (SIGINT/SIGTERM to stop)", file=sys.stderr, flush=True)
     try:

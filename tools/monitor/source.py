@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from emulator import device as dev
+from emulator.liveness import read_pid
 from emulator.spec import registers as R
 from emulator.telemetry import TelemetryReader, TelemetrySnapshot
 from emulator.timing import linkstate
@@ -55,10 +56,8 @@ class DeviceView:
 
 
 def _pid_file_pid(path: Path) -> int | None:
-    try:
-        return int((path / "firmware.pid").read_text().strip())
-    except (OSError, ValueError):
-        return None
+    rec = read_pid(path)
+    return None if rec is None else rec[0]
 
 
 def _link_counters(bar: Any) -> dict[str, int] | None:

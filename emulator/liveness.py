@@ -1,0 +1,233 @@
+"""Whether a device's firmware lives, and the state word every host's data path checks.
+
+A device's firmware runs in some process (`cxlemu serve`, or a thread of a host program). Hosts
+must learn quickly when it stops, dies or is restarted, and must never touch its media then:
+
+    firmware.pid   "<pid> <start time>": the serving process, and its start time in clock ticks
+                   since boot (/proc/<pid>/stat field 22), so a recycled pid is not mistaken for
+                   it; a zombie (killed, not yet reaped) is dead
+    state word     u64 in the link-state page of the BAR (word CXL_LS_STATE_WORD):
+
+        bits 0-31  boot generation: one more at every serve, so handles of an earlier boot
+                   know they are stale (a real device's link goes down across a reset)
+        bit  32    UP     a firmware serves the device
+        bit  33    MEDIA  its media is enabled (clear during sanitize / secure erase)
+
+The firmware sets the word at boot and at every media state change, and clears UP when it stops.
+A firmware killed with SIGKILL cannot: the host side's ``Watcher`` (one daemon thread per host
+process, only while it has devices open) checks each open device's firmware process every
+``WATCH_INTERVAL_S`` and clears UP on its behalf, with a compare-and-swap so a newer boot's word
+is never overwritten. The data path (C core and Python twin) compares the word with what it held
+at open on every transfer — one load — and fails with ``DeviceGone`` or ``MediaDisabled``, the
+way it fails on a poisoned line; the mailbox checks it on every poll. So a dead firmware is
+found within one watch interval plus a check, well under 100 ms.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from emulator.spec.registers import LINK_STATE_OFFSET
+
+STATE_WORD = 160  # CXL_LS_STATE_WORD in _datapath.h (tests check they agree)
+GEN_MASK = 0xFFFF_FFFF
+UP = 1 << 32
+MEDIA = 1 << 33
+KEY = GEN_MASK | UP  # what must match for the device to be the same, live boot
+PID_FILE = "firmware.pid"
+WATCH_INTERVAL_S = 0.02
+
+
+# ---- the state word --------------------------------------------------------------------------
+def state_view(bar: Any) -> memoryview:
+    """The BAR's state word as a one-element u64 view (writable where the BAR is)."""
+    off = LINK_STATE_OFFSET + 8 * STATE_WORD
+    return memoryview(bar).cast("B")[off:off + 8].cast("Q")
+
+
+def serving_word(generation: int, media: bool = True) -> int:
+    return (generation & GEN_MASK) | UP | (MEDIA if media else 0)
+
+
+def next_generation(word: int) -> int:
+    """The generation of a new boot after one that left ``word`` (never 0: 0 is 'never served')."""
+    return (word & GEN_MASK) % GEN_MASK + 1
+
+
+def cas(view: memoryview, expect: int, value: int) -> bool:
+    """Compare-and-swap the state word (atomic across processes with the C core built)."""
+    try:
+        from emulator.timing._cimpl import ffi, lib
+    except ImportError:  # the pure-Python fallback: a plain check-then-store
+        if view[0] != expect:
+            return False
+        view[0] = value
+        return True
+    ptr = ffi.cast("uint64_t *", ffi.from_buffer("uint8_t[]", view.cast("B")))
+    return bool(lib.cxl_state_cas(ptr, expect, value))
+
+
+def mark_down(view: memoryview, generation_word: int) -> bool:
+    """Clear UP and MEDIA of the boot ``generation_word`` belongs to, if it is still the current
+    one and still up; True if this call did it."""
+    current = view[0]
+    if current & KEY != (generation_word & GEN_MASK) | UP:
+        return False
+    return cas(view, current, current & GEN_MASK)
+
+
+def gone_reason(word: int, expected: int) -> str | None:
+    """Why a handle opened when the word read ``expected`` may no longer use the device, or None."""
+    if word & KEY == expected & KEY:
+        return None
+    if word & GEN_MASK != expected & GEN_MASK:
+        return "its firmware was restarted since this handle was opened: open the device again"
+    return "its firmware stopped"
+
+
+# ---- the firmware process --------------------------------------------------------------------
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time) of a process from /proc, or None if there is no such process."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return ("?", -1)
+    fields = raw[raw.rfind(b")") + 2:].split()  # the command name may hold spaces and ')'
+    return fields[0].decode(), int(fields[19])
+
+
+def start_time(pid: int) -> int:
+    """A process's start time (clock ticks since boot), -1 where /proc cannot tell."""
+    stat = _proc_stat(pid)
+    return -1 if stat is None else stat[1]
+
+
+def process_alive(pid: int, started: int = -1) -> bool:
+    """Whether ``pid`` is a live process (not a zombie) that started at ``started`` (-1: any)."""
+    if pid <= 0:
+        return False
+    if Path("/proc/self/stat").exists():
+        stat = _proc_stat(pid)
+        if stat is None or stat[0] in ("Z", "X", "x"):
+            return False
+        return started < 0 or stat[1] < 0 or stat[1] == started
+    try:  # no /proc: signal 0 (a zombie counts as alive here)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def write_pid(device_dir: Path) -> None:
+    """Record this process as the device's firmware (written whole, then renamed into place)."""
+    pid = os.getpid()
+    tmp = device_dir / f".{PID_FILE}.{pid}"
+    tmp.write_text(f"{pid} {start_time(pid)}\n")
+    os.replace(tmp, device_dir / PID_FILE)
+
+
+def read_pid(device_dir: Path) -> tuple[int, int] | None:
+    """(pid, start time) from the device's pid file, or None when there is none."""
+    try:
+        parts = (device_dir / PID_FILE).read_text().split()
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else -1
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def firmware_pid(device_dir: Path) -> int | None:
+    """The pid of the live process serving the device, or None (none recorded, exited, zombie)."""
+    rec = read_pid(device_dir)
+    if rec is None or not process_alive(*rec):
+        return None
+    return rec[0]
+
+
+def dead_firmware(device_dir: Path) -> str | None:
+    """Why the firmware recorded in ``device_dir`` is not running, or None if it runs."""
+    rec = read_pid(device_dir)
+    if rec is None:
+        return "no firmware serves it (start it with `cxlemu serve`)"
+    pid, started = rec
+    stat = _proc_stat(pid) if Path("/proc/self/stat").exists() else None
+    if stat is not None and stat[0] in ("Z", "X", "x"):
+        return f"its firmware (pid {pid}) was killed and is a zombie"
+    if not process_alive(pid, started):
+        return f"its firmware (pid {pid}) is no longer running"
+    return None
+
+
+# ---- the host side's watcher -----------------------------------------------------------------
+class _Watch:
+    __slots__ = ("device_dir", "expected", "pid", "started", "view")
+
+    def __init__(self, device_dir: Path, view: memoryview, expected: int, pid: int, started: int) -> None:
+        self.device_dir, self.view, self.expected, self.pid, self.started = device_dir, view, expected, pid, started
+
+
+class Watcher:
+    """One daemon thread per host process that clears UP of open devices whose firmware died."""
+
+    def __init__(self, interval_s: float = WATCH_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._watches: set[_Watch] = set()
+        self._thread: threading.Thread | None = None
+        self._owner = 0  # the pid that started the thread (a forked child starts its own)
+
+    def add(self, device_dir: Path, view: memoryview, expected: int) -> _Watch | None:
+        rec = read_pid(device_dir)
+        if rec is None:
+            return None
+        watch = _Watch(device_dir, view, expected, *rec)
+        with self._lock:
+            self._watches.add(watch)
+            if self._thread is None or not self._thread.is_alive() or self._owner != os.getpid():
+                self._owner = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="cxlemu-liveness", daemon=True)
+                self._thread.start()
+        return watch
+
+    def remove(self, watch: _Watch | None) -> None:
+        if watch is None:
+            return
+        with self._lock:
+            self._watches.discard(watch)
+
+    def check(self, watch: _Watch) -> bool:
+        """Check one device now; True while its firmware lives."""
+        if watch.view[0] & KEY != watch.expected & KEY:
+            return False
+        if process_alive(watch.pid, watch.started):
+            return True
+        mark_down(watch.view, watch.expected)
+        return False
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.interval_s)
+            with self._lock:
+                watches = list(self._watches)
+                if not watches:
+                    self._thread = None
+                    return
+            for watch in watches:
+                try:
+                    if not self.check(watch):
+                        self.remove(watch)
+                except (ValueError, IndexError):  # its handle was closed meanwhile
+                    self.remove(watch)
+
+
+WATCHER = Watcher()
+
+__all__ = ["GEN_MASK", "KEY", "MEDIA", "STATE_WORD", "UP", "WATCHER", "Watcher", "cas", "dead_firmware",
+           "firmware_pid", "gone_reason", "mark_down", "next_generation", "process_alive", "read_pid",
+           "serving_word", "start_time", "state_view", "write_pid"]
