@@ -16,6 +16,7 @@ BENCH_MODULES = [
     "tools.bench.overhead",
     "tools.bench.fidelity",
     "tools.bench.kv",
+    "tools.bench.mailbox",
     "tools.trace.bench",
 ]
 
