@@ -10,9 +10,10 @@
 - sharing: two processes streaming 2 MiB reads on one served device; combined throughput
   within 3 % of the configured link bandwidth.
 - side by side: two devices (no added latency; 350 ns + 2.5 GB/s), timed from Python around
-  plain ``MemDev.read_into`` calls, as a host program reads, not by the probes: per-64-B
-  difference within 5 % of 350 ns (plus one transaction's link time) and 2 MiB reads within
-  5 % of 2.5 GB/s (each read timed alone, the median of 32).
+  plain ``MemDev.read_into`` calls and around plain ``MemDev.read`` calls (the first call a
+  user makes: it allocates the bytes it returns), as a host program reads, not by the probes:
+  per-64-B difference within 5 % of 350 ns (plus one transaction's link time) and 2 MiB reads
+  within 5 % of 2.5 GB/s (each read timed alone, the median of 32), for each call.
 """
 from __future__ import annotations
 
@@ -96,60 +97,73 @@ def sharing_check(name: str, dp: DataPath, seconds: float) -> dict[str, Any]:
 
 
 def _alternating_ns(fast: Any, slow: Any, out: Any, reps: int) -> tuple[list[int], list[int]]:
-    """Per-call times of one 64-B ``MemDev.read_into`` on each device, the two calls
-    alternating (fast, slow, fast, ...) over 256 lines already faulted in: whatever the host
-    does meanwhile (other tenants, frequency changes) lands on both devices alike, where
-    separate blocks of calls let it land on one only (differences of ±100 ns between blocks
-    were seen on a loaded 2-vCPU host)."""
+    """Per-call times of one 64-B read on each device, the two calls alternating (fast, slow,
+    fast, ...) over 256 lines already faulted in: whatever the host does meanwhile (other
+    tenants, frequency changes) lands on both devices alike, where separate blocks of calls let
+    it land on one only (differences of ±100 ns between blocks were seen on a loaded 2-vCPU
+    host).  ``out``: the 64-B buffer of ``MemDev.read_into``, or None for ``MemDev.read(dpa, 64)``."""
     clock = time.perf_counter_ns
     base, timed = [0] * reps, [0] * reps
+    if out is None:
+        fast_read, slow_read, arg = fast.read, slow.read, 64
+    else:
+        fast_read, slow_read, arg = fast.read_into, slow.read_into, out
     for i in range(reps):
         dpa = (i & 255) * 64
         t0 = clock()
-        fast.read_into(dpa, out)
+        fast_read(dpa, arg)
         t1 = clock()
-        slow.read_into(dpa, out)
+        slow_read(dpa, arg)
         timed[i] = clock() - t1
         base[i] = t1 - t0
     return base, timed
 
 
-def side_by_side_checks(fast: str, slow: str, reps: int) -> list[dict[str, Any]]:
-    """Two devices served side by side, timed from outside the probes: through the driver's
-    ``MemDev``, as any host program reads a device.  The 64-B figure is the difference of the
-    interquartile means of alternating calls (finer than the 10-ns steps of some VMs' clocks,
-    and robust to preemptions), per block of calls, median over SIDE_BY_SIDE_BLOCKS blocks: a
-    host swing that lasts a fraction of the run moves a few blocks, not the figure (one run in
-    eight read 340.6 ns against 365-372 ns in the others when it was one block)."""
-    from driver import MemDev
+def _side_by_side(a: Any, b: Any, call: str, reps: int) -> list[dict[str, Any]]:
+    """The 64-B difference and the 2 MiB bandwidth of one call (``read_into`` or ``read``)."""
     from emulator.timing._cimpl import interquartile_mean
 
-    out64 = np.empty(64, np.uint8)
+    out64 = np.empty(64, np.uint8) if call == "read_into" else None
+    _alternating_ns(a, b, out64, reps // 10)  # warm-up
+    diffs = []
+    for _ in range(SIDE_BY_SIDE_BLOCKS):
+        base, timed = _alternating_ns(a, b, out64, reps // SIDE_BY_SIDE_BLOCKS)
+        diffs.append(interquartile_mean(timed) - interquartile_mean(base))
+    diff = statistics.median(diffs)
+    expect = latency.configured_added_ns(b.datapath)
+    size = 2 << 20
+    big = np.empty(size, np.uint8)
+    read = (lambda dpa: b.read_into(dpa, big)) if call == "read_into" else (lambda dpa: b.read(dpa, size))
+    read(0)
+    per_read = []
+    for i in range(32):  # 16 x 2 MiB = 32 MiB, faulted in by the caller; each read timed alone,
+        t0 = time.perf_counter_ns()  # the median: a preemption takes a read, not the figure
+        read((i % 16) * size)
+        per_read.append(time.perf_counter_ns() - t0)
+    gbps = size / statistics.median(per_read)
+    conf = b.config.timing.read_bandwidth_gbps
+    return [_check(f"side by side (MemDev.{call}): 64-B read difference vs {expect:g} ns (%)",
+                   100 * abs(diff - expect) / expect, "<= 5 %", abs(diff - expect) <= 0.05 * expect,
+                   diff_ns=round(diff, 1)),
+            _check(f"side by side (MemDev.{call}): 2 MiB reads vs {conf:g} GB/s (%)",
+                   100 * abs(gbps - conf) / conf, "<= 5 %", abs(gbps - conf) <= 0.05 * conf,
+                   gbps=round(gbps, 4))]
+
+
+def side_by_side_checks(fast: str, slow: str, reps: int) -> list[dict[str, Any]]:
+    """Two devices served side by side, timed from outside the probes: through the driver's
+    ``MemDev``, as any host program reads a device, by ``read_into`` and by ``read``.  The 64-B
+    figure is the difference of the interquartile means of alternating calls (finer than the
+    10-ns steps of some VMs' clocks, and robust to preemptions), per block of calls, median over
+    SIDE_BY_SIDE_BLOCKS blocks: a host swing that lasts a fraction of the run moves a few blocks,
+    not the figure (one run in eight read 340.6 ns against 365-372 ns in the others when it was
+    one block)."""
+    from driver import MemDev
+
     with MemDev.open(fast) as a, MemDev.open(slow) as b:
         for md in (a, b):  # fault the pages in: first touch is the OS's cost, not the link's
             md.write_untimed(0, np.zeros(40 << 20, np.uint8))
-        _alternating_ns(a, b, out64, reps // 10)  # warm-up
-        diffs = []
-        for _ in range(SIDE_BY_SIDE_BLOCKS):
-            base, timed = _alternating_ns(a, b, out64, reps // SIDE_BY_SIDE_BLOCKS)
-            diffs.append(interquartile_mean(timed) - interquartile_mean(base))
-        diff = statistics.median(diffs)
-        expect = latency.configured_added_ns(b.datapath)
-        big = np.empty(2 << 20, np.uint8)
-        b.read_into(0, big)
-        per_read = []
-        for i in range(32):  # 16 x 2 MiB = 32 MiB, faulted in above; each read timed alone,
-            t0 = time.perf_counter_ns()  # the median: a preemption takes a read, not the figure
-            b.read_into((i % 16) * (2 << 20), big)
-            per_read.append(time.perf_counter_ns() - t0)
-        gbps = big.nbytes / statistics.median(per_read)
-        conf = b.config.timing.read_bandwidth_gbps
-    return [_check(f"side by side (MemDev.read_into): 64-B read difference vs {expect:g} ns (%)",
-                   100 * abs(diff - expect) / expect, "<= 5 %", abs(diff - expect) <= 0.05 * expect,
-                   diff_ns=round(diff, 1)),
-            _check(f"side by side (MemDev.read_into): 2 MiB reads vs {conf:g} GB/s (%)",
-                   100 * abs(gbps - conf) / conf, "<= 5 %", abs(gbps - conf) <= 0.05 * conf,
-                   gbps=round(gbps, 4))]
+        return _side_by_side(a, b, "read_into", reps) + _side_by_side(a, b, "read", reps)
 
 
 def run(*, quick: bool = False) -> list[dict[str, Any]]:
