@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -28,7 +29,8 @@ DIRECTIONS = ("read", "write")  # read: device -> host/accelerator; write: host 
 
 @dataclass(frozen=True, kw_only=True)
 class TransferCost:
-    """Latency and bandwidth per direction; bandwidth 0 means unthrottled (as in TimingConfig)."""
+    """Latency and bandwidth per direction; bandwidth 0 means unthrottled (``TimingConfig`` says
+    ``None`` for that: convert with ``bandwidth or 0.0``; ``None`` here is a ``TypeError``)."""
 
     read_latency_ns: float = 0.0
     write_latency_ns: float = 0.0
@@ -38,6 +40,12 @@ class TransferCost:
     block_bytes: int = 0  # size of one KV block, for callers that move whole blocks
 
     def __post_init__(self) -> None:
+        for name in ("read_latency_ns", "write_latency_ns", "read_bandwidth_gbps", "write_bandwidth_gbps",
+                     "block_bytes", "time_scale"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                unthrottled = " (0 = unthrottled; None is TimingConfig's spelling of it)" if "bandwidth" in name else ""
+                raise TypeError(f"{name} must be a number{unthrottled}, got {value!r}")
         for name in ("read_latency_ns", "write_latency_ns", "read_bandwidth_gbps", "write_bandwidth_gbps",
                      "block_bytes"):
             if getattr(self, name) < 0:

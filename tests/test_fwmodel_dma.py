@@ -88,3 +88,17 @@ def test_bad_requests_are_refused(call, message: str) -> None:
         call(DmaScheduler(simpy.Environment(), COST))
     with pytest.raises(ValueError, match="time_scale"):
         TransferCost(time_scale=0)
+
+
+def test_unthrottled_is_zero_and_none_is_refused_by_name() -> None:
+    """0 is the firmware model's 'unthrottled'; None (TimingConfig's spelling of it) is a TypeError
+    naming the field and the conversion, not a comparison crash deep in __post_init__."""
+    import numpy as np
+
+    with pytest.raises(TypeError, match=r"read_bandwidth_gbps must be a number \(0 = unthrottled; None is "
+                                        r"TimingConfig's spelling of it\), got None"):
+        TransferCost(read_latency_ns=300, read_bandwidth_gbps=None)
+    with pytest.raises(TypeError, match="write_latency_ns must be a number, got '5'"):
+        TransferCost(write_latency_ns="5")
+    cost = TransferCost(read_latency_ns=300, read_bandwidth_gbps=0, block_bytes=np.int64(4096))
+    assert cost.duration_ns("read", 1 << 20) == 300

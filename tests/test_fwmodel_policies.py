@@ -255,6 +255,41 @@ def test_reuse_scalar_and_numpy_evictions_choose_alike() -> None:
     run()
 
 
+def test_reuse_capacity_is_a_bound_not_an_allocation() -> None:
+    """A capacity far beyond what is ever resident (a KV budget of 10**30 bytes) allocates slot
+    arrays for the residents only; arrays grown on demand choose exactly the victims that arrays
+    sized to the capacity up front do."""
+    import random
+
+    from firmware_model.policies import ReusePolicy
+
+    huge = ReusePolicy(10**30)
+    assert len(huge._keys) == ReusePolicy.INITIAL_SLOTS == 64
+    for key in range(100):
+        huge.insert(key)
+    assert len(huge) == 100 and len(huge._keys) == 128
+    assert huge.evict() == 99  # never seen twice: the same predicted use, the most recent goes
+
+    grown, upfront = ReusePolicy(200), ReusePolicy(200)
+    upfront.INITIAL_SLOTS = 200
+    upfront.__init__(200)
+    assert (len(grown._keys), len(upfront._keys)) == (64, 200)
+    rng = random.Random(5)
+    victims: list[tuple[object, object]] = []
+    for _ in range(3000):
+        key = rng.randrange(260)
+        if key in grown:
+            grown.touch(key)
+            upfront.touch(key)
+            continue
+        if len(grown) == 200:
+            protected = set(rng.sample(range(260), 3))
+            victims.append((grown.evict(protected), upfront.evict(protected)))
+        grown.insert(key)
+        upfront.insert(key)
+    assert len(victims) > 100 and all(a == b for a, b in victims)
+
+
 @pytest.mark.parametrize("name", ONLINE_POLICY_NAMES)
 def test_every_policy_tracks_residency_like_a_set(name: str) -> None:
     """Random insert / touch / remove / evict(protected): the policy agrees with a plain set."""

@@ -67,6 +67,65 @@ def test_named_device(model, batch, served) -> None:
     assert served.name in list_devices()
 
 
+def test_a_latency_only_device_gives_the_all_resident_tokens(model, batch, device_name) -> None:
+    """A device served with a read latency and no bandwidth cap (TimingConfig: bandwidth None =
+    unthrottled): its link becomes the firmware model's cost with bandwidth 0 (its 'unthrottled'),
+    layers really move over it, and the tokens are DynamicCache's."""
+    from emulator.device import DeviceConfig, serve
+    from emulator.timing.config import TimingConfig
+    from firmware_model.dma import TransferCost
+
+    ids, mask, ref = batch
+    with serve(DeviceConfig(name=device_name, capacity=256 << 20, timing=TimingConfig(read_latency_ns=300))):
+        with CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 25), device=device_name, block_tokens=4) as cache:
+            out = run(model, ids, mask, cache)
+            assert cache._engine._cost == TransferCost(read_latency_ns=300)
+            stats = cache.stats()
+    assert torch.equal(out, ref)
+    assert stats["loads"] > 0 and stats["offloads"] > 0
+
+
+def test_the_device_timing_becomes_the_firmware_link_cost() -> None:
+    """The one conversion: TimingConfig's None bandwidth (unthrottled) is TransferCost's 0, per
+    direction; an untimed link has no cost model."""
+    from types import SimpleNamespace
+
+    from driver.kv._engine import _transfer_cost
+    from emulator.timing.config import TimingConfig
+    from firmware_model.dma import TransferCost
+
+    timing = TimingConfig(read_latency_ns=300, write_latency_ns=50, read_bandwidth_gbps=8.0, time_scale=2.0)
+    assert _transfer_cost(SimpleNamespace(timing=timing)) == TransferCost(
+        read_latency_ns=300, write_latency_ns=50, read_bandwidth_gbps=8.0, write_bandwidth_gbps=0.0,
+        time_scale=2.0)
+    assert _transfer_cost(SimpleNamespace(timing=TimingConfig(write_bandwidth_gbps=4.0))) == TransferCost(
+        write_bandwidth_gbps=4.0)
+    assert _transfer_cost(SimpleNamespace(timing=TimingConfig())) is None
+
+
+def test_a_budget_beyond_all_the_kv_on_a_device(model, batch) -> None:
+    """hbm_budget_bytes=10**30 (more frames than any integer type holds): every layer stays
+    resident (nothing loaded, evicted or regrown: max_seq_len sizes the frames once), one frame
+    per layer, the tokens are DynamicCache's, and the device's telemetry page (u8 fields) shows
+    the budget saturated and the frames really made."""
+    from emulator.telemetry import TelemetryReader
+
+    ids, mask, ref = batch
+    cache = CxlCache(hbm_budget_bytes=10**30, block_tokens=4, max_seq_len=ids.shape[1] + NEW - 1)
+    out = run(model, ids, mask, cache)
+    stats = cache.stats()
+    cache._telemetry.publish(force=True)
+    reader = TelemetryReader(cache._engine.store.memdev.bar)
+    host = reader.snapshot().host
+    reader.close()
+    cache.close()
+    assert torch.equal(out, ref)
+    assert (stats["frames"], stats["loads"], stats["evictions"], stats["regrows"]) == (4, 0, 0, 0)
+    assert stats["hbm_peak_bytes"] == 4 * frame_bytes(3, ids.shape[1] + NEW - 1)
+    assert stats["hbm_budget_bytes"] == 10**30
+    assert (host.hbm_budget_bytes, host.blocks_total, host.blocks_resident) == (2**64 - 1, 4, 4)
+
+
 class PoisonAt(LogitsProcessor):
     """At decode step ``step``, poison the first chunk of the first offloaded layer."""
 
@@ -180,7 +239,8 @@ def test_prefetch_accounting_adds_up(model, batch) -> None:
 
 def test_a_second_process_is_refused_the_device(model, batch, served) -> None:
     """Two processes keeping KV on one device would overwrite each other's chunks: the second is
-    refused by name, and the device is usable again once the first lets go."""
+    refused by name at construction (not at its first generate), and the device is usable again
+    once the first lets go."""
     import subprocess
     import sys
     import textwrap
@@ -196,10 +256,11 @@ def test_a_second_process_is_refused_the_device(model, batch, served) -> None:
         """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        ids, mask, _ = batch
-        with pytest.raises(DeviceInUse, match=f"process {holder.pid}"):
-            CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 16 + NEW + 16), device=served.name).update(
-                *([torch.zeros(3, 2, 16, 16)] * 2), 0)
+        hooks = dict(model._forward_pre_hooks)
+        with pytest.raises(DeviceInUse, match=f"device {served.name!r} already holds the KV cache of "
+                                              f"process {holder.pid}: serve another device"):
+            CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 16 + NEW + 16), device=served.name, model=model)
+        assert dict(model._forward_pre_hooks) == hooks  # refused before anything was hooked
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from transformers import DynamicCache
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
 from driver.kv import BudgetTooSmall, CxlCache, KVLayout, MemoryBlockStore
 from driver.kv.testing import padded_batch, tiny_llama
@@ -92,14 +92,100 @@ def test_tokens_equal_without_prefix_sharing(model, policy, lengths, block_token
 
 
 def test_budget_below_working_set_names_the_minimum(model) -> None:
-    """Two layers of the batch's KV is the minimum; one byte less is refused with that number."""
+    """Two layers of the batch's KV is the minimum; one byte less is refused with that number,
+    at the prefill, for the prompt (no max_seq_len)."""
     ids, mask = padded_batch([16, 12])
     minimum = 2 * layer_bytes(2, 16)
     cache = CxlCache(hbm_budget_bytes=minimum - 1, store=MemoryBlockStore(1 << 20))
-    with pytest.raises(BudgetTooSmall, match=f"at least {minimum}"):
+    with pytest.raises(BudgetTooSmall, match=f"found at the prefill, before any token was produced, for the "
+                                             f"16-token prompt .*; raise hbm_budget_bytes to at least {minimum}$"):
         with torch.no_grad():
             model(ids, attention_mask=mask, past_key_values=cache)
     cache.close()
+
+
+class CountTokens(LogitsProcessor):
+    """Counts the tokens generate() produced (one call per step)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        return scores
+
+
+def test_budget_too_small_for_the_final_length_is_found_when_it_can_be(model) -> None:
+    """A budget holding the prompt but not the final length: with max_seq_len it is refused at
+    the prefill's first layer, before any token; without, only the prompt can be checked there,
+    so it is found when the sequences outgrow the budget, and the error says so and what to pass."""
+    ids, mask, _ = reference(model, [16, 9])
+    final = ids.shape[1] + NEW - 1  # 23
+    budget = 2 * layer_bytes(2, 20)  # holds 20 tokens per sequence
+    tokens = CountTokens()
+    cache = CxlCache(hbm_budget_bytes=budget, store=MemoryBlockStore(1 << 20), max_seq_len=final)
+    with pytest.raises(BudgetTooSmall) as refused, torch.no_grad():
+        model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, past_key_values=cache,
+                       logits_processor=LogitsProcessorList([tokens]))
+    assert (tokens.calls, cache.stats()["tokens_generated"]) == (0, 0)
+    assert (refused.value.minimum, refused.value.seq_len) == (2 * layer_bytes(2, final), final)
+    assert str(refused.value) == (
+        f"hbm_budget_bytes={budget} is below the working set of {2 * layer_bytes(2, final)} bytes (two layers "
+        f"of KV for batch 2 x {final} tokens: the layer computing and the one loading); found at the prefill, "
+        f"before any token was produced, for max_seq_len={final}; raise hbm_budget_bytes to at least "
+        f"{2 * layer_bytes(2, final)}")
+    cache.close()
+
+    cache = CxlCache(hbm_budget_bytes=budget, store=MemoryBlockStore(1 << 20))
+    with pytest.raises(BudgetTooSmall) as outgrown, torch.no_grad():
+        model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, past_key_values=cache,
+                       logits_processor=LogitsProcessorList([tokens]))
+    assert tokens.calls == 5  # the prompt + 4 tokens fit 20; the 5th token's KV is the 21st
+    assert str(outgrown.value) == (
+        f"hbm_budget_bytes={budget} is below the working set of {2 * layer_bytes(2, 21)} bytes (two layers "
+        "of KV for batch 2 x 21 tokens: the layer computing and the one loading); the sequences grew to 21 "
+        "tokens, after tokens were produced (the budget holds 20 per sequence): without max_seq_len= only the "
+        "prompt is checked at the prefill; pass max_seq_len=<prompt + max_new_tokens> to have this found "
+        f"there, before any token is produced; raise hbm_budget_bytes to at least {2 * layer_bytes(2, 21)}")
+    cache.close()
+
+
+@pytest.mark.parametrize("policy", ONLINE_POLICY_NAMES)
+def test_a_budget_beyond_all_the_kv_keeps_every_layer_resident(model, policy) -> None:
+    """hbm_budget_bytes of 2**62 or 10**30 bytes: nothing is sized by the budget (one frame per
+    layer, the policy built for those frames), the tokens are DynamicCache's, and no layer leaves
+    the accelerator but for the regrow of frames the sequences outgrew (no max_seq_len given)."""
+    ids, mask, ref = reference(model, [16, 9])
+    for budget in (1 << 62, 10**30):
+        cache = CxlCache(hbm_budget_bytes=budget, policy=policy, block_tokens=4, store=MemoryBlockStore(1 << 20))
+        out = generate(model, ids, mask, cache)
+        stats, engine = cache.stats(), cache._engine
+        cache.close()
+        assert torch.equal(out, ref)
+        assert (stats["frames"], engine.policy.capacity, stats["hbm_budget_bytes"]) == (LAYERS, LAYERS, budget)
+        assert stats["regrows"] == 1  # 16 tokens + 4 of headroom, then 23
+        assert stats["evictions"] == stats["loads"] == LAYERS  # the regrow's, each layer back once
+        assert stats["hbm_peak_bytes"] == LAYERS * layer_bytes(2, engine.arena.capacity)
+
+
+@pytest.mark.parametrize("policy", ONLINE_POLICY_NAMES)
+def test_a_policy_built_late_is_the_policy_built_first(policy) -> None:
+    """The engine records policy calls until it knows how many frames there are (the layer count,
+    or the frames allocated when they run out), then builds the policy and replays them: it then
+    chooses exactly the victims of a policy built for that capacity at the start."""
+    from driver.kv._engine import _UnsizedPolicy
+    from firmware_model.policies import make_policy
+
+    calls = [("insert", (k, k + 1)) for k in range(6)] + [("touch", (2, 7)), ("remove", (4,)),
+                                                          ("touch", (0, 8)), ("insert", (9, 9))]
+    late, first = _UnsizedPolicy(policy), make_policy(policy, 5)
+    for method, args in calls:
+        getattr(late, method)(*args)
+        getattr(first, method)(*args)
+    assert len(late) == 6 and 4 not in late and 9 in late
+    built = late.build(5)
+    assert built.capacity == 5
+    assert [built.evict({1}) for _ in range(5)] == [first.evict({1}) for _ in range(5)]
 
 
 def test_cache_keyword_of_transformers_5_24(model) -> None:
@@ -141,6 +227,11 @@ def test_bad_arguments_say_what_to_change() -> None:
         CxlCache(hbm_budget_bytes=1 << 20, max_seq_len=0, store=MemoryBlockStore(1 << 20))
     with pytest.raises(ValueError, match="give device= or store=, not both"):
         CxlCache(hbm_budget_bytes=1 << 20, device="mem0", store=MemoryBlockStore(1 << 20))
+    for bad in (-1, 1.5, True, None):
+        with pytest.raises(ValueError, match=rf"max_retries must be an int >= 0 \(retries of a failed load "
+                                             rf"before its chunks are recomputed; 0 = none\), got {bad!r}$"):
+            CxlCache(hbm_budget_bytes=1 << 20, max_retries=bad, store=MemoryBlockStore(1 << 20))
+    CxlCache(hbm_budget_bytes=1 << 20, max_retries=0, store=MemoryBlockStore(1 << 20)).close()
 
 
 def test_a_device_that_does_not_exist_is_refused_at_construction() -> None:

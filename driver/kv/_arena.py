@@ -4,7 +4,8 @@ A frame holds one layer of the whole batch, ``(2, batch, kv_heads, capacity, hea
 tensors handed to attention are zero-copy views of it and the working set is exactly what the
 frames hold: no hidden concatenation buffer. ``peak_bytes`` is the high-water mark of frame
 memory ever allocated, which is what the accelerator really held; allocation never passes the
-budget because at most ``budget // frame_bytes`` frames exist at once.
+budget because at most ``budget // frame_bytes`` frames exist at once, and never more than one per
+layer once the layer count is known (:meth:`Arena.limit_frames`), however large the budget.
 
 Staging buffers live in host memory (pinned on CUDA when the host allows it, with a one-line
 notice and pageable memory otherwise); they are where the device's DMA lands and are counted
@@ -60,25 +61,39 @@ class Arena:
         self.layout: KVLayout | None = None
         self.capacity = 0
         self.max_frames = 0
+        self.frame_limit: int | None = None  # frames ever usable (one per layer), once known
         self._free: list[Frame] = []
         self.allocated = 0
         self.peak_bytes = 0
 
-    def configure(self, layout: KVLayout, needed: int, headroom: int) -> None:
-        """Choose a per-sequence token capacity >= ``needed``; all frames must be released."""
+    def configure(self, layout: KVLayout, needed: int, headroom: int, when: str = "") -> None:
+        """Choose a per-sequence token capacity >= ``needed``; all frames must be released.
+        ``BudgetTooSmall`` if two frames of ``needed`` tokens do not fit (``when``: its detail)."""
         assert self.allocated == len(self._free), "configure() with frames in use"
         affordable = layout.max_capacity(self.budget)
         if needed > affordable:
-            raise BudgetTooSmall(self.budget, layout.min_budget(needed), layout.batch, needed)
+            raise BudgetTooSmall(self.budget, layout.min_budget(needed), layout.batch, needed, when)
         bt = layout.block_tokens
         # with headroom the capacity grows in whole blocks; without (the caller gave the final
         # length) it is exactly what is needed, so no budget byte is lost to rounding
         want = -(-(needed + headroom) // bt) * bt if headroom else needed
         self.layout = layout
         self.capacity = max(needed, min(want, affordable))
-        self.max_frames = self.budget // layout.frame_bytes(self.capacity)
+        self._limit()
         self._free.clear()
         self.allocated = 0
+
+    def limit_frames(self, frames: int) -> None:
+        """At most ``frames`` frames, however many the budget affords: a cache uses one frame per
+        layer, so a budget beyond the model's KV (``hbm_budget_bytes=1 << 62``) keeps every layer
+        resident, and nothing (the eviction policy, the telemetry) is sized by its quotient."""
+        self.frame_limit = frames
+        if self.layout is not None:
+            self._limit()
+
+    def _limit(self) -> None:
+        affordable = self.budget // self.frame_bytes
+        self.max_frames = affordable if self.frame_limit is None else min(affordable, self.frame_limit)
 
     @property
     def frame_bytes(self) -> int:

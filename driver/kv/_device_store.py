@@ -25,6 +25,7 @@ import numpy as np
 
 from driver.kv._chunks import ChunkPool
 from driver.kv._store import Extent, configure_chunks
+from emulator import liveness
 from emulator.dma import Descriptor, DmaEngine, DmaHandle
 from emulator.spec import registers as R
 from emulator.spec.errors import ConfigError, CxlemuError, DmaError
@@ -105,7 +106,10 @@ class DeviceBlockStore:
         self.size = size
         files = memdev.files
         link = memoryview(files.bar)[R.LINK_STATE_OFFSET:R.LINK_STATE_OFFSET + R.LINK_STATE_SIZE]
-        self.datapath = SleepingDataPath(files.media, files.poison, link, memdev.config.timing)
+        # the handle's state check: once its firmware is gone, DMA fails (DeviceGone) untouched
+        state = (liveness.state_view(files.bar), memdev.datapath.state[1]) if memdev.datapath.state else None
+        self.datapath = SleepingDataPath(files.media, files.poison, link, memdev.config.timing,
+                                         state=state, name=memdev.name)
         self.dma = DmaEngine(self.datapath, channels=channels)
         self.chunk_bytes = 0
         self.capacity_chunks = 0

@@ -48,15 +48,57 @@ from firmware_model.prefetch import PrefetchQueue, PrefetchStats
 __all__ = ["KVLoadError", "ResidencyEngine"]
 
 def _transfer_cost(store: BlockStore) -> Any:
-    """The firmware model's cost of the store's link (None for an untimed store)."""
+    """The firmware model's cost of the store's link (None for an untimed store).
+
+    The one place a device's ``TimingConfig`` becomes the firmware model's ``TransferCost``: an
+    unthrottled direction is ``None`` bandwidth in the one and ``0`` in the other."""
     timing = getattr(store, "timing", None)
     if timing is None or timing.untimed:
         return None
     from firmware_model.dma import TransferCost
 
     return TransferCost(read_latency_ns=timing.read_latency_ns, write_latency_ns=timing.write_latency_ns,
-                        read_bandwidth_gbps=timing.read_bandwidth_gbps,
-                        write_bandwidth_gbps=timing.write_bandwidth_gbps, time_scale=timing.time_scale)
+                        read_bandwidth_gbps=timing.read_bandwidth_gbps or 0.0,
+                        write_bandwidth_gbps=timing.write_bandwidth_gbps or 0.0, time_scale=timing.time_scale)
+
+
+class _UnsizedPolicy:
+    """The eviction policy while the frames it will order are not counted yet.
+
+    A policy is built for a capacity, and the frames a budget affords may be far more than a
+    cache ever uses (one per layer: ``hbm_budget_bytes=1 << 62`` affords ~10**17). Until the
+    layer count is known (the second forward) or the frames run out (the first eviction, when
+    the capacity is the frames allocated), the calls are recorded; :meth:`build` makes the
+    policy for the capacity then known and replays them, so it is in exactly the state it would
+    have been in had it been built for that capacity at the start."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._resident: dict[int, None] = {}
+        self._calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def insert(self, key: int, now: int = 0) -> None:
+        self._resident[key] = None
+        self._calls.append(("insert", (key, now)))
+
+    def touch(self, key: int, now: int = 0) -> None:
+        self._calls.append(("touch", (key, now)))
+
+    def remove(self, key: int) -> None:
+        del self._resident[key]
+        self._calls.append(("remove", (key,)))
+
+    def build(self, capacity: int) -> Any:
+        policy = make_policy(self.name, capacity)
+        for method, args in self._calls:
+            getattr(policy, method)(*args)
+        return policy
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._resident
+
+    def __len__(self) -> int:
+        return len(self._resident)
 
 
 class _Landed:
@@ -157,10 +199,11 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         self.mover = make_mover(device, self.staging)
         self.layout: KVLayout | None = None
         self.layers: list[_Layer] = []
-        self.policy = make_policy(policy, 1)
+        self.policy: Any = _UnsizedPolicy(policy)
         self.counters = dict.fromkeys(self.COUNTERS, 0)
         self._tick = 0
         self._num_layers = 0
+        self._layers_counted = 0  # the layer count the arena's frames are limited to (0: not yet)
         self._init_chunkio()
         self._cost = _transfer_cost(store)
         self._layer_ns = 0.0
@@ -187,6 +230,8 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         self._num_layers = max(self._num_layers, layer + 1)
         n = k.shape[-2]
         self._step += layer == 0
+        if layer == 0 and self._step and self._layers_counted != self._num_layers:
+            self._count_layers()
         self._time_layer(layer, n)
         if self._pending:
             self._poll()
@@ -231,11 +276,30 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         self.store.configure(self.layout.chunk_bytes)
         self.pool = self.store.pool
         needed = max(n, self.max_seq_len or 0)
-        self.arena.configure(self.layout, needed, self._headroom(needed))
-        self.policy = make_policy(self.policy_name, self.arena.max_frames)
+        if self.max_seq_len:
+            when = f"found at the prefill, before any token was produced, for max_seq_len={self.max_seq_len}"
+        else:
+            when = (f"found at the prefill, before any token was produced, for the {n}-token prompt "
+                    "(without max_seq_len= the final length is not known)")
+        self.arena.configure(self.layout, needed, self._headroom(needed), when)
+        self.policy = self._new_policy()
 
     def _headroom(self, n: int) -> int:
         return 0 if self.max_seq_len else max(self.block_tokens, n // 4)
+
+    def _new_policy(self) -> Any:
+        """The eviction policy for the arena's frames; unsized until the layer count is known."""
+        if self._layers_counted:
+            return make_policy(self.policy_name, self.arena.max_frames)
+        return _UnsizedPolicy(self.policy_name)
+
+    def _count_layers(self) -> None:
+        """A forward has run: the layers it computed are all a frame is ever needed for, so the
+        arena makes no more frames than that and the policy is built for what it makes."""
+        self._layers_counted = self._num_layers
+        self.arena.limit_frames(self._num_layers)
+        if isinstance(self.policy, _UnsizedPolicy):
+            self.policy = self.policy.build(self.arena.max_frames)
 
     def _acquire(self, st: _Layer) -> Frame:
         """Make ``st`` resident for compute, counting a hit, a late prefetch or a miss.
@@ -376,6 +440,8 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
     def _take_frame(self, protected: set[int]) -> Frame:
         """A free frame, evicting the policy's victims (never a protected layer) until one is."""
         frame = self.arena.take()
+        if frame is None and isinstance(self.policy, _UnsizedPolicy):
+            self.policy = self.policy.build(self.arena.max_frames)  # all allocated: a real count
         while frame is None:
             victim = self.policy.evict(protected)
             self._evict(self.layers[cast(int, victim)])
@@ -406,12 +472,25 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         self._unregister_all()
         self.arena.release_all()
         assert self.layout is not None
-        self.arena.configure(self.layout, needed, self._headroom(needed))
-        self.policy = make_policy(self.policy_name, self.arena.max_frames)
+        self.arena.configure(self.layout, needed, self._headroom(needed), self._outgrown(needed))
+        self.policy = self._new_policy()
         self._window = (-1, ())  # the frame count changed: size the prefetch window again
         if self._pq is not None:  # every frame left: hint the window again from here
             self._pq.end_sequence(0)
             self._hinted = -1
+
+    def _outgrown(self, needed: int) -> str:
+        """``BudgetTooSmall``'s detail when the sequences outgrow the frames after the prefill."""
+        assert self.layout is not None
+        held = self.layout.max_capacity(self.arena.budget)
+        if self.max_seq_len:
+            return (f"the sequences grew past max_seq_len={self.max_seq_len} to {needed} tokens, after "
+                    f"tokens were produced (the budget holds {held} per sequence); raise max_seq_len to "
+                    "the final length to have this found at the prefill, before any token is produced")
+        return (f"the sequences grew to {needed} tokens, after tokens were produced (the budget holds "
+                f"{held} per sequence): without max_seq_len= only the prompt is checked at the prefill; "
+                "pass max_seq_len=<prompt + max_new_tokens> to have this found there, before any token "
+                "is produced")
 
     # ------------------------------------------------------------------------- load
     def _start_load(self, st: _Layer, protected: set[int]) -> bool:

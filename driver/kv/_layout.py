@@ -19,15 +19,27 @@ __all__ = ["BudgetTooSmall", "KVLayout"]
 
 
 class BudgetTooSmall(ConfigError):
-    """The HBM budget cannot hold the working set (the layer computing and the one loading)."""
+    """The HBM budget cannot hold the working set (the layer computing and the one loading).
 
-    def __init__(self, budget: int, minimum: int, batch: int, seq_len: int) -> None:
+    When it is raised (the KV shape, batch x kv heads x head dim x dtype, first reaches the cache
+    with the first layer of the first forward: transformers gives a cache nothing before that):
+
+    * with ``max_seq_len``: at the first forward (the prefill), at its first layer, before any KV
+      is stored or any token produced, for ``max_seq_len`` tokens;
+    * without: at the prefill, for the prompt, before any token is produced; and again whenever
+      the sequences outgrow what the budget holds, which can only be found then, after tokens were
+      produced (``detail`` says which, and how to have it found at the prefill).
+    """
+
+    def __init__(self, budget: int, minimum: int, batch: int, seq_len: int, detail: str = "") -> None:
         self.budget = budget
         self.minimum = minimum
+        self.batch = batch
+        self.seq_len = seq_len
         super().__init__(
             f"hbm_budget_bytes={budget} is below the working set of {minimum} bytes "
             f"(two layers of KV for batch {batch} x {seq_len} tokens: the layer computing and the "
-            f"one loading); raise hbm_budget_bytes to at least {minimum}")
+            f"one loading); {detail + '; ' if detail else ''}raise hbm_budget_bytes to at least {minimum}")
 
 
 @dataclass(frozen=True, kw_only=True)

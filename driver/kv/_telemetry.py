@@ -37,6 +37,7 @@ _SUMMED = {"hits": "hits", "misses": "misses", "loads": "loads", "offloads": "of
            "prefetch_wasted": "prefetch_wasted", "tokens_generated": "tokens_generated",
            "dedup_chunks": "shared_chunks", "dedup_write_bytes": "dedup_write_bytes",
            "dedup_load_bytes": "dedup_load_bytes", "cow_copies": "cow_copies"}
+_U64_MAX = 2**64 - 1  # a budget may exceed the page's u8 fields (hbm_budget_bytes=10**30): saturate
 _BINCOUNT_SPAN = 16  # bincount while the largest id is below this many times the references
 
 
@@ -116,7 +117,8 @@ class HostPublisher:
             budget += engine.arena.budget
             inflight += sum(1 for st in engine.layers if st.load is not None)
         self._writer.publish(**totals, **sharing_gauges(self._engines), blocks_resident=resident,
-                             blocks_total=frames, hbm_bytes=hbm, hbm_budget_bytes=budget,
+                             blocks_total=min(frames, _U64_MAX), hbm_bytes=hbm,
+                             hbm_budget_bytes=min(budget, _U64_MAX),
                              dma_sq_depth=min(self._dma.pending(), 2**32 - 1),
                              prefetch_queue_depth=inflight)
 

@@ -92,16 +92,25 @@ class CxlCache(Cache):
     """KV cache on a cxlemu device with an HBM budget; see the module docstring.
 
     * ``hbm_budget_bytes``: KV bytes allowed on the accelerator, working buffers included; at
-      least two layers of the batch's KV (else ``BudgetTooSmall`` names the minimum).
+      least two layers of the batch's KV (else ``BudgetTooSmall`` names the minimum). Any larger
+      int works: a budget beyond all the KV keeps every layer resident (one frame per layer is
+      the most ever made). The KV shape (batch, kv heads, head dim, dtype) first reaches the cache
+      with the first forward, so ``BudgetTooSmall`` comes at the prefill's first layer, before any
+      token is produced: for ``max_seq_len`` tokens if given, else for the prompt; without
+      ``max_seq_len`` a budget the growing sequences outgrow is found only then, mid-generation.
     * ``policy``: the firmware model's eviction policy (``firmware_model.policies``).
     * ``block_tokens``: tokens per device chunk (prefix-sharing and transfer granularity).
     * ``device``: None serves a private in-process device (stopped by :meth:`close`); a name
-      opens that served device; caches of one process on one device share its chunk pool.
+      opens and claims that served device here, at construction (``DeviceNotFound``, or
+      ``DeviceInUse`` when another process's cache holds it); caches of one process on one device
+      share its chunk pool.
     * ``prefetch_depth``: layers loaded ahead; ``"auto"`` sizes it from the link and the
       measured compute per layer (``firmware_model.prefetch.window_points``).
     * ``model``: records the forward calls so chunks lost to a fault are recomputed from the
       tokens; without it such a loss raises ``KVLoadError``.
-    * ``max_seq_len``: the final length, if known: frames are sized once (no regrowth).
+    * ``max_seq_len``: the final length, if known: frames are sized once (no regrowth), and a
+      budget too small for it is refused at the prefill, before any token is produced.
+    * ``max_retries``: retries of a failed load before its chunks are recomputed (int >= 0).
     * ``store``: any ``BlockStore`` instead of a device (tests).
     """
 
@@ -122,17 +131,28 @@ class CxlCache(Cache):
             raise ConfigError("give device= or store=, not both")
         if prefetch_depth != "auto" and (not isinstance(prefetch_depth, int) or prefetch_depth < 0):
             raise ConfigError(f"prefetch_depth must be an int >= 0 or 'auto', got {prefetch_depth!r}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigError(f"max_retries must be an int >= 0 (retries of a failed load before its "
+                              f"chunks are recomputed; 0 = none), got {max_retries!r}")
         from firmware_model.policies import make_policy
         make_policy(policy, 1)  # unknown names fail here, naming the known ones
         self._kw: dict[str, Any] = dict(budget=hbm_budget_bytes, policy=policy, block_tokens=block_tokens,
                         prefetch_depth=prefetch_depth, prefix_sharing=prefix_sharing,
                         max_retries=max_retries, max_seq_len=max_seq_len, full_writeback=full_writeback)
+        self._closed = True  # until constructed: __del__ has nothing to release
+        self._backing = _Backing(device, store, device_capacity)
         if device is not None:
+            # a missing or unusable device, or one another process's cache holds (DeviceInUse),
+            # fails here, not in generate(); the claim is held until close()
             from emulator.device import load_config
 
-            load_config(device)  # a missing or unusable device fails here, not in generate()
-        self._backing = _Backing(device, store, device_capacity)
-        self._recorder = ForwardRecorder(model, self) if model is not None else None
+            load_config(device)
+            self._backing.store()
+        try:
+            self._recorder = ForwardRecorder(model, self) if model is not None else None
+        except BaseException:
+            self._backing.close()
+            raise
         self._engine: ResidencyEngine | None = None
         self._telemetry: Any = None  # the device's HostPublisher (none for a store passed in)
         self._closed = False

@@ -41,6 +41,8 @@ class ReusePolicy:
     name = "reuse"
     #: up to this many residents an eviction compares them in Python; above, one numpy scan
     SCALAR_MAX = 32
+    #: slot arrays start this long (or ``capacity``, if smaller) and double when full
+    INITIAL_SLOTS = 64
 
     def __init__(self, capacity: int, alpha: float = 0.25, history: int = 0) -> None:
         """``alpha``: weight of the newest gap in each key's average; ``history``: evicted keys
@@ -57,13 +59,17 @@ class ReusePolicy:
         self._last: dict[Hashable, int] = {}  # residents and remembered keys
         self._gap: dict[Hashable, float] = {}
         self._remembered: OrderedDict[Hashable, None] = OrderedDict()
-        # Residents' statistics mirrored in slot arrays for the vectorised eviction scan.
+        # Residents' statistics mirrored in slot arrays for the vectorised eviction scan. They
+        # start at most INITIAL_SLOTS long and double when full (slots are handed out lowest
+        # first either way): a capacity is a bound, not an allocation, and callers may pass one
+        # far beyond what will ever be resident.
+        slots = min(capacity, self.INITIAL_SLOTS)
         self._slot: dict[Hashable, int] = {}
-        self._keys: list[Hashable | None] = [None] * capacity
-        self._free = list(range(capacity - 1, -1, -1))
-        self._last_a = np.zeros(capacity)
-        self._gap_a = np.zeros(capacity)  # 0: no gap seen yet
-        self._alive = np.zeros(capacity, dtype=bool)
+        self._keys: list[Hashable | None] = [None] * slots
+        self._free = list(range(slots - 1, -1, -1))
+        self._last_a = np.zeros(slots)
+        self._gap_a = np.zeros(slots)  # 0: no gap seen yet
+        self._alive = np.zeros(slots, dtype=bool)
 
     def predicted_use(self, key: Hashable) -> float:
         """When ``key`` is expected next (in this policy's access count)."""
@@ -174,7 +180,8 @@ class ReusePolicy:
             self._gap.pop(old, None)
 
     def _grow(self) -> None:
-        """More residents than ``capacity`` (the caller evicts late): double the slot arrays."""
+        """Every slot is taken (more residents than so far, or than ``capacity`` if the caller
+        evicts late): double the slot arrays."""
         n = len(self._keys)
         self._keys += [None] * n
         self._free = list(range(2 * n - 1, n - 1, -1))
