@@ -89,3 +89,12 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, fragment, capsys) -> None:
 
 def test_shares_sum_to_the_commands() -> None:
     assert mailbox.shares(10, 3) == [4, 3, 3] and mailbox.shares(1, 2) == [1, 0]
+
+
+def test_liveness_bench_times_each_call_to_device_gone() -> None:
+    """`cxlemu bench liveness`'s own run: one kill per call, each found well under 100 ms."""
+    from tools.bench import liveness
+
+    result = liveness.run(kills=1)
+    assert [r["call"] for r in result["rows"]] == ["read", "send", "open"]
+    assert result["ok"] and all(r["max_ms"] < 100 for r in result["rows"])

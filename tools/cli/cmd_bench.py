@@ -17,6 +17,7 @@ BENCH_MODULES = [
     "tools.bench.fidelity",
     "tools.bench.kv",
     "tools.bench.mailbox",
+    "tools.bench.liveness",
     "tools.trace.bench",
 ]
 
