@@ -269,3 +269,24 @@ def test_send_after_close_says_the_handle_is_closed(served) -> None:
 def test_device_name_rule_is_stated_as_checked() -> None:
     with pytest.raises(ConfigError, match="must start with a letter or a digit"):
         DeviceConfig(name=".")
+
+
+def test_registers_are_single_aligned_stores_and_64_bit_ones_take_halves(memdev) -> None:
+    """One aligned access per register (misaligned refused); the Command register written as two
+    dwords, lower first (§8.2.2), is one command to the firmware."""
+    from emulator.spec import registers as R
+
+    regs = memdev.regs
+    with pytest.raises(ValueError, match="not aligned"):
+        regs.read(R.MB_CMD.offset + 2, 4)
+    with pytest.raises(ValueError, match="only 64-bit registers"):
+        regs.write_half(R.MB_CTRL, False, 1)
+    cmd = R.MB_CMD.f("LENGTH").put(R.MB_CMD.f("OPCODE").put(0, 0x4000), 0)
+    with memdev._tlock:
+        regs.write_half(R.MB_CMD, False, cmd & 0xFFFF_FFFF)
+        regs.write_half(R.MB_CMD, True, cmd >> 32)
+        assert regs.get(R.MB_CMD) == cmd
+        regs.set_field(R.MB_CTRL, "DOORBELL", 1)
+        memdev._poll_doorbell_clear()
+    assert regs.get_field(R.MB_STATUS, "RETCODE") == 0
+    assert regs.get_field(R.MB_CMD, "LENGTH") == 0x45  # Identify Memory Device's output
