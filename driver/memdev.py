@@ -23,7 +23,7 @@ from driver._cmd_poison import PoisonCommands
 from driver.mailbox import MBOX_TIMEOUT_S, MailboxClient
 from emulator import liveness
 from emulator.chmu_feed import AccessFeed
-from emulator.device import DeviceFiles
+from emulator.device_dir import DeviceFiles
 from emulator.regfile import RegisterFile, find_capabilities
 from emulator.spec import registers as R
 from emulator.spec.errors import DeviceGone

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from driver.hdm import DecoderError, DecoderState, HdmDecoders
-from emulator.device import list_devices, open_bar, runtime_dir
+from emulator.device_dir import list_devices, open_bar, runtime_dir
 from emulator.hdm import (
     DecoderSettings,
     dpa_offset,

@@ -2,9 +2,9 @@
 channel claim word (``_PyChannelState``).
 
 Import them from ``emulator.dma``, which re-exports them; they live here so the engine module
-holds only the engine.  ``DmaHandle`` subclasses the C ``HandleBase`` of ``_fastcall.c`` where it
+holds only the engine.  ``DmaHandle`` subclasses the C ``HandleBase`` of ``_dmacall.c`` where it
 is built, else ``_PyHandleBase``, its Python twin with the same members (as ``_PyChannelState``
-is the twin of the C ``ChannelState``: the fallback when ``emulator.timing._fastcall`` is missing
+is the twin of the C ``ChannelState``: the fallback when ``emulator.timing._dmacall`` is missing
 or the data path runs ``impl="py"``).  The engine passes ``Descriptor`` and ``DmaHandle`` to the
 C ``ChannelState``, whose inline path type-checks the one and builds the other.
 """
@@ -71,7 +71,7 @@ class Descriptor:
 
     def c_descriptor(self) -> Any:
         """The C core's ``cxl_desc`` for this descriptor, built once (it pins the window), and
-        its address (``_cdesc_addr``) for the one-call paths of ``_fastcall``."""
+        its address (``_cdesc_addr``) for the one-call paths of ``_dmacall``."""
         cached = self.__dict__.get("_cdesc")
         if cached is not None:
             return cached
@@ -123,7 +123,7 @@ class _PyHandleBase:
 
 
 def _handle_base() -> type:
-    """The C ``HandleBase`` (``_fastcall.c``: a handle built in ~0.1 µs, a third of what a
+    """The C ``HandleBase`` (``_dmacall.c``: a handle built in ~0.1 µs, a third of what a
     Python ``__init__`` costs; the inline DMA path builds one per transfer), else the twin."""
     try:
         from emulator.timing._cimpl import handle_base
@@ -248,7 +248,7 @@ class DmaHandle(_HandleBase):
 
 class _PyChannelState:
     """Who may run a submission on a channel: the twin of the C ``ChannelState`` (a word
-    claimed with one compare-and-swap; see ``_fastcall.c``), from threading primitives."""
+    claimed with one compare-and-swap; see ``_dmacall.c``), from threading primitives."""
 
     __slots__ = ("_closed", "_count_lock", "_owner", "_queued")
 

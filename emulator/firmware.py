@@ -17,46 +17,43 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from emulator import liveness
-from emulator.device import DeviceFiles
-from emulator.mailbox import COMMANDS, dispatch
+import emulator.commands  # noqa: F401  (fills the command table, emulator.mailbox.COMMANDS)
+from emulator import chmu, component, liveness
+from emulator.chmu_feed import FeedDrain
+from emulator.commands.event_policy import EventInterruptPolicy
+from emulator.commands.health import HealthService
+from emulator.commands.scan import ScanState
+from emulator.events import EventLogs
+from emulator.fw_telemetry import FirmwarePublisher
+from emulator.fwslots import FwSlots
+from emulator.health import HealthState
+from emulator.mailbox import COMMANDS, BackgroundJob, dispatch
 from emulator.persist import PersistentState
+from emulator.poison import PoisonList
 from emulator.regfile import RegisterFile, init_device_registers
 from emulator.spec import registers as R
 from emulator.spec.retcodes import RetCode
 
 if TYPE_CHECKING:
-    from emulator.commands.event_policy import EventInterruptPolicy
-    from emulator.commands.scan import ScanState
-    from emulator.events import EventLogs
-    from emulator.fwslots import FwSlots
-    from emulator.health import HealthState
-    from emulator.poison import PoisonList
+    from emulator.device_dir import DeviceFiles
 
 log = logging.getLogger(__name__)
 
-BackgroundJob = Generator[int, None, RetCode]
+__all__ = ["ABORT_LIMIT_PERCENT", "BackgroundJob", "Firmware", "FirmwareRunner", "Service"]
+
 Service = Callable[[int], object]  # returns truthy when it had work (the runner naps less)
 # §8.2.9.1.5: an abort is honoured only while the operation is below this percent (QEMU).
 ABORT_LIMIT_PERCENT = 85
 
 
 class Firmware:
-    """Device state the command handlers act on. Command groups attach their own state objects
-    (events, poison, fw slots, ...) through `attach(fw)` hooks in `emulator.commands`."""
-
-    # attached by the command groups (emulator/commands/*.py `attach`)
-    events: "EventLogs"
-    poison: "PoisonList"
-    health: "HealthState"
-    fwslots: "FwSlots"
-    event_policy: "EventInterruptPolicy"
-    scan_media: "ScanState"
+    """Device state the command handlers act on: the registers and media, and each command
+    group's state as a named field (QEMU's CXLType3Dev keeps them the same way)."""
 
     def __init__(self, files: DeviceFiles) -> None:
         self.files = files
@@ -82,22 +79,24 @@ class Firmware:
         self._bg_abortable = False
         self._bg_percent = 0
         init_device_registers(self.regs)
-        from emulator import chmu, component
-
         self.hdm = component.attach(self)
         self.chmu = chmu.attach(self)
-        from emulator.chmu_feed import FeedDrain
-
         self.access_feed = FeedDrain(files.bar, self.chmu)
         self.services.append(self.access_feed.service)
-        import emulator.commands
-
-        emulator.commands.attach_all(self)
+        # the command groups' state (emulator/commands/): firmware slots (fw), health and alerts
+        # (health), interrupt policy (event_policy), event logs (events), poison list (poison),
+        # the last media scan (scan)
+        self.fwslots = FwSlots(self.config.fw_revision)
+        self.health = HealthState(start_ns=time.monotonic_ns())
+        self.services.append(HealthService(self))
+        self.event_policy = EventInterruptPolicy()
+        self.events = EventLogs(self.regs, self.timestamp_ns)
+        self.error_hooks.append(self.events.firmware_error)
+        self.poison = PoisonList(self)
+        self.scan_media = ScanState()
         self.persist = PersistentState(self)  # poison list and firmware slots of the last boot
         self.persist.restore()
         self.services.append(self.persist.service)
-        from emulator.fw_telemetry import FirmwarePublisher
-
         self.telemetry = FirmwarePublisher(self)
         self.services.append(self.telemetry.service)
         self.regs.set_fields(R.MEMDEV_STATUS, MEDIA_STATUS=R.MEDIA_READY, MBOX_READY=1)
@@ -228,8 +227,8 @@ class Firmware:
         self._state.release()
         self.regs.set_field(R.MEMDEV_STATUS, "MBOX_READY", 0)
         self.telemetry.close()
-        for attr in ("media", "lsa", "poison_bits"):
-            setattr(self, attr, np.zeros(0, np.uint8))  # drop views so the mmaps can close
+        # drop the views so the mmaps can close
+        self.media, self.lsa, self.poison_bits = (np.zeros(0, np.uint8) for _ in range(3))
         self.regs = RegisterFile(bytearray(R.BAR_SIZE))
 
 
@@ -296,9 +295,3 @@ class FirmwareRunner:
     def stop(self) -> None:
         self._stop.set()
 
-
-def attach_state(fw: Firmware, name: str, value: Any) -> None:
-    """Give a command group's state object a home on the firmware (fails on a clash)."""
-    if hasattr(fw, name):
-        raise RuntimeError(f"firmware attribute {name!r} attached twice")
-    setattr(fw, name, value)

@@ -12,8 +12,14 @@ How to add a command (as QEMU's cxl-mailbox-utils.c does):
    A background command calls ``fw.start_background(opcode, job)`` and returns
    ``(RetCode.BACKGROUND_COMMAND_STARTED, b"")``; ``job`` is a generator that does a slice of work
    per ``next()``, yields its percent complete, and returns the final RetCode.
-3. Import the module from ``emulator/commands/__init__.py``. The Command Effects Log and the
-   generic checks follow from the table; the handler sees only well-formed, permitted input.
+3. Import the module from ``emulator/commands/__init__.py`` and add it to ``GROUPS``. The Command
+   Effects Log and the generic checks follow from the table; the handler sees only well-formed,
+   permitted input. State the group keeps is a named field of ``Firmware``, built in its
+   ``__init__`` (``fw.events``, ``fw.poison``, ...).
+
+This module is the one place both sides import: the handlers (``emulator/commands/``) register
+into ``COMMANDS`` here and type the firmware only for the type checker; ``emulator/firmware.py``
+imports the commands package once, at module level, which fills the table.
 
 Generic rules, in order (CXL r3.1 §8.2.8.4; QEMU `cxl_process_cci_message`):
 unsupported opcode → Unsupported; wrong length → Invalid Payload Length; a background command while
@@ -25,7 +31,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from enum import IntFlag
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING
 
 from emulator.spec.registers import MAILBOX_PAYLOAD_SIZE
 from emulator.spec.retcodes import RetCode
@@ -36,6 +43,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Handler = Callable[["Firmware", memoryview], tuple[RetCode, bytes]]
+# A background command's job: each next() does a slice of work and yields its percent complete;
+# its return value is the final return code (Firmware.start_background).
+BackgroundJob = Generator[int, None, RetCode]
 
 
 class Effect(IntFlag):
@@ -103,9 +113,8 @@ def check(fw: "Firmware", cmd: Command | None, length: int) -> RetCode | None:
 
 
 def dispatch(fw: "Firmware", opcode: int, payload: bytes | memoryview) -> tuple[RetCode, bytes]:
-    """Run one command; always answers with a return code, never raises."""
-    import emulator.commands  # noqa: F401  (fills COMMANDS)
-
+    """Run one command; always answers with a return code, never raises. The table is filled by
+    importing ``emulator.commands`` (``emulator.firmware`` does)."""
     cmd = COMMANDS.get(opcode)
     refused = check(fw, cmd, len(payload))
     if refused is not None:

@@ -23,7 +23,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import numpy as np
+
 from emulator.spec import registers as R
+from emulator.spec.chmu import BITMAP_REL, HOTLIST_REL, INST, INSTANCE_LEN
 from emulator.spec.registers import Field, Reg
 
 if sys.byteorder != "little":  # the register file is little-endian (§8.2.2); native casts assume it
@@ -114,3 +117,33 @@ def find_capabilities(regs: RegisterFile) -> dict[int, tuple[int, int]]:
         cap_id = regs.read(hdr, 4) & 0xFFFF
         found[cap_id] = (regs.read(hdr + 4, 4), regs.read(hdr + 8, 4))
     return found
+
+
+class ChmuRegView:
+    """Aligned little-endian access to the CHMU register block (``emulator.spec.chmu``), whole-register
+    stores like RegisterFile; shared by the device (``emulator.chmu``) and the host (``driver.chmu``)."""
+
+    def __init__(self, region: memoryview) -> None:
+        self.buf = memoryview(region).cast("B")
+        if len(self.buf) < INST + INSTANCE_LEN:
+            raise ValueError(f"CHMU region of {len(self.buf)} bytes is smaller than {INST + INSTANCE_LEN:#x}")
+        views = word_views(self.buf)
+        self._q, self._h = views[8], views[2]
+
+    def q(self, off: int) -> int:
+        return self._q[off >> 3]
+
+    def set_q(self, off: int, v: int) -> None:
+        self._q[off >> 3] = v
+
+    def w(self, off: int) -> int:
+        return self._h[off >> 1]
+
+    def set_w(self, off: int, v: int) -> None:
+        self._h[off >> 1] = v
+
+    def bitmap(self) -> np.ndarray:
+        return np.frombuffer(self.buf[INST + BITMAP_REL:INST + HOTLIST_REL], dtype=np.uint8)
+
+    def hotlist(self) -> np.ndarray:
+        return np.frombuffer(self.buf[INST + HOTLIST_REL:INST + INSTANCE_LEN], dtype="<u8")

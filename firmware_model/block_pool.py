@@ -1,7 +1,12 @@
 """The KV block pool, after vLLM v1's ``block_pool`` / ``kv_cache_utils``.
 
-All blocks are created once. A block with no references sits in an intrusive doubly-linked free
-queue with sentinel head and tail (O(1) removal from the middle, no allocation per operation).
+Each block is created once, on first use: a pool of n blocks starts as one sentinel standing for
+the n blocks never used yet, at the head of the free queue, in id order (where vLLM's fresh
+queue has them), and a block object exists from its first allocation (or first look-up by id) on.
+A device of a million 1-KiB chunks then costs nothing until it fills: creating them all up front
+took 2 s per KV cache opened on a 1 GiB device. A block with no references sits in an intrusive
+doubly-linked free queue with sentinel head and tail (O(1) removal from the middle, no
+allocation per operation).
 Freed blocks keep their content hash and stay findable for prefix sharing until they are reused:
 allocation takes the queue head and, if that block still carries a hash, evicts it from the
 cache map then ("lazy eviction"). A pin is a reference held under a lease that expires at a
@@ -13,7 +18,7 @@ simulated time (Mooncake uses 10 s leases), so a forgotten pin cannot leak a blo
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NewType
 
@@ -53,22 +58,65 @@ class NoFreeBlocksError(RuntimeError):
 
 
 class FreeBlockQueue:
-    """Intrusive doubly-linked list of free blocks between two sentinels."""
+    """Intrusive doubly-linked list of free blocks between two sentinels.
 
-    def __init__(self, blocks: Iterable[KVBlock]) -> None:
+    ``pending`` blocks not created yet stand, in id order, where a third sentinel sits (created
+    by ``make(block_id)`` when they come to the head or are looked up: ``materialize``)."""
+
+    def __init__(self, blocks: Iterable[KVBlock] = (), *, pending: int = 0,
+                 make: Callable[[int], KVBlock] | None = None) -> None:
         self._head = KVBlock(-1)
         self._tail = KVBlock(-2)
         self._head.next_free, self._tail.prev_free = self._tail, self._head
         self.num_free_blocks = 0
         for b in blocks:
             self.append(b)
+        self._pending = 0
+        self._next_id = 0
+        self._make = make
+        self._pending_node = KVBlock(-3)
+        if pending:
+            if make is None:
+                raise ValueError("pending blocks need make(block_id)")
+            self.append(self._pending_node)
+            self._pending = pending
+            self.num_free_blocks += pending - 1
+
+    @property
+    def created(self) -> int:
+        """Blocks ``make`` has created so far (ids 0 .. created-1)."""
+        return self._next_id
+
+    def materialize(self, block_id: int) -> None:
+        """Create the pending blocks up to ``block_id``, in place (ahead of those still pending)."""
+        node = self._pending_node
+        while self._pending and self._next_id <= block_id:
+            assert self._make is not None
+            block = self._make(self._next_id)
+            prev = node.prev_free
+            assert prev is not None
+            prev.next_free, block.prev_free = block, prev
+            block.next_free, node.prev_free = node, block
+            self._next_id += 1
+            self._pending -= 1
+        if not self._pending and node.prev_free is not None:
+            self._unlink(node)
 
     def popleft(self) -> KVBlock:
         first = self._head.next_free
+        if first is self._pending_node:
+            self.materialize(self._next_id)
+            first = self._head.next_free
         if first is self._tail or first is None:
             raise NoFreeBlocksError("no free blocks")
         self.remove(first)
         return first
+
+    def _unlink(self, node: KVBlock) -> None:
+        prev, nxt = node.prev_free, node.next_free
+        assert prev is not None and nxt is not None
+        prev.next_free, nxt.prev_free = nxt, prev
+        node.prev_free = node.next_free = None
 
     def remove(self, block: KVBlock) -> None:
         prev, nxt = block.prev_free, block.next_free
@@ -88,11 +136,47 @@ class FreeBlockQueue:
         self.num_free_blocks += 1
 
     def get_all_free_blocks(self) -> list[KVBlock]:
+        """Every free block in queue order (creating the pending ones)."""
+        if self._pending:
+            self.materialize(self._next_id + self._pending - 1)
         out, cur = [], self._head.next_free
         while cur is not None and cur is not self._tail:
             out.append(cur)
             cur = cur.next_free
         return out
+
+
+class _Blocks(Sequence[KVBlock]):
+    """``pool.blocks``: every block by id, created on first look-up; iteration visits the blocks
+    created so far (those never used have no reference and no hash, so skipping them changes no
+    count a caller takes)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self._num = num_blocks
+        self._made: list[KVBlock] = []
+        self._queue = FreeBlockQueue(pending=num_blocks, make=self._make)
+
+    def _make(self, block_id: int) -> KVBlock:
+        block = KVBlock(block_id)
+        self._made.append(block)
+        return block
+
+    def __len__(self) -> int:
+        return self._num
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._num))]
+        if index < 0:
+            index += self._num
+        if not 0 <= index < self._num:
+            raise IndexError(f"block {index} is outside the pool's {self._num} blocks")
+        if index >= len(self._made):
+            self._queue.materialize(index)
+        return self._made[index]
+
+    def __iter__(self) -> Iterator[KVBlock]:
+        return iter(list(self._made))
 
 
 class BlockPool:
@@ -101,15 +185,16 @@ class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self.free_block_queue = FreeBlockQueue(self.blocks)
+        self._num_blocks = num_blocks
+        self.blocks = _Blocks(num_blocks)
+        self.free_block_queue = self.blocks._queue
         self.cached_block_hash_to_block: dict[BlockHash, KVBlock] = {}
         self._leases: dict[int, list[float]] = {}  # block_id -> expiry of each pin
         self.num_evictions = 0
 
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        return self._num_blocks
 
     def get_num_free_blocks(self) -> int:
         return self.free_block_queue.num_free_blocks

@@ -1,9 +1,10 @@
 """Time as the firmware sees it: a :class:`Clock` it reads, never the wall clock.
 
-``SimClock`` is driven by a simpy environment (one event heap ordered by time, priority and
+``SimpyClock`` is driven by a simpy environment (one event heap ordered by time, priority and
 insertion sequence, so ties are deterministic); tests run it and assert ``env.now`` exactly.
 ``ManualClock`` is set by its owner — the emulator's runner passes the device time in it.
-Times are nanoseconds.
+Times are nanoseconds. (The timed data path's integer clocks, ``emulator.timing.SimClock`` — a
+manual one — and ``emulator.timing.SimpyClock``, are of the same two kinds.)
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import simpy
 
-__all__ = ["Clock", "ManualClock", "SimClock"]
+__all__ = ["Clock", "ManualClock", "SimpyClock"]
 
 
 @runtime_checkable
@@ -22,8 +23,8 @@ class Clock(Protocol):
         """Current time, ns; never decreases."""
 
 
-class SimClock:
-    """A clock that is the simulated time of a simpy environment."""
+class SimpyClock:
+    """A clock that is the simulated time of a simpy environment (one time unit: 1 ns)."""
 
     def __init__(self, env: simpy.Environment | None = None) -> None:
         self.env = env if env is not None else simpy.Environment()

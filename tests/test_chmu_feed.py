@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from driver import MemDev
-from emulator.chmu import ChmuRegs
+from driver.chmu import ChmuRegs
 from emulator.chmu_feed import FEED_ENTRIES, AccessFeed
 from emulator.spec.registers import CHMU_OFFSET, CHMU_SIZE
 

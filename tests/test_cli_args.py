@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from emulator.chmu import CHMU_OFFSET, CHMU_SIZE, ChmuDevice, ChmuRegs
+from driver.chmu import ChmuRegs
+from emulator.chmu import CHMU_OFFSET, CHMU_SIZE, ChmuDevice
 from emulator.spec.errors import ConfigError
 from tools.cli._common import CliError, parse_port, parse_size
 from tools.cli.main import build_parser, main, version
@@ -175,14 +176,14 @@ def test_monitor_without_devices_suggests_cxlemu_serve(capsys, monkeypatch, tmp_
 
 @pytest.mark.parametrize("value", ["-5", "fast", "nan", "inf", "1e3", "1,2,3", "", "12,"])
 def test_comp_ns_override_must_be_decimals_ge_0(monkeypatch, value: str) -> None:
-    _cimpl = pytest.importorskip("emulator.timing._cimpl")
+    calibration = pytest.importorskip("emulator.timing.calibration")
     monkeypatch.setenv("CXLEMU_TIMING_COMP_NS", value)
-    _cimpl.calibrated_comp_ns.cache_clear()
+    calibration.calibrated_comp_ns.cache_clear()
     try:
         with pytest.raises(ConfigError) as exc:
-            _cimpl.calibrated_comp_ns()
+            calibration.calibrated_comp_ns()
     finally:
-        _cimpl.calibrated_comp_ns.cache_clear()
+        calibration.calibrated_comp_ns.cache_clear()
     assert str(exc.value) == ("CXLEMU_TIMING_COMP_NS must be one or two numbers of ns (A or A,B), decimals >= 0 "
                               f"such as 15.2 or 15.2,20 (0 disables compensation), got {value!r}")
 
@@ -190,13 +191,13 @@ def test_comp_ns_override_must_be_decimals_ge_0(monkeypatch, value: str) -> None
 @pytest.mark.parametrize("value, expected", [("0", (0.0, 0.0)), ("15.2", (15.2, 15.2)),
                                              ("12.5,20", (12.5, 20.0)), (" .5 , 7. ", (0.5, 7.0))])
 def test_comp_ns_override_takes_decimals(monkeypatch, value: str, expected: tuple[float, float]) -> None:
-    _cimpl = pytest.importorskip("emulator.timing._cimpl")
+    calibration = pytest.importorskip("emulator.timing.calibration")
     monkeypatch.setenv("CXLEMU_TIMING_COMP_NS", value)
-    _cimpl.calibrated_comp_ns.cache_clear()
+    calibration.calibrated_comp_ns.cache_clear()
     try:
-        assert _cimpl.calibrated_comp_ns() == expected
+        assert calibration.calibrated_comp_ns() == expected
     finally:
-        _cimpl.calibrated_comp_ns.cache_clear()
+        calibration.calibrated_comp_ns.cache_clear()
 
 
 # 6. sizes in hex --------------------------------------------------------------------------------

@@ -178,3 +178,19 @@ def test_a_read_past_the_media_is_refused_before_its_buffer_is_made(memdev: MemD
         with pytest.raises(ValueError, match="size must be an int >= 0"):
             read(0, -1)
         assert read(cap - 8, 8) == bytes(8)
+
+
+def test_command_groups_state_is_named_fields_of_the_firmware(served) -> None:
+    """Each command group's state is a field Firmware.__init__ builds (no attach hooks)."""
+    from emulator.commands.event_policy import EventInterruptPolicy
+    from emulator.commands.scan import ScanState
+    from emulator.events import EventLogs
+    from emulator.fwslots import FwSlots
+    from emulator.health import HealthState
+    from emulator.poison import PoisonList
+
+    fw = served.firmware
+    fields = {"fwslots": FwSlots, "health": HealthState, "event_policy": EventInterruptPolicy,
+              "events": EventLogs, "poison": PoisonList, "scan_media": ScanState}
+    assert {name: type(getattr(fw, name)) for name in fields} == fields
+    assert fw.events.firmware_error in fw.error_hooks

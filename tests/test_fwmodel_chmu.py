@@ -6,14 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from emulator.chmu import (
-    CHMU_OFFSET,
-    CHMU_SIZE,
-    ChmuDevice,
-    ChmuRegs,
-    decode_config,
-    encode_epoch,
-)
+from driver.chmu import ChmuRegs
+from emulator.chmu import CHMU_OFFSET, CHMU_SIZE, ChmuDevice, decode_config
+from emulator.spec.chmu import encode_epoch
 from emulator.spec.errors import ConfigError
 from tools.cli.main import main
 

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import simpy
 
-from firmware_model.clock import Clock, ManualClock, SimClock
+from firmware_model.clock import Clock, ManualClock, SimpyClock
 from firmware_model.hotness import HotnessConfig, HotnessUnit
 
 
 def test_sim_clock_reads_simpy_time() -> None:
-    clock = SimClock()
+    clock = SimpyClock()
     assert isinstance(clock, Clock) and clock.now_ns() == 0
 
     def proc():
@@ -36,7 +36,7 @@ def test_manual_clock_moves_forward_only() -> None:
 def test_hotness_unit_reads_its_clock_when_no_time_is_given() -> None:
     """Epochs end by the clock: a batch recorded after the epoch end closes it first."""
     env = simpy.Environment()
-    unit = HotnessUnit(1 << 20, HotnessConfig(threshold=1, epoch_ns=100), clock=SimClock(env))
+    unit = HotnessUnit(1 << 20, HotnessConfig(threshold=1, epoch_ns=100), clock=SimpyClock(env))
     unit.record(np.array([4096], dtype=np.uint64))
 
     def later():

@@ -1,4 +1,5 @@
-"""Block pool and KV manager: exact free-queue order, prefix sharing, COW, leases, and a state machine."""
+"""Block pool: exact free-queue order, prefix cache by chained hash, deduplication, leases, and a
+state machine of holders (sequences, prefix hits, pins) over it."""
 from __future__ import annotations
 
 import pytest
@@ -20,7 +21,6 @@ from firmware_model.block_pool import (
     NoFreeBlocksError,
     hash_block_tokens,
 )
-from firmware_model.kv_manager import KVCacheManager
 
 
 def _ids(pool: BlockPool) -> list[int]:
@@ -42,29 +42,42 @@ def test_free_queue_removes_from_the_middle_and_appends_at_the_tail() -> None:
         q.remove(blocks[2])
 
 
+def _publish(pool: BlockPool, blocks: list[KVBlock], tokens: list[int], block_tokens: int) -> list[object]:
+    """Hash and publish each full block of ``tokens`` held in ``blocks`` (the chained hashes)."""
+    hashes: list[object] = []
+    parent = None
+    for i in range(len(tokens) // block_tokens):
+        parent = hash_block_tokens(parent, tokens[i * block_tokens:(i + 1) * block_tokens])
+        assert pool.cache_full_block(blocks[i], parent) is blocks[i]
+        hashes.append(parent)
+    return hashes
+
+
 def test_freed_sequences_queue_tail_first_and_prefix_hits_leave_the_queue() -> None:
     """vLLM's order: a sequence's blocks are freed last-first; a prefix hit takes its block back."""
     pool = BlockPool(10)
-    m = KVCacheManager(pool, block_tokens=4)
-    assert m.add_sequence("a", list(range(12))) == 0  # blocks 0, 1, 2 (all full)
-    assert m.add_sequence("b", [9] * 6) == 0  # blocks 3, 4
-    m.free("a")
-    m.free("b")
+    a, b = pool.get_new_blocks(3), pool.get_new_blocks(2)  # blocks 0, 1, 2 and 3, 4
+    hashes = _publish(pool, a, list(range(12)), 4)
+    _publish(pool, b, [9] * 6, 4)
+    pool.free_blocks(reversed(a))
+    pool.free_blocks(reversed(b))
     assert _ids(pool) == [5, 6, 7, 8, 9, 2, 1, 0, 4, 3]
-    assert m.add_sequence("c", list(range(8)) + [7]) == 8  # blocks 0 and 1 by hash, new one for the rest
+    hits = [pool.get_cached_block(h) for h in hashes[:2]]
+    assert hits == pool.blocks[:2]
+    pool.touch(hits)  # a prompt starting with a's first 8 tokens
+    assert [blk.block_id for blk in pool.get_new_blocks(1)] == [5]  # and a new block for the rest
     assert _ids(pool) == [6, 7, 8, 9, 2, 4, 3]
-    assert [b.block_id for b in m.seqs["c"].blocks] == [0, 1, 5]
 
 
 def test_allocation_evicts_cached_hashes_lazily() -> None:
     """A freed block stays findable until the queue hands it out again."""
     pool = BlockPool(2)
-    m = KVCacheManager(pool, block_tokens=2)
-    m.add_sequence("a", [1, 2])
     h = hash_block_tokens(None, [1, 2])
-    m.free("a")
+    (block,) = pool.get_new_blocks(1)
+    pool.cache_full_block(block, h)
+    pool.free_blocks([block])
     assert pool.get_cached_block(h) is pool.blocks[0]
-    m.add_sequence("b", [3, 4, 5, 6])  # takes blocks 1 then 0: block 0's hash is evicted
+    assert [blk.block_id for blk in pool.get_new_blocks(2)] == [1, 0]  # block 0's hash is evicted
     assert pool.get_cached_block(h) is None and pool.num_evictions == 1
 
 
@@ -76,40 +89,24 @@ def test_chained_hash_depends_on_the_whole_prefix() -> None:
     assert hash_block_tokens(None, [1, 2], ("lora-1",)) != a
 
 
-def test_fork_then_append_copies_the_shared_partial_block() -> None:
-    """Copy-on-write: the child gets a fresh last block, the parent keeps its own."""
-    pool = BlockPool(6)
-    m = KVCacheManager(pool, block_tokens=4)
-    m.add_sequence("p", [1, 2, 3, 4, 5])  # blocks 0 (full), 1 (1 token)
-    m.fork("p", "c")
-    assert [b.ref_cnt for b in pool.blocks[:2]] == [2, 2]
-    m.append_tokens("c", [6])
-    assert m.copies == [(1, 2)]
-    assert [b.block_id for b in m.seqs["c"].blocks] == [0, 2]
-    assert [b.ref_cnt for b in pool.blocks[:3]] == [2, 1, 1]
-    m.append_tokens("p", [7])  # the parent's block is no longer shared: written in place
-    assert m.copies == [(1, 2)]
-
-
 def test_identical_full_blocks_are_deduplicated_on_publish() -> None:
-    """Two sequences filling the same content end up on one block."""
+    """A second block filled with cached content is told the holder, and keeps no hash."""
     pool = BlockPool(4)
-    m = KVCacheManager(pool, block_tokens=2)
-    m.add_sequence("a", [1])
-    m.add_sequence("b", [1])
-    m.append_tokens("a", [2])
-    m.append_tokens("b", [2])
-    assert m.seqs["a"].blocks[0] is m.seqs["b"].blocks[0] is pool.blocks[0]
-    assert pool.get_num_free_blocks() == 3
+    first, second = pool.get_new_blocks(2)
+    h = hash_block_tokens(None, [1, 2])
+    assert pool.cache_full_block(first, h) is first
+    assert pool.cache_full_block(second, h) is first and second.block_hash is None
+    pool.touch([first])  # the second holder switches to it and frees its copy
+    pool.free_blocks([second])
+    assert first.ref_cnt == 2 and pool.get_num_free_blocks() == 3
 
 
-def test_exhaustion_rolls_back_a_new_sequence() -> None:
-    """Not enough blocks for a prompt: error saying what to do, and nothing held."""
+def test_exhaustion_takes_nothing() -> None:
+    """Not enough blocks: an error saying what to do, and nothing taken."""
     pool = BlockPool(2)
-    m = KVCacheManager(pool, block_tokens=2)
     with pytest.raises(NoFreeBlocksError, match="end or preempt a sequence"):
-        m.add_sequence("a", [1, 2, 3, 4, 5])
-    assert pool.get_num_free_blocks() == 2 and "a" not in m.seqs
+        pool.get_new_blocks(3)
+    assert pool.get_num_free_blocks() == 2
 
 
 def test_pins_hold_blocks_until_their_lease_ends() -> None:
@@ -137,51 +134,64 @@ def test_double_free_is_refused() -> None:
 
 
 class PoolMachine(RuleBasedStateMachine):
-    """Random sequences, forks, appends, pins and lease expiry over a small pool."""
+    """Random holders (a sequence's blocks), published hashes, prefix hits, shares, pins and
+    lease expiry over a small pool."""
 
-    seqs = Bundle("seqs")
+    holders = Bundle("holders")
 
     def __init__(self) -> None:
         super().__init__()
         self.pool = BlockPool(12)
-        self.m = KVCacheManager(self.pool, block_tokens=2)
+        self.held: dict[int, list[KVBlock]] = {}  # holder id -> its blocks, one reference each
         self.now = 0
         self.pinned_hash: dict[int, object] = {}  # block id -> its hash when pinned
         self.next_id = 0
 
-    def _new_id(self) -> int:
+    def _hold(self, blocks: list[KVBlock]) -> int:
         self.next_id += 1
+        self.held[self.next_id] = blocks
         return self.next_id
 
-    @rule(target=seqs, tokens=st.lists(st.integers(0, 2), min_size=1, max_size=7))
-    def add(self, tokens: list[int]):
-        sid = self._new_id()
+    @rule(target=holders, n=st.integers(1, 4))
+    def allocate(self, n: int):
         try:
-            self.m.add_sequence(sid, tokens)
+            return self._hold(self.pool.get_new_blocks(n))
         except NoFreeBlocksError:
-            return multiple()  # nothing allocated, nothing to add to the bundle
-        return sid
+            return multiple()  # nothing taken, nothing to add to the bundle
 
-    @rule(sid=seqs, tokens=st.lists(st.integers(0, 2), min_size=1, max_size=4))
-    def append(self, sid, tokens: list[int]) -> None:
-        if sid in self.m.seqs:
-            try:
-                self.m.append_tokens(sid, tokens)
-            except NoFreeBlocksError:
-                pass
+    @rule(hid=holders, key=st.integers(0, 3))
+    def publish(self, hid: int, key: int) -> None:
+        """The holder's first unhashed block is full: publish it, switching to a cached twin."""
+        blocks = self.held.get(hid, [])
+        i = next((i for i, b in enumerate(blocks) if b.block_hash is None), None)
+        if i is None:
+            return
+        holder = self.pool.cache_full_block(blocks[i], hash_block_tokens(None, [key]))
+        if holder is not blocks[i]:
+            self.pool.touch([holder])
+            self.pool.free_blocks([blocks[i]])
+            blocks[i] = holder
 
-    @rule(target=seqs, sid=seqs)
-    def fork(self, sid):
-        if sid not in self.m.seqs:
-            return sid
-        child = self._new_id()
-        self.m.fork(sid, child)
-        return child
+    @rule(target=holders, key=st.integers(0, 3))
+    def prefix_hit(self, key: int):
+        block = self.pool.get_cached_block(hash_block_tokens(None, [key]))
+        if block is None:
+            return multiple()
+        self.pool.touch([block])
+        return self._hold([block])
 
-    @rule(sid=consumes(seqs))
-    def end(self, sid) -> None:
-        if sid in self.m.seqs:
-            self.m.free(sid)
+    @rule(target=holders, hid=holders)
+    def share(self, hid: int):
+        if hid not in self.held:
+            return multiple()
+        self.pool.touch(self.held[hid])
+        return self._hold(list(self.held[hid]))
+
+    @rule(hid=consumes(holders))
+    def end(self, hid: int) -> None:
+        blocks = self.held.pop(hid, None)
+        if blocks is not None:
+            self.pool.free_blocks(reversed(blocks))
 
     @rule(index=st.integers(0, 11), lease=st.integers(1, 50))
     def pin(self, index: int, lease: int) -> None:
@@ -206,8 +216,8 @@ class PoolMachine(RuleBasedStateMachine):
     @invariant()
     def counts_match_holders(self) -> None:
         expected = [len(self.pool._leases.get(b.block_id, [])) for b in self.pool.blocks]
-        for state in self.m.seqs.values():
-            for b in state.blocks:
+        for blocks in self.held.values():
+            for b in blocks:
                 expected[b.block_id] += 1
         assert [b.ref_cnt for b in self.pool.blocks] == expected
         assert all(c >= 0 for c in expected)
@@ -216,7 +226,7 @@ class PoolMachine(RuleBasedStateMachine):
     def pinned_blocks_are_never_evicted(self) -> None:
         for block_id, h in self.pinned_hash.items():
             block = self.pool.blocks[block_id]
-            assert block.ref_cnt >= 1 and block.block_hash == h
+            assert block.ref_cnt >= 1 and (h is None or block.block_hash == h)  # published since: fine
 
     @invariant()
     def cache_map_is_consistent(self) -> None:
@@ -224,8 +234,8 @@ class PoolMachine(RuleBasedStateMachine):
             assert b.block_hash == h
 
     def teardown(self) -> None:
-        for sid in list(self.m.seqs):
-            self.m.free(sid)
+        for hid in list(self.held):
+            self.pool.free_blocks(reversed(self.held.pop(hid)))
         self.pool.expire_leases(float("inf"))
         assert self.pool.get_num_free_blocks() == 12
         assert all(b.ref_cnt == 0 for b in self.pool.blocks)
@@ -233,3 +243,21 @@ class PoolMachine(RuleBasedStateMachine):
 
 PoolMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
 test_pool_state_machine = PoolMachine.TestCase
+
+
+def test_a_large_pool_creates_blocks_only_as_they_are_used() -> None:
+    """A million-block pool costs nothing up front; blocks come out in id order, a look-up by id
+    creates the blocks up to it in place, and freed blocks queue behind the never-used ones."""
+    pool = BlockPool(1 << 20)
+    assert pool.get_num_free_blocks() == 1 << 20 and pool.free_block_queue.created == 0
+    a = pool.get_new_blocks(3)
+    assert [b.block_id for b in a] == [0, 1, 2] and pool.free_block_queue.created == 3
+    assert pool.blocks[5].block_id == 5 and pool.free_block_queue.created == 6
+    pool.free_blocks([a[1]])
+    assert [b.block_id for b in pool.get_new_blocks(4)] == [3, 4, 5, 6]
+    assert pool.get_num_free_blocks() == (1 << 20) - 6
+    assert [b.block_id for b in pool.blocks] == list(range(7))  # iteration: the blocks created
+    small = BlockPool(4)
+    small.get_new_blocks(1)[0]
+    small.free_blocks([small.blocks[0]])
+    assert _ids(small) == [1, 2, 3, 0]

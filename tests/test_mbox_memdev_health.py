@@ -7,7 +7,7 @@ import struct
 
 from mbox_support import firmware
 
-from emulator.commands.identify import HEALTH_PERIOD_NS, HealthService, link_bytes
+from emulator.commands.health import HEALTH_PERIOD_NS, HealthService, link_bytes
 from emulator.health import (
     AMBIENT_C,
     HEAT_C_PER_GBPS,

@@ -50,7 +50,8 @@ def samples(text: str) -> dict[str, float]:
 
 
 def test_render_metrics_exact_text() -> None:
-    """Families with HELP/TYPE once, samples labelled by device, base units."""
+    """Families with HELP/TYPE once, samples labelled by device, base units (prometheus_client's
+    text format: values as Go floats)."""
     fw = FirmwareTelemetry(uptime_ns=2_500_000_000, capacity_bytes=MiB, temperature_c=-4, events_warn=2,
                            hotlist=[(1, 2)], seq=2)
     host = HostTelemetry(hits=7, stall_ns=1_500_000_000, dma_sq_depth=3, seq=2)
@@ -59,8 +60,8 @@ def test_render_metrics_exact_text() -> None:
     text = render_metrics(views)
     assert text.startswith("# HELP cxlemu:device_up 1 while a live firmware serves the device.\n"
                            "# TYPE cxlemu:device_up gauge\n"
-                           'cxlemu:device_up{device="a"} 1\n'
-                           'cxlemu:device_up{device="b\\"x"} 0\n')
+                           'cxlemu:device_up{device="a"} 1.0\n'
+                           'cxlemu:device_up{device="b\\"x"} 0.0\n')
     got = samples(text)
     assert got['cxlemu:device_state{device="a",state="served"}'] == 1
     assert got['cxlemu:device_state{device="a",state="gone"}'] == 0
@@ -176,6 +177,27 @@ def test_scrape_matches_the_page(loaded: Served) -> None:
     assert got[f'cxlemu:link_latency_seconds_bucket{{{d},direction="write",le="+Inf"}}'] == 20
 
 
+def test_openmetrics_when_asked(loaded: Served) -> None:
+    """A scraper that accepts OpenMetrics gets it (prometheus_client's negotiation): the same
+    sample names (colons kept), counter families named without _total, the # EOF terminator."""
+    server = start_exporter([loaded.name], "127.0.0.1", 0)
+    try:
+        req = urllib.request.Request(f"http://127.0.0.1:{server.port}/metrics",
+                                     headers={"Accept": "application/openmetrics-text;version=1.0.0,"
+                                                        "text/plain;version=0.0.4;q=0.5"})  # Prometheus 2
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            ctype, text = resp.headers["Content-Type"], resp.read().decode()
+    finally:
+        server.shutdown()
+    assert ctype.startswith("application/openmetrics-text; version=1.0.0")
+    assert text.endswith("# EOF\n")
+    assert "# TYPE cxlemu:kv_hits counter" in text
+    d = f'device="{loaded.name}"'
+    got = samples("\n".join(line for line in text.splitlines() if line != "# EOF"))
+    assert got[f"cxlemu:kv_hits_total{{{d}}}"] == 41
+    assert got[f'cxlemu:link_latency_seconds_count{{{d},direction="write"}}'] == 20
+
+
 def test_exporter_paths_and_missing_devices(device_name: str) -> None:
     """Unknown paths 404; a device that does not exist is exported as down, nothing else."""
     server = start_exporter(lambda: [device_name], "127.0.0.1", 0)
@@ -205,6 +227,7 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_exporter_cli_serves_until_interrupted(loaded: Served) -> None:
     """`cxlemu exporter NAME --port P` in another process answers scrapes and exits 0 on SIGINT."""
     port = _free_port()

@@ -1,24 +1,37 @@
 """Prometheus exporter: the telemetry page as metrics, scraped over HTTP.
 
 ``cxlemu exporter [NAME ...] --port PORT`` (or ``start_exporter`` from ``cxlemu serve
---metrics-port``) answers ``GET /metrics`` in the text exposition format 0.0.4. Every scrape reads
-the devices' pages afresh (the same read-only path as the monitor), so numbers are as current as
-the writers' last publish. Names follow vLLM's and LMCache's style (``vllm:num_requests_running``,
-``lmcache:num_hit_tokens``): a ``cxlemu:`` prefix, base units (bytes, seconds), ``_total`` on
-counters, and a ``device`` label on every sample.
+--metrics-port``) answers ``GET /metrics``. ``prometheus_client`` writes the exposition (the text
+format 0.0.4, or OpenMetrics when the scraper asks for it in its Accept header) and serves HTTP;
+this module is a custom collector (``DeviceCollector``) that turns the devices' telemetry pages
+into metric families. Every scrape reads the pages afresh (the same read-only path as the
+monitor), so numbers are as current as the writers' last publish. Names follow vLLM's and
+LMCache's style (``vllm:num_requests_running``, ``lmcache:num_hit_tokens``): a ``cxlemu:``
+prefix, base units (bytes, seconds), ``_total`` on counters, and a ``device`` label on every
+sample.
+
+    scrape ──▶ WSGI app (/metrics) ──▶ prometheus_client encoder (Accept: text or OpenMetrics)
+                                          └──▶ DeviceCollector.collect(): DeviceSet.poll()
+                                                 └──▶ families(views): one Metric per family
 """
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGIServer
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from emulator.telemetry import LOG_NAMES
 from emulator.timing import linkstate
 from tools.monitor.source import STATES, DeviceSet, DeviceView
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: What a scrape without an Accept header gets (OpenMetrics when asked for).
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 Sample = tuple[str, dict[str, str], float]  # (name suffix, labels, value)
 
 # name: (type, help, field of the firmware section)
@@ -82,7 +95,7 @@ _LINK_COUNTERS = {
 
 
 class _Families:
-    """Samples grouped per metric family: the format wants each family's samples together."""
+    """Samples grouped per metric family, in the order families first appear."""
 
     def __init__(self) -> None:
         self.meta: dict[str, tuple[str, str]] = {}
@@ -93,27 +106,17 @@ class _Families:
         self.meta.setdefault(name, (kind, help_text))
         self.samples.setdefault(name, []).append((suffix, labels, value))
 
-    def text(self) -> str:
-        lines = []
+    def metrics(self) -> list[Metric]:
+        """prometheus_client families. A counter family is named without ``_total`` (OpenMetrics);
+        its samples carry it, and the text format writes it back on the family."""
+        out = []
         for name, (kind, help_text) in self.meta.items():
             full = f"cxlemu:{name}"
-            lines += [f"# HELP {full} {help_text}", f"# TYPE {full} {kind}"]
-            lines += [f"{full}{suffix}{_labels(labels)} {_number(value)}"
-                      for suffix, labels, value in self.samples[name]]
-        return "\n".join(lines) + "\n"
-
-
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
-        return ""
-    esc = {k: v.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n") for k, v in labels.items()}
-    return "{" + ",".join(f'{k}="{v}"' for k, v in esc.items()) + "}"
-
-
-def _number(value: float) -> str:
-    if isinstance(value, int) or float(value).is_integer():
-        return str(int(value))
-    return repr(float(value))
+            family = Metric(full.removesuffix("_total") if kind == "counter" else full, help_text, kind)
+            for suffix, labels, value in self.samples[name]:
+                family.add_sample(full + suffix, labels, float(value))
+            out.append(family)
+        return out
 
 
 def _device_metrics(fam: _Families, view: DeviceView) -> None:
@@ -170,49 +173,53 @@ def _link_metrics(fam: _Families, d: str, link: dict[str, int]) -> None:
     fam.add("copy_bytes_total", "counter", "Bytes copied inside the device.", link["copy_bytes"], device=d)
 
 
-def render_metrics(views: Iterable[DeviceView]) -> str:
-    """The exposition text (format 0.0.4) for these device views. Pure: no I/O."""
+def families(views: Iterable[DeviceView]) -> list[Metric]:
+    """The metric families for these device views. Pure: no I/O."""
     fam = _Families()
     for view in views:
         _device_metrics(fam, view)
-    return fam.text() if fam.meta else "\n"
+    return fam.metrics()
+
+
+class _Fixed(Collector):
+    def __init__(self, metrics: list[Metric]) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._metrics)
+
+
+def render_metrics(views: Iterable[DeviceView]) -> str:
+    """The exposition text (format 0.0.4) for these device views. Pure: no I/O."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(families(views)))
+    return generate_latest(registry).decode()
 
 
 Names = Iterable[str] | Callable[[], Iterable[str]] | None
 
 
-class ExporterServer(HTTPServer):
-    """An HTTP server answering /metrics from the telemetry pages of some devices."""
+class DeviceCollector(Collector):
+    """A prometheus_client collector over the telemetry pages of some devices: each collect()
+    reads every page now. ``names``: device names, a callable returning them (re-evaluated each
+    scrape), or None for every device under the runtime dir."""
 
-    def __init__(self, names: Names, host: str, port: int) -> None:
+    def __init__(self, names: Names) -> None:
         self._names = names
-        self._fixed = DeviceSet(None if names is None or callable(names) else list(names))
-        self._sets: dict[tuple[str, ...], DeviceSet] = {}
+        self._devices = DeviceSet(None if names is None or callable(names) else list(names))
         self._lock = threading.Lock()
-        self.thread: threading.Thread | None = None
-        super().__init__((host, port), _Handler)
 
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
-
-    def metrics(self) -> str:
-        """Read every device's page now and render the exposition text."""
+    def collect(self) -> Iterator[Metric]:
         with self._lock:  # DeviceSet keeps mappings and history: one scrape at a time
-            devices = self._fixed
             if callable(self._names):
-                devices = self._fixed = _resized(self._fixed, list(self._names()))
-            return render_metrics(devices.poll())
+                self._devices = _resized(self._devices, list(self._names()))
+            metrics = families(self._devices.poll())
+        return iter(metrics)
 
-    def shutdown(self) -> None:
-        """Stop serving, close the socket and unmap the devices."""
-        if self.thread is not None:
-            super().shutdown()
-            self.thread.join()
-            self.thread = None
-        self.server_close()
+    def close(self) -> None:
+        """Unmap the devices."""
         with self._lock:
-            self._fixed.close()
+            self._devices.close()
 
 
 def _resized(current: DeviceSet, names: list[str]) -> DeviceSet:
@@ -228,27 +235,82 @@ def _resized(current: DeviceSet, names: list[str]) -> DeviceSet:
     return fresh
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: ExporterServer
-
-    def do_GET(self) -> None:
-        if self.path.split("?")[0] == "/metrics":
-            self._send(200, self.server.metrics(), CONTENT_TYPE)
-        elif self.path == "/":
-            self._send(200, "cxlemu exporter: metrics at /metrics\n", "text/plain; charset=utf-8")
-        else:
-            self._send(404, f"no page {self.path}: metrics are at /metrics\n", "text/plain; charset=utf-8")
-
-    def _send(self, code: int, body: str, content_type: str) -> None:
-        data = body.encode()
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
+class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds would flood stderr; stay quiet like node_exporter."""
+
+
+def _keep_names(accept: str) -> str:
+    """The Accept header with each OpenMetrics range asking for names as they are.
+
+    prometheus_client (0.26) escapes OpenMetrics *sample* names with the label-name alphabet
+    unless ``escaping=allow-utf-8`` is asked for, turning ``cxlemu:kv_hits_total`` into
+    ``cxlemu_kv_hits_total`` under a ``# TYPE cxlemu:kv_hits`` line; a Prometheus 2 scraper
+    (which asks for OpenMetrics 1.0.0 first) would store renamed series. Our names are valid
+    OpenMetrics names (colons included), so nothing needs escaping; the text format is left as
+    negotiated."""
+    ranges = []
+    for accepted in accept.split(","):
+        params = [p.strip() for p in accepted.split(";")]
+        if params[0] == "application/openmetrics-text":
+            keep = [p for p in params[1:] if not p.startswith("escaping=")]
+            if not any(p.startswith("version=") for p in keep):
+                keep.insert(0, "version=1.0.0")
+            params = [params[0], *keep, "escaping=allow-utf-8"]
+        ranges.append(";".join(params))
+    return ",".join(ranges)
+
+
+def _app(metrics_app: Callable[..., Any]) -> Callable[..., Any]:
+    """/metrics to prometheus_client's app (which answers any path); a note at /; 404 elsewhere."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            if environ.get("HTTP_ACCEPT"):
+                environ = {**environ, "HTTP_ACCEPT": _keep_names(environ["HTTP_ACCEPT"])}
+            return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/":
+            code, body = "200 OK", "cxlemu exporter: metrics at /metrics\n"
+        else:
+            code, body = "404 Not Found", f"no page {path}: metrics are at /metrics\n"
+        data = body.encode()
+        start_response(code, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))])
+        return [data]
+
+    return app
+
+
+class ExporterServer:
+    """An HTTP server answering /metrics from the telemetry pages of some devices."""
+
+    def __init__(self, names: Names, host: str, port: int) -> None:
+        self.collector = DeviceCollector(names)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        self._httpd = make_server(host, port, _app(make_wsgi_app(self.registry)), ThreadingWSGIServer,
+                                  handler_class=_QuietHandler)
+        self.thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    def metrics(self) -> str:
+        """Read every device's page now and render the exposition text (format 0.0.4)."""
+        return generate_latest(self.registry).decode()
+
+    def serve_forever(self) -> None:
+        self._httpd.serve_forever()
+
+    def shutdown(self) -> None:
+        """Stop serving, close the socket and unmap the devices."""
+        if self.thread is not None:
+            self._httpd.shutdown()
+            self.thread.join()
+            self.thread = None
+        self._httpd.server_close()
+        self.collector.close()
 
 
 def start_exporter(names: Names = None, host: str = "127.0.0.1", port: int = 0) -> ExporterServer:

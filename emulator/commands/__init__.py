@@ -1,31 +1,27 @@
 """Mailbox command handlers, one module per command group. Importing this package fills
-`emulator.mailbox.COMMANDS`; `attach_all(fw)` gives each group its state on a new firmware."""
+`emulator.mailbox.COMMANDS` (`emulator.firmware` imports it once, at module level).
+
+A group registers its handlers with `emulator.mailbox.command`; state it keeps is a named field
+of `emulator.firmware.Firmware`, built in `Firmware.__init__`. Handlers never import the
+firmware module (only for the type checker), so the command table sits below both sides.
+"""
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING
+from emulator.commands import (
+    event_policy,
+    events,
+    fw,
+    generic,
+    health,
+    identify,
+    logs,
+    lsa,
+    poison,
+    sanitize,
+    scan,
+    timestamp,
+)
 
-if TYPE_CHECKING:
-    from emulator.firmware import Firmware
+GROUPS = (generic, fw, identify, lsa, health, timestamp, logs, event_policy, events, poison, scan, sanitize)
 
-# Order matters only for attach(): groups that others use attach first.
-GROUPS = [
-    "emulator.commands.generic",
-    "emulator.commands.fw",
-    "emulator.commands.identify",
-    "emulator.commands.timestamp",
-    "emulator.commands.logs",
-    "emulator.commands.event_policy",
-    "emulator.commands.events",
-    "emulator.commands.poison",
-    "emulator.commands.scan",
-    "emulator.commands.sanitize",
-]
-_modules = [importlib.import_module(name) for name in GROUPS]
-
-
-def attach_all(fw: "Firmware") -> None:
-    for module in _modules:
-        attach = getattr(module, "attach", None)
-        if attach is not None:
-            attach(fw)
+__all__ = ["GROUPS"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from emulator.firmware import attach_state
 from emulator.mailbox import Effect, command
 from emulator.spec import payloads_memdev as P
 from emulator.spec.opcodes import Opcode
@@ -34,10 +33,6 @@ class EventInterruptPolicy:
         return P.EVENT_INT_POLICY.pack(**{
             log: mode | (MSI_MESSAGE_NUMBER << P.INT_MSGNUM_SHIFT if mode == P.INT_MODE_MSI else 0)
             for log, mode in self.modes.items()})
-
-
-def attach(fw: Firmware) -> None:
-    attach_state(fw, "event_policy", EventInterruptPolicy())
 
 
 @command(Opcode.GET_EVENT_INTERRUPT_POLICY, "Get Event Interrupt Policy", in_len=0)

@@ -1,16 +1,15 @@
 """Event commands: Get Event Records and Clear Event Records (CXL r3.1 §8.2.9.2.2-3).
 
-The logs themselves live in `emulator.events.EventLogs` (`fw.events`); this module attaches them,
-hooks them to `fw.error_hooks` so a handler that raised leaves a failure-log record, and decodes
-the two commands' payloads. Get / Set Event Interrupt Policy belong to another group.
+The logs themselves live in `emulator.events.EventLogs` (`fw.events`, built by the firmware,
+which also hooks them to `fw.error_hooks` so a handler that raised leaves a failure-log record);
+this module decodes the two commands' payloads. Get / Set Event Interrupt Policy belong to
+another group.
 """
 from __future__ import annotations
 
 import struct
 from typing import TYPE_CHECKING
 
-from emulator.events import EventLogs
-from emulator.firmware import attach_state
 from emulator.mailbox import Effect, command
 from emulator.spec.opcodes import Opcode
 from emulator.spec.payloads_events import (
@@ -27,12 +26,6 @@ from emulator.spec.retcodes import RetCode
 
 if TYPE_CHECKING:
     from emulator.firmware import Firmware
-
-
-def attach(fw: Firmware) -> None:
-    logs = EventLogs(fw.regs, fw.timestamp_ns)
-    attach_state(fw, "events", logs)
-    fw.error_hooks.append(logs.firmware_error)
 
 
 def _log_type(value: int) -> EventLog | None:

@@ -11,7 +11,6 @@ import logging
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
-from emulator.firmware import attach_state
 from emulator.fwslots import FwSlots, ImageError, authenticate
 from emulator.mailbox import Effect, command
 from emulator.spec import payloads_fw as F
@@ -24,10 +23,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _BACKGROUND = Effect.BACKGROUND_OPERATION | Effect.REQUEST_ABORT_SUPPORTED
-
-
-def attach(fw: Firmware) -> None:
-    attach_state(fw, "fwslots", FwSlots(fw.config.fw_revision))
 
 
 @command(Opcode.GET_FW_INFO, "Get FW Info", in_len=0)

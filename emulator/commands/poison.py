@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from emulator.firmware import attach_state
 from emulator.mailbox import Effect, command
-from emulator.poison import PoisonList, PoisonRecord
+from emulator.poison import PoisonRecord
 from emulator.spec.opcodes import Opcode
 from emulator.spec.payloads_poison import (
     CLEAR_POISON,
@@ -27,10 +26,6 @@ from emulator.spec.retcodes import RetCode
 
 if TYPE_CHECKING:
     from emulator.firmware import Firmware
-
-
-def attach(fw: Firmware) -> None:
-    attach_state(fw, "poison", PoisonList(fw))
 
 
 def encode_records(records: list[PoisonRecord]) -> bytes:

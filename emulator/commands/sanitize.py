@@ -47,8 +47,7 @@ import mmap
 from typing import TYPE_CHECKING
 
 from emulator.commands.scan import ScanState, paced_slices
-from emulator.firmware import BackgroundJob
-from emulator.mailbox import Effect, command
+from emulator.mailbox import BackgroundJob, Effect, command
 from emulator.spec.opcodes import Opcode
 from emulator.spec.payloads_poison import POISON_LINE
 from emulator.spec.retcodes import RetCode

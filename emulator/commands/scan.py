@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from emulator.commands.poison import check_range, encode_records
-from emulator.firmware import BackgroundJob, attach_state
-from emulator.mailbox import Effect, command
+from emulator.mailbox import BackgroundJob, Effect, command
 from emulator.poison import PoisonRecord
 from emulator.spec.opcodes import Opcode
 from emulator.spec.payloads_events import TransactionType
@@ -63,10 +62,6 @@ class ScanState:
             self.results[-1] = PoisonRecord(last.dpa, last.length + rec.length, last.source)
         else:
             self.results.append(rec)
-
-
-def attach(fw: Firmware) -> None:
-    attach_state(fw, "scan_media", ScanState())
 
 
 def paced_slices(total: int, ns_per_unit: float, max_per_slice: int, granule: int = 1) -> Iterator[tuple[int, int]]:

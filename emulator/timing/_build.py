@@ -2,8 +2,10 @@
 
 Built by setuptools at install (``cffi_modules`` in setup.py, paths relative to the repo
 root) or in place for a source checkout with ``python -m emulator.timing._build``.  The
-library also holds ``emulator.timing._fastcall`` (``_fastcall.c``: plain host buffers through
-the buffer protocol), loaded from the same file by ``_cimpl``.
+library also holds two plain CPython modules, loaded from the same file by ``_cimpl``:
+``emulator.timing._fastcall`` (``_fastcall.c``: the data path's entry points, plain host
+buffers through the buffer protocol) and ``emulator.timing._dmacall`` (``_dmacall.c``: the DMA
+engine's issue, channel claim word, handle fields and inline submission).
 """
 from __future__ import annotations
 
@@ -40,8 +42,8 @@ def make_builder(root: str = "") -> FFI:
     ffi.set_source(
         "emulator.timing._cdatapath",
         '#include "_datapath.h"',
-        # _fastcall.c: a second module in the same library, see its header comment
-        sources=[f"{prefix}emulator/timing/_datapath.c", f"{prefix}emulator/timing/_fastcall.c"],
+        # _fastcall.c, _dmacall.c: further modules in the same library, see their header comments
+        sources=[f"{prefix}emulator/timing/{name}.c" for name in ("_datapath", "_fastcall", "_dmacall")],
         include_dirs=[f"{prefix}emulator/timing"],
         extra_compile_args=["-O2", "-std=gnu11"],
     )

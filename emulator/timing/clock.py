@@ -1,7 +1,13 @@
-"""Simulated time for the data path: completion times computed, nobody waits."""
+"""Simulated time for the data path: completion times computed, nobody waits. Integer ns.
+
+``SimClock`` moves only when told (``firmware_model.clock.ManualClock``'s kind, in integers);
+``SimpyClock`` is ``firmware_model.clock.SimpyClock`` read in integer ns.
+"""
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
+
+from firmware_model import clock as _fm_clock
 
 
 @runtime_checkable
@@ -35,11 +41,11 @@ class SimClock:
         return self._now
 
 
-class SimpyClock:
-    """Adapter for a simpy ``Environment`` whose time unit is ``ns_per_unit`` nanoseconds."""
+class SimpyClock(_fm_clock.SimpyClock):
+    """A simpy ``Environment``'s time whose unit is ``ns_per_unit`` nanoseconds, in integer ns."""
 
     def __init__(self, env: object, ns_per_unit: float = 1.0) -> None:
-        self.env = env
+        super().__init__(env)  # type: ignore[arg-type]
         self.ns_per_unit = ns_per_unit
 
     def now_ns(self) -> int:

@@ -70,10 +70,11 @@ def _from_env(text: str) -> LocalMemory:
 def measure_latency_ns() -> tuple[float, str]:
     """Idle load-to-use latency: a random dependent chase over 64 MiB (MLC idle latency)."""
     try:
-        from emulator.timing._cimpl import CCore, build_chase_ring
+        from emulator.timing._cimpl import CCore
     except ImportError:
         return FALLBACK_LATENCY_NS, "fallback"
     from emulator.timing import linkstate
+    from emulator.timing.chase import build_chase_ring
     from emulator.timing.config import LinkParams
 
     media = memoryview(bytearray(_CHASE_BYTES))

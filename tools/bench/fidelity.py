@@ -121,7 +121,7 @@ def _alternating_ns(fast: Any, slow: Any, out: Any, reps: int) -> tuple[list[int
 
 def _side_by_side(a: Any, b: Any, call: str, reps: int) -> list[dict[str, Any]]:
     """The 64-B difference and the 2 MiB bandwidth of one call (``read_into`` or ``read``)."""
-    from emulator.timing._cimpl import interquartile_mean
+    from emulator.timing.chase import interquartile_mean
 
     out64 = np.empty(64, np.uint8) if call == "read_into" else None
     _alternating_ns(a, b, out64, reps // 10)  # warm-up

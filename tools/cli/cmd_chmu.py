@@ -57,7 +57,8 @@ def _positive_int(text: str) -> int:
 
 
 def _open(name: str):
-    from emulator.chmu import CHMU_OFFSET, CHMU_SIZE, ChmuRegs
+    from driver.chmu import ChmuRegs
+    from emulator.spec.chmu import CHMU_OFFSET, CHMU_SIZE
     from emulator.device import open_bar
     from emulator.spec.errors import DeviceNotFound
 

@@ -1,0 +1,345 @@
+"""A device is a directory under the runtime dir: its configuration, register file and media.
+Serving one (its firmware in this process) is ``emulator.serving``; ``emulator.device`` exports both.
+
+    $CXLEMU_RUNTIME_DIR/<name>/        (default /dev/shm/cxlemu-<uid>: memory-backed, like sysfs)
+        config.json    DeviceConfig
+        bar            register file, BAR_SIZE bytes
+        media          the DPA space (sparse until written)
+        lsa            label storage area
+        poison         1 bit per 64-B line of media
+        state.json     poison list and firmware slots (emulator/persist.py); fwslot<N>.img
+        firmware.pid   "<pid> <start time>" of the process serving it (emulator/liveness.py)
+        mbox.lock      hosts flock it around one mailbox exchange
+
+Hosts and monitors find devices by listing the runtime dir, as `cxl list` walks sysfs.
+
+A device outlives the process that serves it, as hardware outlives a power cycle: serving a
+stopped device again (`provision`) keeps its media, LSA, poison list, partition, firmware slots
+and configuration. Serving it with a different configuration is refused, naming the difference,
+unless ``reconfigure`` (the media is kept where it fits); ``fresh`` starts it empty. A new
+device is built in a hidden directory and renamed into place, so a create that fails (a size the
+host cannot back) leaves nothing behind and never touches a device of the same name.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import re
+import shutil
+import zlib
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from emulator import liveness
+from emulator.spec import registers as R
+from emulator.spec.errors import ConfigError, DeviceNotFound
+from emulator.timing.config import TimingConfig
+
+CAPACITY_UNIT = 256 << 20  # §8.2.9.9.1.1: capacities are reported in 256 MiB multiples
+POISON_GRANULE = 64
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+_STAGING_PREFIX = ".new-"  # a device being created: <runtime dir>/.new-<name>-<pid>
+
+
+def runtime_dir() -> Path:
+    """`$CXLEMU_RUNTIME_DIR`, or /dev/shm/cxlemu-<uid> (a temp dir where /dev/shm is absent)."""
+    env = os.environ.get("CXLEMU_RUNTIME_DIR")
+    if env:
+        return Path(env)
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
+    return base / f"cxlemu-{os.getuid()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceConfig:
+    """What a device is: name, size and how its link behaves."""
+
+    name: str
+    capacity: int = 1 << 30
+    lsa_size: int = 128 << 10
+    numa_node: int | None = None
+    serial: int | None = None
+    fw_revision: str = "cxlemu-0.1.0"
+    preset: str | None = None
+    timing: TimingConfig = field(default_factory=TimingConfig)
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ConfigError(f"device name {self.name!r} must start with a letter or a digit, followed by up "
+                              f"to 31 letters, digits, '_', '.' or '-' (e.g. mem0)")
+        if self.capacity <= 0 or self.capacity % CAPACITY_UNIT:
+            raise ConfigError(f"capacity {self.capacity} must be a positive multiple of 256 MiB (e.g. 256M, 1G)")
+        if not 0 <= self.lsa_size <= 1 << 20 or self.lsa_size % 64:
+            raise ConfigError(f"lsa_size {self.lsa_size} must be a multiple of 64 bytes up to 1 MiB")
+        if self.numa_node is not None and self.numa_node < 0:
+            raise ConfigError(f"numa_node must be >= 0 or None, got {self.numa_node}")
+        if len(self.fw_revision.encode()) > 16:
+            raise ConfigError(f"fw_revision {self.fw_revision!r} is longer than 16 bytes")
+        if self.serial is None:
+            object.__setattr__(self, "serial", zlib.crc32(self.name.encode()) | 0xC0DE_0000_0000)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps(data, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "DeviceConfig":
+        data: dict[str, Any] = json.loads(text)
+        data["timing"] = TimingConfig.from_dict(data.get("timing") or {})
+        return cls(**data)
+
+    def with_(self, **changes: Any) -> "DeviceConfig":
+        return replace(self, **changes)
+
+    def differences(self, other: "DeviceConfig") -> list[str]:
+        """What differs from ``other``, one 'field: mine -> other's' each (timing field by field)."""
+        out = []
+        mine, theirs = asdict(self), asdict(other)
+        for key in sorted(mine):
+            if key == "timing":
+                for tk in sorted(mine[key]):
+                    if mine[key][tk] != theirs[key][tk]:
+                        out.append(f"timing.{tk}: {mine[key][tk]} -> {theirs[key][tk]}")
+            elif mine[key] != theirs[key]:
+                out.append(f"{key}: {_show(key, mine[key])} -> {_show(key, theirs[key])}")
+        return out
+
+
+def _show(key: str, value: Any) -> str:
+    if key in ("capacity", "lsa_size") and isinstance(value, int):
+        return f"{value} ({value >> 20} MiB)" if value >= 1 << 20 else str(value)
+    return repr(value)
+
+
+def device_path(name: str) -> Path:
+    return runtime_dir() / name
+
+
+def list_devices() -> list[str]:
+    """Names of the devices under the runtime dir, sorted."""
+    root = runtime_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir()
+                  if not p.name.startswith(".") and (p / "config.json").is_file())
+
+
+def firmware_pid(name: str) -> int | None:
+    """The pid serving `name`, or None when no live process serves it (none recorded, exited, or
+    a zombie: killed and not yet reaped)."""
+    return liveness.firmware_pid(device_path(name))
+
+
+def device_state(name: str) -> str:
+    """'served' while a firmware runs, 'stopped' otherwise (`cxl list` shows enabled/disabled)."""
+    return "served" if firmware_pid(name) is not None else "stopped"
+
+
+def load_config(name: str) -> DeviceConfig:
+    """The device's stored configuration. A file this cxlemu cannot take (damaged, or written by
+    an older one with values it now refuses) is a ``ConfigError`` naming the device, the file
+    and the way out, never a bare parse error."""
+    path = device_path(name) / "config.json"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise DeviceNotFound(name, str(runtime_dir())) from None
+    try:
+        return DeviceConfig.from_json(text)
+    except (ValueError, TypeError, KeyError, ConfigError) as exc:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"device {name!r}: {path} cannot be used ({exc}); "
+                          f"`cxlemu destroy {name}` removes the device") from None
+
+
+def _map(path: Path, size: int, *, writable: bool = True) -> mmap.mmap:
+    flags = os.O_RDWR if writable else os.O_RDONLY
+    fd = os.open(path, flags)
+    try:
+        if size == 0:
+            return mmap.mmap(-1, 1)
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+    finally:
+        os.close(fd)
+
+
+def open_bar(name: str, *, writable: bool = False) -> mmap.mmap:
+    """Map a device's register file (read-only by default: monitors never write)."""
+    path = device_path(name) / "bar"
+    if not path.exists():
+        raise DeviceNotFound(name, str(runtime_dir()))
+    return _map(path, R.BAR_SIZE, writable=writable)
+
+
+class DeviceFiles:
+    """The mapped files of one device, shared by whoever opens them."""
+
+    def __init__(self, config: DeviceConfig, path: Path, *, writable: bool = True) -> None:
+        self.config = config
+        self.name = config.name
+        self.path = path
+        self.bar = _map(path / "bar", R.BAR_SIZE, writable=writable)
+        self.media = _map(path / "media", config.capacity, writable=writable)
+        self.lsa = _map(path / "lsa", config.lsa_size, writable=writable)
+        self.poison = _map(path / "poison", poison_bitmap_size(config.capacity), writable=writable)
+        self._closed = False
+
+    @classmethod
+    def create(cls, config: DeviceConfig) -> "DeviceFiles":
+        """Create the device's files empty, replacing a stopped device of that name; refuses while
+        a firmware serves it. Checked and built aside first: a create that fails changes nothing."""
+        path = device_path(config.name)
+        pid = firmware_pid(config.name)
+        if pid is not None:
+            raise ConfigError(f"device {config.name!r} is already served by pid {pid}")
+        check_backing(config)
+        staged = _build(config)
+        if path.exists():
+            _retire(path)
+        os.rename(staged, path)
+        return cls(config, path)
+
+    @classmethod
+    def open(cls, name: str, *, writable: bool = True) -> "DeviceFiles":
+        config = load_config(name)
+        try:
+            return cls(config, device_path(name), writable=writable)
+        except FileNotFoundError:
+            raise DeviceNotFound(name, str(runtime_dir())) from None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for m in (self.bar, self.media, self.lsa, self.poison):
+            with contextlib.suppress(BufferError):  # live views elsewhere: let GC unmap
+                m.close()
+
+    def destroy(self) -> None:
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def poison_bitmap_size(capacity: int) -> int:
+    return (capacity // POISON_GRANULE + 7) // 8
+
+
+def _file_sizes(config: DeviceConfig) -> dict[str, int]:
+    return {"bar": R.BAR_SIZE, "media": config.capacity, "lsa": config.lsa_size,
+            "poison": poison_bitmap_size(config.capacity)}
+
+
+def check_backing(config: DeviceConfig) -> None:
+    """Refuse (ConfigError) a device the host cannot back: its files must fit the filesystem of
+    the runtime dir (tmpfs: memory), which is where its pages land once written."""
+    root = runtime_dir()
+    probe = root if root.exists() else next((p for p in root.parents if p.exists()), Path("/"))
+    st = os.statvfs(probe)
+    limit = st.f_blocks * st.f_frsize
+    need = sum(_file_sizes(config).values())
+    if need > limit:
+        fit = (limit - R.BAR_SIZE - config.lsa_size) * 512 // 513 // CAPACITY_UNIT * CAPACITY_UNIT
+        hint = f"at most {fit >> 20} MiB here" if fit > 0 else "none fits here"
+        raise ConfigError(f"capacity {config.capacity} ({config.capacity >> 20} MiB) cannot be backed: the "
+                          f"runtime dir {root} is on a filesystem of {limit >> 20} MiB ({hint}; "
+                          f"CXLEMU_RUNTIME_DIR chooses another)")
+
+
+def _build(config: DeviceConfig) -> Path:
+    """The device's files, empty, in a staging directory beside where it will live."""
+    root = runtime_dir()
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for old in root.glob(f"{_STAGING_PREFIX}{config.name}-*"):  # debris of a create that died
+        pid = old.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or not liveness.process_alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    staged = root / f"{_STAGING_PREFIX}{config.name}-{os.getpid()}"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(mode=0o700)
+    try:
+        for fname, size in _file_sizes(config).items():
+            with open(staged / fname, "wb") as f:
+                f.truncate(size)
+        (staged / "mbox.lock").touch()
+        (staged / "config.json").write_text(config.to_json())
+    except OSError as exc:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise ConfigError(f"device {config.name!r} cannot be created in {root}: {exc.strerror or exc}") from None
+    return staged
+
+
+def _retire(path: Path) -> None:
+    """Remove a stopped device's directory; hosts still holding its BAR see it down first."""
+    with contextlib.suppress(OSError, ValueError):
+        bar = _map(path / "bar", R.BAR_SIZE)
+        view = liveness.state_view(bar)
+        liveness.mark_down(view, view[0])
+        view.release()
+        bar.close()
+    shutil.rmtree(path)
+
+
+def _resize(path: Path, old: DeviceConfig, new: DeviceConfig) -> None:
+    """Reconfigure a stopped device's files in place: media, LSA and poison bitmap take the new
+    sizes (contents kept where they fit; a larger device reads zeros past the old end)."""
+    for fname, size in _file_sizes(new).items():
+        if size != _file_sizes(old)[fname]:
+            os.truncate(path / fname, size)
+    (path / "config.json").write_text(new.to_json())
+
+
+def provision(config: DeviceConfig, *, fresh: bool = False, reconfigure: bool = False) -> DeviceFiles:
+    """The files a firmware serves ``config`` from: the stopped device of that name as it was
+    (same configuration), reconfigured (``reconfigure``), or new (none yet, or ``fresh``)."""
+    name = config.name
+    path = device_path(name)
+    pid = firmware_pid(name)
+    if pid is not None:
+        raise ConfigError(f"device {name!r} is already served by pid {pid}")
+    if fresh or not (path / "config.json").is_file():
+        return DeviceFiles.create(config)
+    try:
+        stored = load_config(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; or serve it with --fresh to start it empty") from None
+    diff = stored.differences(config)
+    if diff and not reconfigure:
+        raise ConfigError(f"device {name!r} exists with another configuration ({'; '.join(diff)}): serve "
+                          f"it as it is (leave those settings out), add --reconfigure to change them "
+                          f"(its media kept where it fits), or --fresh to start it empty")
+    if diff:
+        check_backing(config)
+        try:
+            _resize(path, stored, config)
+        except OSError as exc:
+            raise ConfigError(f"device {name!r} cannot be reconfigured: {exc.strerror or exc}") from None
+    return DeviceFiles(config, path)
+
+
+def destroy(name: str) -> None:
+    """Remove a stopped device's files; refuses while it is served."""
+    path = device_path(name)
+    if not (path / "config.json").exists():
+        raise DeviceNotFound(name, str(runtime_dir()))
+    pid = firmware_pid(name)
+    if pid is not None:
+        raise ConfigError(f"device {name!r} is served by pid {pid}: stop it (SIGTERM) before destroying it")
+    _retire(path)
+
+
+def numa_node(name: str) -> int | None:
+    """The node the device's media lives on as its server found it (-1: unknown)."""
+    try:
+        return int((device_path(name) / "numa_node").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+__all__ = [
+    "CAPACITY_UNIT", "DeviceConfig", "DeviceFiles", "check_backing", "destroy", "device_path", "device_state",
+    "firmware_pid", "list_devices", "load_config", "numa_node", "open_bar", "poison_bitmap_size", "provision",
+    "runtime_dir",
+]
