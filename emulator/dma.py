@@ -123,9 +123,9 @@ class DmaEngine:
         self._cq_append = self._cq.append
         self._c = datapath.impl == "c"
         self._c_issue: Any = None      # cffi's cxl_issue
-        self._fast_issue: Any = None   # _fastcall.issue / inline1, where built
+        self._fast_issue: Any = None   # _dmacall.issue / inline1, where built
         self._inline1: Any = None
-        self._state_type: Any = None   # _fastcall.ChannelState, where built
+        self._state_type: Any = None   # _dmacall.ChannelState, where built
         # the clock completions are stamped on: the C core's (its TSC anchor), or the twin's
         self._now_ns: Callable[[], int] = time.monotonic_ns
         errs = self._bind_c_core(channels) if self._c else [(None, 0)] * channels

@@ -1,16 +1,20 @@
 """The controller's firmware logic, pure: hotness (CHMU), block pool, eviction, prefetch, DMA
-scheduling, telemetry. Time is passed in (a :class:`~firmware_model.clock.Clock` or ``now``);
+scheduling. Time is passed in (a :class:`~firmware_model.clock.Clock` or ``now``);
 no I/O, no threads, no wall clock. Imports numpy and simpy, nothing else of cxlemu's.
 
-    clock        Clock protocol, SimClock (simpy), ManualClock
+    clock        Clock protocol, SimpyClock (a simpy environment's time), ManualClock
     hotness      HotnessUnit: CHMU epochs / always-on, threshold, downsampling, hotlist ring
     block_pool   BlockPool: intrusive free list, ref counts, leases, chained block hashes
-    kv_manager   KVCacheManager: prefix sharing, fork, copy-on-write over a BlockPool
-    policies     EvictionPolicy protocol; lru, lfu, arc, s3fifo, hotness, reuse, opt (Belady)
-    dma          TransferCost (the timed data path's cost function), DmaScheduler (simpy)
+    policies     EvictionPolicy protocol (optional on_miss hook: ARC adapts there, before the
+                 eviction, as the paper's Fig. 4); lru, lfu (plain), lfu-decay, arc, s3fifo,
+                 hotness, reuse, opt (Belady); resolve_policy: a user's "pkg.mod:Class" too
+    testing      the conformance kit: check_policy(spec) runs every policy's invariants
+    link         LinkParams, Link: the one link model (integers; the timed data path's arithmetic)
+    dma          DmaScheduler (simpy) over the link model; TransferCost (a link from ns, GB/s)
     prefetch     PrefetchQueue: hints, progress triggers, window sizing, accounting
-    telemetry    Counters, TelemetrySnapshot
-    replay       trace replay (demand fill) and OPT bound; prefetch_replay with the prefetcher
+    replay       trace replay (demand fill) and OPT bound; prefetch_replay with the prefetcher;
+                 _fast: the C replay loops (lru, lfu, arc, s3fifo, opt) checked against the
+                 Python policies, used by replay(impl="auto")
 """
 from firmware_model.block_pool import (
     BlockPool,
@@ -18,35 +22,33 @@ from firmware_model.block_pool import (
     NoFreeBlocksError,
     hash_block_tokens,
 )
-from firmware_model.clock import Clock, ManualClock, SimClock
+from firmware_model.clock import Clock, ManualClock, SimpyClock
 from firmware_model.dma import DmaScheduler, QueueFullError, TransferCost
 from firmware_model.hotness import HotnessConfig, HotnessUnit
-from firmware_model.kv_manager import KVCacheManager
+from firmware_model.link import Link, LinkParams
 from firmware_model.policies import POLICY_NAMES, EvictionPolicy, make_policy
 from firmware_model.prefetch import PrefetchQueue, PrefetchStats, window_points
 from firmware_model.replay import Access, ReplayResult, replay
-from firmware_model.telemetry import Counters, TelemetrySnapshot
 
 __all__ = [
     "POLICY_NAMES",
     "Access",
     "BlockPool",
     "Clock",
-    "Counters",
     "DmaScheduler",
     "EvictionPolicy",
     "HotnessConfig",
     "HotnessUnit",
     "KVBlock",
-    "KVCacheManager",
+    "Link",
+    "LinkParams",
     "ManualClock",
     "NoFreeBlocksError",
     "PrefetchQueue",
     "PrefetchStats",
     "QueueFullError",
     "ReplayResult",
-    "SimClock",
-    "TelemetrySnapshot",
+    "SimpyClock",
     "TransferCost",
     "hash_block_tokens",
     "make_policy",

@@ -1,10 +1,11 @@
 """DMA scheduling model: channels, a bounded queue, a shared link per direction, completion events.
 
-The cost function is the timed data path's (``emulator.timing.TimingConfig``), taken here as plain
-numbers so that nothing of the emulator is imported::
+The cost of a transfer is the one link model (:mod:`firmware_model.link`), the timed data
+path's: a direction's link is busy for the bytes' occupancy only, latency pipelines::
 
-    completion = max(now, link_free[direction]) + (latency + bytes / bandwidth) * time_scale
-    link_free[direction] = completion
+    start      = max(now, link_free[direction])
+    link_free' = start + occupancy(whole transactions)
+    completion = start + occupancy + latency
 
 Requests wait in a priority queue (lower value first, FIFO among equals) of at most
 ``queue_depth`` outstanding requests; up to ``channels`` are in flight. Every channel of one
@@ -22,53 +23,36 @@ from typing import Any, cast
 
 import simpy
 
+from firmware_model.link import Link, LinkParams
+
 __all__ = ["DIRECTIONS", "DmaRequest", "DmaScheduler", "QueueFullError", "TransferCost"]
 
 DIRECTIONS = ("read", "write")  # read: device -> host/accelerator; write: host -> device
 
 
-@dataclass(frozen=True, kw_only=True)
-class TransferCost:
-    """Latency and bandwidth per direction; bandwidth 0 means unthrottled (``TimingConfig`` says
-    ``None`` for that: convert with ``bandwidth or 0.0``; ``None`` here is a ``TypeError``)."""
+@dataclass(frozen=True, kw_only=True, init=False)
+class TransferCost(LinkParams):
+    """The link model built from ns and GB/s numbers (0 = unthrottled), with the size of the KV
+    block its callers move. It *is* a :class:`~firmware_model.link.LinkParams`: integers, time
+    scale applied, transactions of ``txn_bytes``."""
 
-    read_latency_ns: float = 0.0
-    write_latency_ns: float = 0.0
-    read_bandwidth_gbps: float = 0.0  # GB/s = bytes per ns
-    write_bandwidth_gbps: float = 0.0
-    time_scale: float = 1.0
-    block_bytes: int = 0  # size of one KV block, for callers that move whole blocks
+    block_bytes: int = 0
 
-    def __post_init__(self) -> None:
-        for name in ("read_latency_ns", "write_latency_ns", "read_bandwidth_gbps", "write_bandwidth_gbps",
-                     "block_bytes", "time_scale"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                unthrottled = " (0 = unthrottled; None is TimingConfig's spelling of it)" if "bandwidth" in name else ""
-                raise TypeError(f"{name} must be a number{unthrottled}, got {value!r}")
-        for name in ("read_latency_ns", "write_latency_ns", "read_bandwidth_gbps", "write_bandwidth_gbps",
-                     "block_bytes"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.time_scale > 0:
-            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
-
-    def duration_ns(self, direction: str, nbytes: int) -> float:
-        """Latency plus serialisation time of ``nbytes`` in ``direction``, scaled."""
-        if direction == "read":
-            lat, bw = self.read_latency_ns, self.read_bandwidth_gbps
-        elif direction == "write":
-            lat, bw = self.write_latency_ns, self.write_bandwidth_gbps
-        else:
-            raise ValueError(f"direction must be 'read' or 'write', got {direction!r}")
-        return (lat + (nbytes / bw if bw else 0.0)) * self.time_scale
-
-    def read_ns(self, nbytes: int) -> float:
-        return self.duration_ns("read", nbytes)
-
-    def completion_ns(self, now: float, link_free: float, direction: str, nbytes: int) -> float:
-        """When a transfer submitted at ``now`` finishes on a link busy until ``link_free``."""
-        return max(now, link_free) + self.duration_ns(direction, nbytes)
+    def __init__(self, *, read_latency_ns: float = 0, write_latency_ns: float = 0,
+                 read_bandwidth_gbps: float = 0, write_bandwidth_gbps: float = 0,
+                 time_scale: float = 1.0, txn_bytes: int = 64, block_bytes: int = 0) -> None:
+        if isinstance(block_bytes, bool) or not isinstance(block_bytes, numbers.Integral):
+            raise TypeError(f"block_bytes must be an integer, got {block_bytes!r}")
+        if block_bytes < 0:
+            raise ValueError(f"block_bytes must be >= 0, got {block_bytes}")
+        link = LinkParams.from_rates(read_latency_ns=read_latency_ns, write_latency_ns=write_latency_ns,
+                                     read_bandwidth_gbps=read_bandwidth_gbps,
+                                     write_bandwidth_gbps=write_bandwidth_gbps, time_scale=time_scale,
+                                     txn_bytes=txn_bytes)
+        object.__setattr__(self, "lat_ns", link.lat_ns)
+        object.__setattr__(self, "fs_per_byte", link.fs_per_byte)
+        object.__setattr__(self, "txn_bytes", link.txn_bytes)
+        object.__setattr__(self, "block_bytes", int(block_bytes))
 
 
 class QueueFullError(RuntimeError):
@@ -85,6 +69,7 @@ class DmaRequest:
     tag: Any
     done: simpy.Event
     submitted_at: float
+    dpa: int = 0  # where on the device: the transactions charged depend on its alignment
     started_at: float | None = None
     completed_at: float | None = None
     cancelled: bool = False
@@ -100,17 +85,17 @@ class DmaRequest:
 
 
 class DmaScheduler:
-    """Schedules transfers on a simulated clock with the timed data path's cost function."""
+    """Schedules transfers on a simulated clock over the link model (the timed data path's)."""
 
-    def __init__(self, env: simpy.Environment, cost: TransferCost, *, channels: int = 1,
+    def __init__(self, env: simpy.Environment, cost: LinkParams, *, channels: int = 1,
                  queue_depth: int = 64) -> None:
         if channels < 1 or queue_depth < 1:
             raise ValueError(f"channels and queue_depth must be >= 1, got {channels}, {queue_depth}")
         self.env = env
         self.cost = cost
+        self.link = Link(cost)
         self.channels = channels
         self.queue_depth = queue_depth
-        self.link_free = {d: 0.0 for d in DIRECTIONS}
         self.bytes_done = {d: 0 for d in DIRECTIONS}
         self.transfers_done = {d: 0 for d in DIRECTIONS}
         self.max_queue_depth = 0
@@ -121,6 +106,11 @@ class DmaScheduler:
         self._seq = itertools.count()
 
     @property
+    def link_free(self) -> dict[str, float]:
+        """When each direction's link is next free (ns)."""
+        return dict(zip(DIRECTIONS, self.link.free, strict=True))
+
+    @property
     def queued(self) -> int:
         """Requests waiting for a channel (cancelled ones excluded)."""
         return self._queued
@@ -129,8 +119,10 @@ class DmaScheduler:
     def in_flight(self) -> int:
         return self._in_flight
 
-    def submit(self, direction: str, nbytes: int, *, priority: Any = 0, tag: Any = None) -> DmaRequest:
-        """Queue a transfer; it starts at once if a channel is free. Raises QueueFullError."""
+    def submit(self, direction: str, nbytes: int, *, priority: Any = 0, tag: Any = None,
+               dpa: int = 0) -> DmaRequest:
+        """Queue a transfer of ``nbytes`` at ``dpa``; it starts at once if a channel is free.
+        Raises QueueFullError."""
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'read' or 'write', got {direction!r}")
         if nbytes <= 0:
@@ -138,7 +130,9 @@ class DmaScheduler:
         outstanding = self._queued + self._in_flight
         if outstanding >= self.queue_depth:
             raise QueueFullError(f"DMA queue full ({self.queue_depth} outstanding)")
-        req = DmaRequest(direction, nbytes, priority, tag, self.env.event(), self.env.now)
+        if dpa < 0:
+            raise ValueError(f"dpa must be >= 0, got {dpa}")
+        req = DmaRequest(direction, nbytes, priority, tag, self.env.event(), self.env.now, dpa)
         heapq.heappush(self._queue, (priority, next(self._seq), req))
         self._queued += 1
         self.max_queue_depth = max(self.max_queue_depth, outstanding + 1)
@@ -160,8 +154,7 @@ class DmaScheduler:
                 continue
             self._queued -= 1
             now = self.env.now
-            done_at = self.cost.completion_ns(now, self.link_free[req.direction], req.direction, req.nbytes)
-            self.link_free[req.direction] = done_at
+            done_at = self.link.transfer(req.direction, now, req.nbytes, req.dpa)
             req.started_at = now
             req.channel = heapq.heappop(self._free_channels)
             self._in_flight += 1

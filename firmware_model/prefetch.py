@@ -27,22 +27,24 @@ import math
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import asdict, dataclass, field
 
-from firmware_model.dma import DmaRequest, DmaScheduler, QueueFullError, TransferCost
+from firmware_model.dma import DmaRequest, DmaScheduler, QueueFullError
+from firmware_model.link import READ, LinkParams
 
 __all__ = ["PrefetchQueue", "PrefetchStats", "window_points"]
 
 
-def window_points(cost: TransferCost, bytes_per_point: int, compute_ns_per_point: float,
+def window_points(cost: LinkParams, bytes_per_point: int, compute_ns_per_point: float,
                   max_window: int = 64) -> int:
     """How many progress points ahead to prefetch: ceil(transfer time / compute time), >= 1.
 
-    One point's transfer (latency + bytes / bandwidth, scaled) must finish within the compute of
-    the points before it. If the link cannot move a point's bytes in one point's compute, no
-    window hides it; the result is then capped at ``max_window`` and the compute will stall.
+    One point's transfer on an idle link (the link model's latency + occupancy of the point's
+    whole transactions) must finish within the compute of the points before it. If the link
+    cannot move a point's bytes in one point's compute, no window hides it; the result is then
+    capped at ``max_window`` and the compute will stall.
     """
     if compute_ns_per_point <= 0:
         return max_window
-    transfer = cost.duration_ns("read", bytes_per_point)
+    transfer = cost.duration_ns(READ, bytes_per_point)
     return max(1, min(max_window, math.ceil(transfer / compute_ns_per_point)))
 
 

@@ -1,24 +1,40 @@
-"""DMA scheduling model: the timed data path's cost function on a simulated clock."""
+"""DMA scheduling model: the one link model on a simulated clock."""
 from __future__ import annotations
 
 import pytest
 import simpy
 
 from firmware_model.dma import DmaScheduler, QueueFullError, TransferCost
+from firmware_model.link import LinkParams
 
 COST = TransferCost(read_latency_ns=100, write_latency_ns=200, read_bandwidth_gbps=16,
                     write_bandwidth_gbps=8, block_bytes=4096)
 
 
-def test_cost_function_matches_the_timed_data_path() -> None:
-    """completion = max(now, link_free) + (latency + bytes / bandwidth) * time_scale."""
+def test_cost_is_the_link_model_latency_pipelined() -> None:
+    """The link is busy for the bytes only: a second read queues behind the first's 256 ns of
+    occupancy, not behind its latency (the data path's figure is checked in test_link_model)."""
     assert COST.duration_ns("read", 4096) == 100 + 256
     assert COST.duration_ns("write", 4096) == 200 + 512
-    assert COST.completion_ns(now=1000, link_free=500, direction="read", nbytes=4096) == 1356
-    assert COST.completion_ns(now=1000, link_free=2000, direction="read", nbytes=4096) == 2356
+    assert COST.duration_ns("read", 4033) == 100 + 256  # 64 whole 64-B transactions
     scaled = TransferCost(read_latency_ns=100, read_bandwidth_gbps=16, time_scale=2.5)
     assert scaled.duration_ns("read", 4096) == 890
     assert TransferCost().duration_ns("read", 1 << 30) == 0  # bandwidth 0 = unthrottled
+    env = simpy.Environment()
+    dma = DmaScheduler(env, TransferCost(read_latency_ns=100, read_bandwidth_gbps=16), channels=2)
+    first, second = dma.submit("read", 64), dma.submit("read", 64)
+    env.run()
+    assert (first.completed_at, second.completed_at, env.now) == (104, 108, 108)
+    assert dma.link_free == {"read": 8, "write": 0}
+
+
+def test_transactions_charged_follow_the_dpa() -> None:
+    """64 B straddling a 64-B boundary occupy two transactions."""
+    env = simpy.Environment()
+    dma = DmaScheduler(env, TransferCost(read_bandwidth_gbps=1), channels=2)
+    aligned, straddling = dma.submit("read", 64, dpa=0), dma.submit("read", 64, dpa=32)
+    env.run()
+    assert (aligned.completed_at, straddling.completed_at) == (64, 64 + 128)
 
 
 def test_one_transfer_completes_at_its_cost() -> None:
@@ -37,7 +53,8 @@ def test_channels_share_one_link_per_direction() -> None:
     dma = DmaScheduler(env, COST, channels=3)
     r1, r2, w = dma.submit("read", 4096), dma.submit("read", 4096), dma.submit("write", 4096)
     env.run()
-    assert (r1.completed_at, r2.completed_at, w.completed_at) == (356, 712, 712)
+    assert (r1.completed_at, r2.completed_at, w.completed_at) == (356, 612, 712)
+    assert dma.link_free == {"read": 512, "write": 512}
     assert r2.started_at == 0 and dma.max_queue_depth == 3
 
 
@@ -91,14 +108,15 @@ def test_bad_requests_are_refused(call, message: str) -> None:
 
 
 def test_unthrottled_is_zero_and_none_is_refused_by_name() -> None:
-    """0 is the firmware model's 'unthrottled'; None (TimingConfig's spelling of it) is a TypeError
-    naming the field and the conversion, not a comparison crash deep in __post_init__."""
+    """0 is the link model's 'unthrottled'; None is a TypeError naming the field, not a
+    comparison crash; the numbers become the integers the data path uses."""
     import numpy as np
 
-    with pytest.raises(TypeError, match=r"read_bandwidth_gbps must be a number \(0 = unthrottled; None is "
-                                        r"TimingConfig's spelling of it\), got None"):
+    with pytest.raises(TypeError, match=r"read_bandwidth_gbps must be a number \(0 = unthrottled\), got None"):
         TransferCost(read_latency_ns=300, read_bandwidth_gbps=None)
     with pytest.raises(TypeError, match="write_latency_ns must be a number, got '5'"):
         TransferCost(write_latency_ns="5")
     cost = TransferCost(read_latency_ns=300, read_bandwidth_gbps=0, block_bytes=np.int64(4096))
     assert cost.duration_ns("read", 1 << 20) == 300
+    assert (cost.lat_ns, cost.fs_per_byte, cost.txn_bytes, cost.block_bytes) == ((300, 0), (0, 0), 64, 4096)
+    assert isinstance(cost, LinkParams)

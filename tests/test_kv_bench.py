@@ -33,6 +33,9 @@ def test_opt_bound_is_zero_when_everything_fits() -> None:
     assert opt_misses_per_step(16, 16) == 0.0
 
 
+# a long run (every bench mode generates); the tokens of each mode's cache settings are also
+# checked by default in test_kv_tokens (full_writeback: test_tokens_equal_with_whole_layer_writeback)
+@pytest.mark.slow
 def test_tiny_run_covers_every_mode_with_equal_tokens() -> None:
     """Two layers, a 64-token context: every mode runs, on the same device, with the tokens of
     the resident run; the offloading modes really load."""

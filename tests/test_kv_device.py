@@ -69,40 +69,24 @@ def test_named_device(model, batch, served) -> None:
 
 def test_a_latency_only_device_gives_the_all_resident_tokens(model, batch, device_name) -> None:
     """A device served with a read latency and no bandwidth cap (TimingConfig: bandwidth None =
-    unthrottled): its link becomes the firmware model's cost with bandwidth 0 (its 'unthrottled'),
-    layers really move over it, and the tokens are DynamicCache's."""
+    unthrottled): the engine drives its link model (fs_per_byte 0: unthrottled), layers really
+    move over it, and the tokens are DynamicCache's."""
     from emulator.device import DeviceConfig, serve
     from emulator.timing.config import TimingConfig
-    from firmware_model.dma import TransferCost
+    from firmware_model.link import LinkParams
 
     ids, mask, ref = batch
     with serve(DeviceConfig(name=device_name, capacity=256 << 20, timing=TimingConfig(read_latency_ns=300))):
         with CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 25), device=device_name, block_tokens=4) as cache:
             out = run(model, ids, mask, cache)
-            assert cache._engine._cost == TransferCost(read_latency_ns=300)
+            assert cache._engine.link == LinkParams(lat_ns=(300, 0), fs_per_byte=(0, 0), txn_bytes=64)
             stats = cache.stats()
     assert torch.equal(out, ref)
     assert stats["loads"] > 0 and stats["offloads"] > 0
 
 
-def test_the_device_timing_becomes_the_firmware_link_cost() -> None:
-    """The one conversion: TimingConfig's None bandwidth (unthrottled) is TransferCost's 0, per
-    direction; an untimed link has no cost model."""
-    from types import SimpleNamespace
-
-    from driver.kv._engine import _transfer_cost
-    from emulator.timing.config import TimingConfig
-    from firmware_model.dma import TransferCost
-
-    timing = TimingConfig(read_latency_ns=300, write_latency_ns=50, read_bandwidth_gbps=8.0, time_scale=2.0)
-    assert _transfer_cost(SimpleNamespace(timing=timing)) == TransferCost(
-        read_latency_ns=300, write_latency_ns=50, read_bandwidth_gbps=8.0, write_bandwidth_gbps=0.0,
-        time_scale=2.0)
-    assert _transfer_cost(SimpleNamespace(timing=TimingConfig(write_bandwidth_gbps=4.0))) == TransferCost(
-        write_bandwidth_gbps=4.0)
-    assert _transfer_cost(SimpleNamespace(timing=TimingConfig())) is None
-
-
+# the memory-store case (test_kv_tokens) runs by default; on a device it is the same path
+@pytest.mark.slow
 def test_a_budget_beyond_all_the_kv_on_a_device(model, batch) -> None:
     """hbm_budget_bytes=10**30 (more frames than any integer type holds): every layer stays
     resident (nothing loaded, evicted or regrown: max_seq_len sizes the frames once), one frame
@@ -190,40 +174,6 @@ def test_counters_published_in_the_device_telemetry_page(model, batch) -> None:
     cache.close()
 
 
-def test_auto_prefetch_depth_is_the_firmware_window(served) -> None:
-    """prefetch_depth='auto' asks firmware_model.prefetch.window_points: layers of compute
-    needed to hide one layer's transfer on this device's link."""
-    import dataclasses
-
-    from driver.kv._device_store import DeviceBlockStore
-    from driver.kv._engine import ResidencyEngine
-    from driver.memdev import MemDev
-    from emulator import presets
-
-    with MemDev.open(served.name) as md:
-        store = DeviceBlockStore(md)
-        store.timing = dataclasses.replace(presets.load("leo-x16").timing, time_scale=40)
-        engine = ResidencyEngine(budget=1 << 20, policy="reuse", block_tokens=16, store=store,
-                                 device=torch.device("cpu"), dtype=torch.float32)
-        engine2 = ResidencyEngine(budget=1 << 20, policy="reuse", block_tokens=16, store=store,
-                                  device=torch.device("cpu"), dtype=torch.float32, prefetch_depth=3)
-        for eng in (engine, engine2):
-            for layer in range(6):
-                eng.update(layer, torch.zeros(1, 2, 64, 16), torch.zeros(1, 2, 64, 16))
-        # one layer of the batch: 64 tokens x (K, V) x 2 heads x 16 x fp32 = 16 KiB; its transfer
-        # on leo-x16 x 40: (90 ns + bytes / 50 GB/s) x 40
-        layer_bytes = 64 * 2 * 2 * 16 * 4
-        transfer_ns = (90 + layer_bytes / 50) * 40
-        engine._layer_ns = transfer_ns / 2.5  # compute per layer: 2.5 layers hide one transfer
-        assert engine._depth() == 3
-        engine._layer_ns = transfer_ns * 2
-        assert engine._depth() == 1
-        assert engine2._depth() == 3
-        engine.close()
-        engine2.close()
-        store.close()
-
-
 def test_prefetch_accounting_adds_up(model, batch) -> None:
     """On the device's DMA engine (real threads, a timed link): every load is a demand miss or
     a prefetch the firmware's queue issued, and after close() every issued prefetch was useful
@@ -237,6 +187,7 @@ def test_prefetch_accounting_adds_up(model, batch) -> None:
     assert s["prefetch_issued"] == s["prefetch_useful"] + s["prefetch_late"] + s["prefetch_wasted"]
 
 
+@pytest.mark.slow
 def test_a_second_process_is_refused_the_device(model, batch, served) -> None:
     """Two processes keeping KV on one device would overwrite each other's chunks: the second is
     refused by name at construction (not at its first generate), and the device is usable again

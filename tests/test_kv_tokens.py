@@ -1,5 +1,9 @@
 """CxlCache gives exactly DynamicCache's greedy tokens, for every policy and budget down to the
-minimum working set, batches 1-4 with padding, block sizes dividing the prompt or not."""
+minimum working set, batches 1-4 with padding, block sizes dividing the prompt or not.
+
+Each policy, shape, budget and feature is run once by default; the rest of the cross product is
+marked ``slow`` (``pytest -m "not slow"`` leaves it out; the full suite runs it). The engine's
+decisions themselves are asserted exactly in test_kv_engine_decisions.py."""
 from __future__ import annotations
 
 import pytest
@@ -49,9 +53,27 @@ def reference(model: torch.nn.Module, lengths: list[int]) -> tuple[torch.Tensor,
 SHAPES = [([16], 5), ([16, 9], 4), ([13, 16, 7], 3), ([16, 11, 16, 5], 4)]
 
 
-@pytest.mark.parametrize("policy", ONLINE_POLICY_NAMES)
-@pytest.mark.parametrize("lengths,block_tokens", SHAPES, ids=lambda x: str(x))
-@pytest.mark.parametrize("fraction", ["min", "half", "all"])
+FRACTIONS = ["min", "half", "all"]
+
+
+def _matrix(quick: list[tuple], full: list[tuple]) -> list:
+    """``quick`` as they are, the rest of ``full`` marked slow (the full suite still runs them)."""
+    def name(case: tuple) -> str:
+        return "-".join(str(x) for x in case)
+
+    return ([pytest.param(*case, id=name(case)) for case in quick]
+            + [pytest.param(*case, id=name(case), marks=pytest.mark.slow) for case in full if case not in quick])
+
+
+# What proves equality: every policy once under the least budget (the most evictions and
+# loads), which spreads them over every shape; every other budget once.
+TOKEN_CASES = _matrix(
+    [(policy, *SHAPES[i % len(SHAPES)], "min") for i, policy in enumerate(ONLINE_POLICY_NAMES)]
+    + [("reuse", *SHAPES[1], "half"), ("lru", *SHAPES[3], "all")],
+    [(policy, *shape, fraction) for fraction in FRACTIONS for shape in SHAPES for policy in ONLINE_POLICY_NAMES])
+
+
+@pytest.mark.parametrize("policy,lengths,block_tokens,fraction", TOKEN_CASES)
 def test_tokens_equal_dynamic_cache(model, policy, lengths, block_tokens, fraction) -> None:
     """Same greedy tokens as DynamicCache; the budget is never exceeded; offloaded blocks really
     come back from the store."""
@@ -70,9 +92,10 @@ def test_tokens_equal_dynamic_cache(model, policy, lengths, block_tokens, fracti
         assert stats["loads"] > 0 and stats["offloads"] > 0
 
 
-@pytest.mark.parametrize("policy", ["lru", "reuse"])
-@pytest.mark.parametrize("lengths,block_tokens", [([16], 5), ([13, 16, 7], 3)], ids=lambda x: str(x))
-@pytest.mark.parametrize("device_backed", [False, True])
+@pytest.mark.parametrize("policy,lengths,block_tokens,device_backed", _matrix(
+    [("lru", [13, 16, 7], 3, False), ("reuse", [16], 5, True)],  # over memory, over the device
+    [(policy, *shape, backed) for backed in (False, True) for shape in (([16], 5), ([13, 16, 7], 3))
+     for policy in ("lru", "reuse")]))
 def test_tokens_equal_without_prefix_sharing(model, policy, lengths, block_tokens, device_backed) -> None:
     """Private chunks (the benchmark's setting): whole-block write-backs from each layer's kept
     tail image, decode steps crossing block boundaries, over memory or the device's DMA: still
@@ -89,6 +112,24 @@ def test_tokens_equal_without_prefix_sharing(model, policy, lengths, block_token
     assert torch.equal(out, ref)
     assert stats["loads"] > 0 and stats["offloads"] > 0
     assert engine.staging.in_use == 0 and engine.staging.total == 0 and engine.arena.allocated == 0
+
+
+def test_tokens_equal_with_whole_layer_writeback(model) -> None:
+    """full_writeback=True (the benchmark's "layerwise" baseline: an evicted layer is rewritten
+    whole): the same tokens; the clean blocks it saves again are found on the device (the same
+    bytes after the same prefix) and not rewritten."""
+    ids, mask, ref = reference(model, [16, 9])
+    offloaded, found = [], []
+    for full in (False, True):
+        cache = CxlCache(hbm_budget_bytes=2 * layer_bytes(2, ids.shape[1] + NEW - 1), policy="lru",
+                         block_tokens=4, store=MemoryBlockStore(4 << 20), prefetch_depth=1, full_writeback=full)
+        out = generate(model, ids, mask, cache)
+        stats = cache.stats()
+        offloaded.append(stats["bytes_offloaded"])
+        found.append(stats["dedup_write_bytes"])
+        cache.close()
+        assert torch.equal(out, ref)
+    assert offloaded[1] == offloaded[0] > 0 and found[1] > found[0]
 
 
 def test_budget_below_working_set_names_the_minimum(model) -> None:
@@ -150,7 +191,7 @@ def test_budget_too_small_for_the_final_length_is_found_when_it_can_be(model) ->
     cache.close()
 
 
-@pytest.mark.parametrize("policy", ONLINE_POLICY_NAMES)
+@pytest.mark.parametrize("policy", _matrix([("reuse",)], [(p,) for p in ONLINE_POLICY_NAMES]))
 def test_a_budget_beyond_all_the_kv_keeps_every_layer_resident(model, policy) -> None:
     """hbm_budget_bytes of 2**62 or 10**30 bytes: nothing is sized by the budget (one frame per
     layer, the policy built for those frames), the tokens are DynamicCache's, and no layer leaves

@@ -90,26 +90,26 @@ def test_link_time_is_exact_past_64_bits(impl, gbps, scale, n):
 
 def test_compensation_reaches_the_core_in_picoseconds(monkeypatch):
     """A fraction of a ns is 1 % of a 100-ns latency: the override and the core keep it."""
-    from emulator.timing import _cimpl
+    from emulator.timing import calibration
 
     monkeypatch.setenv("CXLEMU_TIMING_COMP_NS", "12.345,20")
-    _cimpl.calibrated_comp_ns.cache_clear()
+    calibration.calibrated_comp_ns.cache_clear()
     try:
-        assert _cimpl.calibrated_comp_ns() == (12.345, 20.0)
+        assert calibration.calibrated_comp_ns() == (12.345, 20.0)
         dp, *_ = make("c", QEMU)
         assert list(dp._core.dp.comp_ps) == [12345, 20000]
         dp.close()
         monkeypatch.setenv("CXLEMU_TIMING_COMP_NS", "fast")
-        _cimpl.calibrated_comp_ns.cache_clear()
+        calibration.calibrated_comp_ns.cache_clear()
         with pytest.raises(ValueError, match="CXLEMU_TIMING_COMP_NS must be one or two numbers"):
-            _cimpl.calibrated_comp_ns()
+            calibration.calibrated_comp_ns()
     finally:
-        _cimpl.calibrated_comp_ns.cache_clear()
+        calibration.calibrated_comp_ns.cache_clear()
 
 
 def test_calibrations_combine_to_the_lower_quartile():
     """Contention only ever inflates a calibration: the least of a few, the lower quartile of more."""
-    from emulator.timing._cimpl import combine_calibrations
+    from emulator.timing.calibration import combine_calibrations
 
     assert combine_calibrations([21.0]) == 21.0
     assert combine_calibrations([21.0, 14.9, 15.2]) == 14.9
@@ -117,29 +117,29 @@ def test_calibrations_combine_to_the_lower_quartile():
 
 
 def test_calibration_history_per_host(monkeypatch, tmp_path):
-    from emulator.timing import _cimpl
+    from emulator.timing import calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("CXLEMU_TIMING_CALIBRATION_CACHE", raising=False)
     path = tmp_path / "cxlemu" / "timing-calibration.json"
     t0 = 1_000_000.0
-    assert _cimpl.remembered_comp_ns(21.0, now=t0) == 21.0  # a first process has only its own
-    assert _cimpl.remembered_comp_ns(15.0, now=t0 + 1) == 15.0  # the spell is outvoted
+    assert calibration.remembered_comp_ns(21.0, now=t0) == 21.0  # a first process has only its own
+    assert calibration.remembered_comp_ns(15.0, now=t0 + 1) == 15.0  # the spell is outvoted
     for i in range(20):
-        _cimpl.remembered_comp_ns(15.0 + 0.01 * i, now=t0 + 2 + i)
+        calibration.remembered_comp_ns(15.0 + 0.01 * i, now=t0 + 2 + i)
     kept = json.loads(path.read_text())["calibrations"]
     assert len(kept) == 16 and kept[-1] == [t0 + 21, pytest.approx(15.19)]  # the newest 16
     # a week later the old ones no longer count
-    assert _cimpl.remembered_comp_ns(17.5, now=t0 + 8 * 24 * 3600) == 17.5
+    assert calibration.remembered_comp_ns(17.5, now=t0 + 8 * 24 * 3600) == 17.5
     # another host or method (its key differs): the history starts over
     data = json.loads(path.read_text())
     path.write_text(json.dumps({"key": "another-host", "calibrations": data["calibrations"]}))
-    assert _cimpl.remembered_comp_ns(16.0, now=t0 + 8 * 24 * 3600) == 16.0
+    assert calibration.remembered_comp_ns(16.0, now=t0 + 8 * 24 * 3600) == 16.0
     path.write_text("{not json")  # a damaged file is replaced, not fatal
-    assert _cimpl.remembered_comp_ns(16.5, now=t0) == 16.5
+    assert calibration.remembered_comp_ns(16.5, now=t0) == 16.5
     monkeypatch.setenv("CXLEMU_TIMING_CALIBRATION_CACHE", "0")
     before = path.read_text()
-    assert _cimpl.remembered_comp_ns(30.0, now=t0) == 30.0 and path.read_text() == before
+    assert calibration.remembered_comp_ns(30.0, now=t0) == 30.0 and path.read_text() == before
 
 
 @pytest.mark.parametrize("impl", IMPLS)

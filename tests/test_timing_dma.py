@@ -296,7 +296,7 @@ def test_channel_state_claims_only_an_idle_open_channel(state_type):
     closed; the channel's own claim ignores the queue."""
     s = state_type()
     assert s.snapshot() == (False, 0, False)
-    if state_type.__module__.endswith("_fastcall"):
+    if state_type.__module__.endswith("_dmacall"):
         with pytest.raises(TypeError, match="every argument"):
             state_type(0, 1)  # the inline context is all or nothing
     assert s.try_claim() and not s.try_claim()
@@ -370,6 +370,7 @@ def _slow_channel_threads(dp, delay_s: float):
     dp.wait_until = wait
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [64, 256 << 10], ids=["inline", "queued"])
 def test_the_waiter_completes_its_handle_when_the_channel_thread_lags(impl, size):
     """wait() on a real-time link knows the completion time once the descriptors are issued: it
@@ -395,6 +396,7 @@ def test_the_waiter_completes_its_handle_when_the_channel_thread_lags(impl, size
     assert [c.id for c in eng.poll_completions()] == [h.id, h2.id]
 
 
+@pytest.mark.slow
 def test_done_completes_a_handle_whose_time_has_passed(impl):
     """A poller sees done() once the completion time passes, without the channel's thread."""
     dp, *_ = make(impl, TimingConfig(read_latency_ns=1_000_000, read_bandwidth_gbps=16))

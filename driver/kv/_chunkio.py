@@ -21,7 +21,7 @@ from driver.kv._chunks import ChunkPool
 from driver.kv._layout import KVLayout
 from driver.kv._store import Extent, coalesce
 
-__all__ = ["ChunkIO", "LayerChunks"]
+__all__ = ["ChunkTables", "LayerChunks"]
 
 
 @dataclass
@@ -50,25 +50,30 @@ class LayerChunks:
             self.version += 1
 
 
-class ChunkIO:
-    """Mixin of ``ResidencyEngine``: needs ``layout``, ``pool``, ``prefix_sharing``, ``counters``."""
+class ChunkTables:
+    """The residency engine's chunk bookkeeping (a part it owns): placing saved blocks in device
+    chunks (sharing them by key), publishing keys once written, and planning loads. It counts
+    into the engine's ``counters``; the layout and the pool are known at the first update
+    (:meth:`configure`)."""
 
-    layout: KVLayout | None
-    pool: ChunkPool | None
-    prefix_sharing: bool
-    counters: dict[str, int]
-
-    def _init_chunkio(self) -> None:
+    def __init__(self, *, prefix_sharing: bool, counters: dict[str, int]) -> None:
+        self.prefix_sharing = prefix_sharing
+        self.counters = counters
+        self.layout: KVLayout | None = None
+        self.pool: ChunkPool | None = None
         self._pending_key_of: dict[int, bytes] = {}
         self._pending_chunk_of: dict[bytes, int] = {}
 
-    def _valid(self, j: int, seq_len: int) -> int:
+    def configure(self, layout: KVLayout, pool: ChunkPool | None) -> None:
+        self.layout, self.pool = layout, pool
+
+    def valid(self, j: int, seq_len: int) -> int:
         """Valid bytes of block ``j`` of a piece holding ``seq_len`` tokens."""
         lay = self.layout
         assert lay is not None
         return min(lay.block_tokens, seq_len - j * lay.block_tokens) * lay.piece_token_bytes
 
-    def _save_plan(self, layer: int, chunks: LayerChunks, host: np.ndarray, j0: int, j1: int,
+    def save_plan(self, layer: int, chunks: LayerChunks, host: np.ndarray, j0: int, j1: int,
                    seq_len: int) -> tuple[list[Extent], list[tuple[int, bytes]]]:
         """Place blocks ``[j0, j1)`` of every piece from a host image of whole blocks (tokens
         ``[j0 * bt, j1 * bt)``, valid up to ``seq_len``); returns the extents to write and the
@@ -82,7 +87,7 @@ class ChunkIO:
         for b in range(lay.batch):
             for p in range(lay.pieces):
                 for j in range(j0, j1):
-                    n = self._valid(j, seq_len)
+                    n = self.valid(j, seq_len)
                     off = lay.image_offset(p, b, j * lay.block_tokens - t0, cap)
                     if self._place(layer, chunks, b, p, j, host[off:off + n]):
                         runs.append((int(chunks.ids[b, p, j]), n, off))
@@ -90,7 +95,7 @@ class ChunkIO:
         return coalesce(runs, lay.chunk_bytes), keys
 
     def _private_save_plan(self, chunks: LayerChunks, j0: int, j1: int) -> list[Extent]:
-        """:meth:`_save_plan` without prefix sharing, on the table as a whole: this engine then
+        """:meth:`save_plan` without prefix sharing, on the table as a whole: this engine then
         never shares or publishes a chunk, so every chunk it holds has one reference and no
         key (nothing to copy on write) and a block is written where it is. Chunks for blocks
         that have none are taken in one call, in the order :meth:`_place` would take them
@@ -103,11 +108,11 @@ class ChunkIO:
             return chunks.saved[1]  # the same blocks again (a decode step's tail): same chunks
         lay = self.layout
         assert lay is not None
-        extents = self._whole_blocks(chunks, j0, j1, j0 * lay.block_tokens, (j1 - j0) * lay.block_tokens)
+        extents = self.whole_blocks(chunks, j0, j1, j0 * lay.block_tokens, (j1 - j0) * lay.block_tokens)
         chunks.saved = ((chunks.version, j0, j1), extents)
         return extents
 
-    def _whole_blocks(self, chunks: LayerChunks, j0: int, j1: int, t0: int, cap: int) -> list[Extent]:
+    def whole_blocks(self, chunks: LayerChunks, j0: int, j1: int, t0: int, cap: int) -> list[Extent]:
         """Extents writing blocks ``[j0, j1)`` of every piece whole, from an image whose runs hold
         ``cap`` tokens from token ``t0`` (a staging image, or the frame itself); takes chunks for
         the blocks without one (private chunks: see :meth:`_private_save_plan`)."""
@@ -146,7 +151,7 @@ class ChunkIO:
                 if hit != cur:
                     pool.incref(hit)
                     if cur >= 0:
-                        self._decref(cur)
+                        self.decref(cur)
                     chunks.ids[b, p, j] = hit
                     chunks.version += 1
                     self.counters["shared_chunks"] += 1
@@ -154,7 +159,7 @@ class ChunkIO:
                 return False
         if cur >= 0 and (pool.refs(cur) > 1 or pool.hashed(cur)):
             self.counters["cow_copies"] += pool.refs(cur) > 1
-            self._decref(cur)
+            self.decref(cur)
             cur = -1
         if cur < 0:
             cur = pool.alloc(1)[0]
@@ -166,7 +171,7 @@ class ChunkIO:
             self._pending_chunk_of.setdefault(key, cur)
         return True
 
-    def _publish(self, keys: list[tuple[int, bytes]]) -> None:
+    def publish(self, keys: list[tuple[int, bytes]]) -> None:
         """A write landed: its chunks become findable by every cache on the device."""
         pool = self.pool
         assert pool is not None
@@ -177,7 +182,7 @@ class ChunkIO:
             if pool.refs(chunk) and not pool.hashed(chunk):
                 pool.register(chunk, key)
 
-    def _decref(self, chunk: int) -> None:
+    def decref(self, chunk: int) -> None:
         assert self.pool is not None
         self.pool.decref(chunk)
         if not self.pool.refs(chunk):
@@ -188,17 +193,17 @@ class ChunkIO:
         if key is not None and self._pending_chunk_of.get(key) == chunk:
             del self._pending_chunk_of[key]
 
-    def _load_plan(self, chunks: LayerChunks, cap: int, seq_len: int
+    def load_plan(self, chunks: LayerChunks, cap: int, seq_len: int
                    ) -> tuple[list[Extent], dict[int, tuple[int, int]] | None, list[tuple[int, int, int]]]:
         """Extents reading each distinct chunk once into a host image of ``cap`` tokens, and the
         (from, to, bytes) copies serving the sequences that share a chunk. Without sharing the
         runs come from numpy over the block table (this is on every load's path); the per-chunk
-        map (``firsts``) is then left to :meth:`_chunk_map`, which only fault recovery needs."""
+        map (``firsts``) is then left to :meth:`chunk_map`, which only fault recovery needs."""
         lay = self.layout
         assert lay is not None
         nblk = lay.blocks(seq_len)
         if self.prefix_sharing and self._has_repeats(chunks, nblk):
-            firsts, dups = self._chunk_map(chunks, cap, seq_len)
+            firsts, dups = self.chunk_map(chunks, cap, seq_len)
             runs = [(c, n, off) for c, (off, n) in firsts.items()]
             return coalesce(runs, lay.chunk_bytes), firsts, dups
         return self._extents(chunks, nblk, cap), None, []
@@ -246,7 +251,7 @@ class ChunkIO:
         chunks.plan = (key, runs)
         return runs
 
-    def _chunk_map(self, chunks: LayerChunks, cap: int, seq_len: int
+    def chunk_map(self, chunks: LayerChunks, cap: int, seq_len: int
                    ) -> tuple[dict[int, tuple[int, int]], list[tuple[int, int, int]]]:
         """Each distinct chunk's first (host offset, bytes), and the copies for its repeats."""
         lay = self.layout
@@ -256,7 +261,7 @@ class ChunkIO:
         for b in range(lay.batch):
             for p in range(lay.pieces):
                 for j in range(lay.blocks(seq_len)):
-                    c, n = int(chunks.ids[b, p, j]), self._valid(j, seq_len)
+                    c, n = int(chunks.ids[b, p, j]), self.valid(j, seq_len)
                     off = lay.image_offset(p, b, j * lay.block_tokens, cap)
                     if c in firsts:
                         dups.append((firsts[c][0], off, n))

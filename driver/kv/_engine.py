@@ -13,19 +13,22 @@ Both decisions are the firmware model's. Eviction: an ``EvictionPolicy`` from
 ``firmware_model.prefetch.PrefetchQueue`` (one block per layer, one sequence: the batch) gets
 the shim's hints ("the batch computes layer l at step t") and its progress; when progress comes
 within ``prefetch_depth`` points of a hinted point (``"auto"``: the firmware model's
-``window_points`` for the link's timing and the measured compute per layer), the queue issues
-that layer's load, which the engine starts on the device's DMA engine, protecting the window's
-layers and the computing one. The queue's accounting is the shim's: a prefetch is useful (landed
-before its compute), late (the compute waited for it) or wasted (evicted unused). A frame
-leaves by writing back only its dirty blocks (the tokens appended since its last save); a load
-reads each distinct device chunk once, straight into the frame on CPU. Faults: a failed load is
+``window_points`` for the device's link model and the compute per layer measured on the engine's
+clock), the queue issues that layer's load, which the engine starts on the device's DMA engine,
+protecting the window's layers and the computing one. The queue's accounting is the shim's: a
+prefetch is useful (landed before its compute), late (the compute waited for it) or wasted
+(evicted unused). A frame leaves by writing back only its dirty blocks (the tokens appended
+since its last save; :class:`WriteBack`); a load reads each distinct device chunk once
+(:class:`ChunkTables` plans it), straight into the frame on CPU. Faults: a failed load is
 retried, then the chunks still unreadable are recomputed from the tokens and rewritten, so no
-token changes.
+token changes (:class:`LoadRecovery`). Every decision can be reported to ``record`` as a
+:data:`Decision`; on a simulated clock they are deterministic.
 """
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -33,33 +36,36 @@ import numpy as np
 import torch
 
 from driver.kv._arena import Arena, Frame, StagingPool
-from driver.kv._chunkio import ChunkIO, LayerChunks
+from driver.kv._chunkio import ChunkTables, LayerChunks
 from driver.kv._chunks import ChunkPool
 from driver.kv._layout import KVLayout
 from driver.kv._mover import make_mover
-from driver.kv._recompute import KVLoadError, Recompute, Recovery
+from driver.kv._recompute import KVLoadError, LoadRecovery, Recompute
 from driver.kv._store import BlockStore, Extent, Transfer
-from driver.kv._writeback import WriteBack
+from driver.kv._writeback import PendingWrite, WriteBack
 from emulator.spec.errors import DmaError, PoisonError
+from firmware_model.clock import Clock
 from firmware_model.dma import QueueFullError
+from firmware_model.link import LinkParams
 from firmware_model.policies import NoVictimError, make_policy
-from firmware_model.prefetch import PrefetchQueue, PrefetchStats
+from firmware_model.prefetch import PrefetchQueue, PrefetchStats, window_points
 
-__all__ = ["KVLoadError", "ResidencyEngine"]
+__all__ = ["Decision", "KVLoadError", "ResidencyEngine", "WallClock"]
 
-def _transfer_cost(store: BlockStore) -> Any:
-    """The firmware model's cost of the store's link (None for an untimed store).
+class WallClock:
+    """The default clock of the engine: the host's monotonic wall clock, ns (a decision taken
+    on it depends on how fast this host computes; tests pass a simulated one)."""
 
-    The one place a device's ``TimingConfig`` becomes the firmware model's ``TransferCost``: an
-    unthrottled direction is ``None`` bandwidth in the one and ``0`` in the other."""
-    timing = getattr(store, "timing", None)
-    if timing is None or timing.untimed:
-        return None
-    from firmware_model.dma import TransferCost
+    @staticmethod
+    def now_ns() -> int:
+        return time.perf_counter_ns()
 
-    return TransferCost(read_latency_ns=timing.read_latency_ns, write_latency_ns=timing.write_latency_ns,
-                        read_bandwidth_gbps=timing.read_bandwidth_gbps or 0.0,
-                        write_bandwidth_gbps=timing.write_bandwidth_gbps or 0.0, time_scale=timing.time_scale)
+
+#: What the engine reports to ``record`` (tests assert exact sequences of them):
+#: ``(step, kind, layer)``, step = the forward it happened in, kind one of
+#: "hit" (resident, loaded before), "late" (a prefetch still in flight: the compute waited),
+#: "miss" (a demand load), "prefetch" (the firmware's queue issued a load), "evict".
+Decision = tuple[int, str, int]
 
 
 class _UnsizedPolicy:
@@ -166,12 +172,16 @@ class _Layer:
     clean_upto: int = 0  # tokens [0, clean_upto) are on the device (or on their way)
     load: _Load | None = None
     saves: list[tuple[Any, int, int, int]] = field(default_factory=list)  # (token, j0, j1, seq_len)
-    writes: list[Any] = field(default_factory=list)  # _writeback._Write
+    writes: list[PendingWrite] = field(default_factory=list)
     tail: tuple[Any, int, int, int] | None = None  # kept tail image: (buffer, j0, j1, tokens in it)
 
 
-class ResidencyEngine(ChunkIO, Recovery, WriteBack):
-    """Layer frames within an HBM budget over a chunk store; see the module docstring."""
+class ResidencyEngine:
+    """Layer frames within an HBM budget over a chunk store; see the module docstring.
+
+    Its parts: ``tables`` (:class:`ChunkTables`: block tables, prefix sharing, load plans),
+    ``writeback`` (:class:`WriteBack`: saving evicted frames) and ``recovery``
+    (:class:`LoadRecovery`: retrying and recomputing failed loads), each given what it uses."""
 
     COUNTERS = ("loads", "offloads", "hits", "misses", "prefetch_late", "prefetch_issued",
                 "stall_ns", "bytes_loaded", "bytes_offloaded", "shared_chunks", "dedup_write_bytes",
@@ -181,7 +191,13 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
     def __init__(self, *, budget: int, policy: str, block_tokens: int, store: BlockStore,
                  device: torch.device, dtype: torch.dtype, prefetch_depth: int | str = "auto",
                  max_retries: int = 2, prefix_sharing: bool = True, max_seq_len: int | None = None,
-                 recompute: Recompute | None = None, full_writeback: bool = False) -> None:
+                 recompute: Recompute | None = None, full_writeback: bool = False,
+                 link: LinkParams | None = None, clock: Clock | None = None,
+                 record: Callable[[Decision], None] | None = None) -> None:
+        """``link``: the device's link model (``TimingConfig.link_params()``), which sizes the
+        ``"auto"`` prefetch window; None or untimed: one layer ahead. ``clock``: what the compute
+        per layer is measured on (default :class:`WallClock`). ``record``: called with every
+        :data:`Decision` the engine takes."""
         make_policy(policy, 1)  # fail fast on an unknown policy name, naming the known ones
         self.policy_name = policy
         self.block_tokens = block_tokens
@@ -189,11 +205,7 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         self.pool: ChunkPool | None = None
         self.dtype = dtype
         self.prefetch_depth = prefetch_depth
-        self.max_retries = max_retries
-        self.prefix_sharing = prefix_sharing
         self.max_seq_len = max_seq_len
-        self.recompute = recompute
-        self.full_writeback = full_writeback  # the transformers baseline: rewrite whole layers
         self.arena = Arena(budget, device, dtype)
         self.staging = StagingPool(pin=device.type == "cuda")
         self.mover = make_mover(device, self.staging)
@@ -204,14 +216,24 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         self._tick = 0
         self._num_layers = 0
         self._layers_counted = 0  # the layer count the arena's frames are limited to (0: not yet)
-        self._init_chunkio()
-        self._cost = _transfer_cost(store)
+        self.link = link
+        self.clock: Clock = clock if clock is not None else WallClock()
+        self._record = record
         self._layer_ns = 0.0
-        self._last_layer, self._last_ns, self._last_stall = -1, 0, 0
+        self._last_layer, self._last_ns, self._last_stall = -1, 0.0, 0
         self._loading: set[int] = set()  # layers with a load in flight
         self._pending: dict[int, _Layer] = {}  # layers that may have a load, save or write to finish
         self._window: tuple[int, tuple[int, ...]] = (-1, ())  # (depth, offsets) of the prefetch window
         self._registered: dict[int, np.ndarray] = {}  # host buffers registered with the store
+        # the parts, each given what it uses (they count into this engine's counters)
+        self.tables = ChunkTables(prefix_sharing=prefix_sharing, counters=self.counters)
+        self.writeback: WriteBack[_Layer] = WriteBack(
+            store=store, chunks=self.tables, staging=self.staging, mover=self.mover, counters=self.counters,
+            register=self._register, pending=self._pending, block_tokens=block_tokens,
+            # full_writeback: the transformers baseline, rewriting whole layers
+            full_writeback=full_writeback, prefix_sharing=prefix_sharing, max_retries=max_retries)
+        self.recovery = LoadRecovery(store=store, chunks=self.tables, counters=self.counters, dtype=dtype,
+                                     max_retries=max_retries, recompute=recompute)
         self._pq: PrefetchQueue | None = None  # the firmware's prefetch queue (from the 2nd forward)
         self._step = -1  # forwards begun (a forward starts at layer 0)
         self._hinted = -1  # the last progress point hinted to the queue
@@ -247,7 +269,7 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         st.seq_len = new_len
         st.chunks.ensure(lay.blocks(new_len))
         if n > 1:
-            self._write_through(st)
+            self.writeback.write_through(st)
         self._prefetch_after(layer)
         return frame.k.narrow(2, 0, new_len), frame.v.narrow(2, 0, new_len)
 
@@ -275,6 +297,7 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
                                block_tokens=self.block_tokens)
         self.store.configure(self.layout.chunk_bytes)
         self.pool = self.store.pool
+        self.tables.configure(self.layout, self.pool)
         needed = max(n, self.max_seq_len or 0)
         if self.max_seq_len:
             when = f"found at the prefill, before any token was produced, for max_seq_len={self.max_seq_len}"
@@ -319,10 +342,13 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
                 self.counters["hits"] += 1
             else:
                 self._finish_load(st, stall=True)
+            self._decided("hit" if done else "late", st.index)
         elif st.frame is not None:
             if pq is not None:
                 pq.demand(st.index)  # a prefetch that landed while we computed: useful
             self.counters["hits"] += bool(st.seq_len)
+            if st.seq_len:
+                self._decided("hit", st.index)
         elif st.seq_len == 0:
             st.frame = self._take_frame({st.index, *self._loading})
             self.mover.before_overwrite(st.frame)
@@ -330,6 +356,7 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
             self.counters["misses"] += 1
             if not self._start_load(st, protected={st.index, *self._loading}):
                 raise AssertionError("no frame for the computing layer: budget below two frames")
+            self._decided("miss", st.index)  # after the evictions that made room for it
             self._finish_load(st, stall=True)
         if st.index in self.policy:
             self.policy.touch(st.index, self._tick)
@@ -339,6 +366,10 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         self.mover.before_compute(st.frame)
         return st.frame
 
+    def _decided(self, kind: str, layer: int) -> None:
+        if self._record is not None:
+            self._record((self._step, kind, layer))
+
     # ------------------------------------------------------------------------- prefetch hints
     def _depth(self) -> int:
         """Layers to load ahead: fixed, or (``"auto"``) the firmware model's prefetch window —
@@ -346,12 +377,10 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         link's timing and the measured compute time per layer."""
         if self.prefetch_depth != "auto":
             return int(self.prefetch_depth)
-        if self._cost is None or self._layer_ns <= 0 or self.layout is None:
+        if self.link is None or self.link.untimed or self._layer_ns <= 0 or self.layout is None:
             return 1
-        from firmware_model.prefetch import window_points
-
         layer_bytes = self.layout.frame_bytes(self.layers[0].seq_len if self.layers else 1)
-        return window_points(self._cost, layer_bytes, self._layer_ns, max_window=self._num_layers)
+        return window_points(self.link, layer_bytes, self._layer_ns, max_window=self._num_layers)
 
     def _upcoming(self, layer: int) -> list[int]:
         """The layers of the prefetch window after ``layer``. Its depth is sized once per decode
@@ -369,7 +398,7 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
     def _time_layer(self, layer: int, tokens: int) -> None:
         """Keep a moving average of decode compute time per layer: update to update, less the
         time this shim stalled in between (a stall is not compute it can hide transfers in)."""
-        now, stalled = time.perf_counter_ns(), self.counters["stall_ns"]
+        now, stalled = self.clock.now_ns(), self.counters["stall_ns"]
         if tokens == 1 and layer == self._last_layer + 1 and self._last_ns:
             dt = max(1, now - self._last_ns - (stalled - self._last_stall))
             self._layer_ns = dt if self._layer_ns <= 0 else 0.8 * self._layer_ns + 0.2 * dt
@@ -424,6 +453,7 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
             self._protect = {computing, *window, *self._loading}
         if not self._start_load(st, protected=self._protect):
             raise QueueFullError(f"no frame can be freed to prefetch layer {layer}")
+        self._decided("prefetch", layer)  # after the evictions that made room for it
         assert st.load is not None
         st.load.prefetch = _Prefetch(layer)
         return st.load.prefetch
@@ -451,10 +481,11 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
     def _evict(self, st: _Layer) -> None:
         assert st.frame is not None and st.load is None
         self.counters["evictions"] += 1
+        self._decided("evict", st.index)
         if self._pq is not None:
             self._pq.evicted(st.index)  # a prefetch that landed and was never used: wasted
-        self._save(st)
-        self._release_frame(st)
+        self.writeback.save(st)
+        self.writeback.release_frame(st)
         self.mover.release(st.frame)
         self.arena.give(st.frame)
         st.frame = None
@@ -468,7 +499,7 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
                 if st.index in self.policy:
                     self.policy.remove(st.index)
                 self._evict(st)
-        self._drain_writes()
+        self.writeback.drain_writes(self.layers)
         self._unregister_all()
         self.arena.release_all()
         assert self.layout is not None
@@ -496,9 +527,9 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
     def _start_load(self, st: _Layer, protected: set[int]) -> bool:
         """Reserve a frame and start reading ``st``'s chunks; False if no frame can be freed."""
         if st.saves:
-            self._advance_saves(st, force=True)
+            self.writeback.advance_saves(st, force=True)
         if st.writes:
-            self._reap_writes(st, block=True)  # a load must see the bytes its own save wrote
+            self.writeback.reap_writes(st, block=True)  # a load must see the bytes its own save wrote
         with self.store.batched():  # the victims' write-backs and this read: one DMA submission
             try:
                 frame = self._take_frame(protected)
@@ -508,7 +539,7 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
             host, cap, token = self.mover.load_image(frame, st.seq_len)
             if not self.mover.cuda:  # the frame itself (on CUDA: a staging buffer, saves register it)
                 self._register(host)
-            extents, firsts, dups = self._load_plan(st.chunks, cap, st.seq_len)
+            extents, firsts, dups = self.tables.load_plan(st.chunks, cap, st.seq_len)
             transfer = self.store.read(extents, host)
         st.load = _Load(host, cap, token, transfer, extents, firsts, dups, st.seq_len, chunks=st.chunks)
         self._loading.add(st.index)
@@ -566,11 +597,11 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
     def _finish_load(self, st: _Layer, stall: bool) -> None:
         ld, frame = st.load, st.frame
         assert ld is not None and frame is not None
-        t0 = time.perf_counter_ns()
+        t0 = self.clock.now_ns()
         if ld.landed is not None:
             ld.landed.wait()
         if not ld.ok:
-            self._wait_load(st, ld)
+            self.recovery.wait_load(st.index, ld)
             self._fill_dups(ld)
         self.mover.land(frame, ld.token, ld.seq_len)
         st.load = None
@@ -578,7 +609,7 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
         if ld.prefetch is not None:
             ld.prefetch.done.fire()  # the prefetch queue: arrived (or, if demanded, late)
         if stall:
-            self.counters["stall_ns"] += time.perf_counter_ns() - t0
+            self.counters["stall_ns"] += int(self.clock.now_ns() - t0)
 
     # ------------------------------------------------------------------------- bookkeeping
     def _poll(self) -> None:
@@ -587,9 +618,9 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
             if st.load is not None and self._load_done(st.load):
                 self._finish_load(st, stall=False)
             if st.saves:
-                self._advance_saves(st)
+                self.writeback.advance_saves(st)
             if st.writes and st.writes[0].transfer.done():  # writes complete in order, mostly
-                self._reap_writes(st, block=False)
+                self.writeback.reap_writes(st, block=False)
             if st.load is None and not st.saves and not st.writes:
                 del self._pending[st.index]
 
@@ -622,12 +653,12 @@ class ResidencyEngine(ChunkIO, Recovery, WriteBack):
             self._pq.end_sequence(0)
             self._sync_prefetch()
             self._pq = None
-        self._drain_writes()
-        self._drop_tails()
+        self.writeback.drain_writes(self.layers)
+        self.writeback.drop_tails(self.layers)
         for st in self.layers:
             ids = st.chunks.ids
             for c in ids[ids >= 0].tolist():
-                self._decref(int(c))
+                self.tables.decref(int(c))
             ids[:] = -1
             st.chunks.version += 1
         self.layers.clear()

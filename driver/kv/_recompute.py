@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 
+from driver.kv._chunkio import ChunkTables, LayerChunks
 from driver.kv._mover import host_bytes
-from driver.kv._store import BlockStore, Extent
+from driver.kv._store import BlockStore, Extent, Transfer
 from emulator.spec.errors import CxlemuError, DmaError, PoisonError
 
-__all__ = ["ForwardRecorder", "KVLoadError", "Recovery"]
+__all__ = ["FailedLoad", "ForwardRecorder", "KVLoadError", "LoadRecovery"]
 
 Recompute = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
@@ -79,35 +81,54 @@ class ForwardRecorder:
         self.calls.clear()
 
 
-class Recovery:
-    """Mixin of ``ResidencyEngine``: retry a failed load, then recompute what stays unreadable."""
+class FailedLoad(Protocol):
+    """What recovery needs of a load (the engine's ``_Load``)."""
 
-    store: BlockStore
-    max_retries: int
-    recompute: Recompute | None
-    counters: dict[str, int]
-    dtype: torch.dtype
-    layout: Any
-    _chunk_map: Callable[..., Any]  # from ChunkIO
+    host: np.ndarray
+    cap: int
+    transfer: Transfer
+    extents: list[Extent]
+    firsts: dict[int, tuple[int, int]] | None
+    chunks: LayerChunks | None
+    seq_len: int
+    attempts: int
 
-    def _wait_load(self, st: Any, ld: Any) -> None:
-        """Wait for the read; retry a failure, then recompute what stays unreadable."""
+
+class LoadRecovery:
+    """The residency engine's fault path (a part it owns): retry a failed load, then recompute
+    what stays unreadable from the tokens and rewrite it in place."""
+
+    def __init__(self, *, store: BlockStore, chunks: ChunkTables, counters: dict[str, int],
+                 dtype: torch.dtype, max_retries: int, recompute: Recompute | None) -> None:
+        self.store = store
+        self.chunks = chunks
+        self.counters = counters
+        self.dtype = dtype
+        self.max_retries = max_retries
+        self.recompute = recompute
+
+    def wait_load(self, layer: int, ld: FailedLoad) -> None:
+        """Wait for the read of ``layer``; retry a failure, then recompute what stays unreadable."""
         while True:
             try:
                 ld.transfer.wait()
                 return
             except (DmaError, PoisonError) as exc:
                 if ld.attempts > self.max_retries:
-                    self._recover(st, ld, exc)
+                    self._recover(layer, ld, exc)
                     return
                 ld.attempts += 1
                 self.counters["load_retries"] += 1
                 ld.transfer = self.store.read(ld.extents, ld.host)
 
-    def _recover(self, st: Any, ld: Any, cause: Exception) -> None:
+    def _recover(self, layer: int, ld: FailedLoad, cause: Exception) -> None:
         """Read chunk by chunk; recompute the unreadable ones from the tokens and rewrite them."""
         bad = []
-        firsts = ld.firsts if ld.firsts is not None else self._chunk_map(ld.chunks, ld.cap, ld.seq_len)[0]
+        if ld.firsts is not None:
+            firsts = ld.firsts
+        else:
+            assert ld.chunks is not None
+            firsts = self.chunks.chunk_map(ld.chunks, ld.cap, ld.seq_len)[0]
         for c, (off, n) in firsts.items():
             try:
                 self.store.read([Extent(c, n, off)], ld.host).wait()
@@ -116,10 +137,10 @@ class Recovery:
         if not bad:
             return
         if self.recompute is None:
-            raise KVLoadError(f"layer {st.index}: {len(bad)} KV chunk(s) unreadable after "
+            raise KVLoadError(f"layer {layer}: {len(bad)} KV chunk(s) unreadable after "
                               f"{self.max_retries} retries ({cause}); pass model= to CxlCache so "
                               "lost chunks can be recomputed from the tokens") from cause
-        keys, values = self.recompute(st.index, ld.seq_len)
+        keys, values = self.recompute(layer, ld.seq_len)
         image = torch.stack([keys, values]).to("cpu", self.dtype).contiguous()
         for c, off, n in bad:
             ld.host[off:off + n] = host_bytes(image)[self._image_to_image(off, ld.cap, ld.seq_len):][:n]
@@ -129,7 +150,7 @@ class Recovery:
 
     def _image_to_image(self, off: int, cap: int, new_cap: int) -> int:
         """Translate a byte offset in an image of ``cap`` tokens to one of ``new_cap`` tokens."""
-        tb = self.layout.piece_token_bytes  # type: ignore[union-attr]
+        assert self.chunks.layout is not None
+        tb = self.chunks.layout.piece_token_bytes
         run, token = divmod(off // tb, cap)
         return (run * new_cap + token) * tb
-

@@ -17,20 +17,26 @@ instead of the whole prompt.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
 
+from driver.kv._arena import Frame, StagingPool
+from driver.kv._chunkio import ChunkTables, LayerChunks
+from driver.kv._mover import CpuMover, CudaMover
 from driver.kv._store import BlockStore, Extent, Transfer
 from emulator.spec.errors import DmaError, PoisonError
 
-__all__ = ["WriteBack"]
+__all__ = ["PendingWrite", "SavedLayer", "WriteBack"]
 
 
 @dataclass
-class _Write:
+class PendingWrite:
+    """A write of a layer's blocks in flight, reaped (retried, published) later."""
+
     buf: torch.Tensor | None  # the staging buffer, or None for a write straight from a frame
     host: np.ndarray
     transfer: Transfer
@@ -39,25 +45,42 @@ class _Write:
     attempts: int = 1
 
 
-class WriteBack:
-    """Mixin of ``ResidencyEngine``: the save / write / reap path. ``st`` is the engine's
-    per-layer state (``frame``, ``seq_len``, ``clean_upto``, ``saves``, ``writes``, ``tail``)."""
+class SavedLayer(Protocol):
+    """What write-back needs of a layer (the engine's ``_Layer``)."""
 
-    layout: Any
-    block_tokens: int
-    full_writeback: bool
-    prefix_sharing: bool
-    max_retries: int
-    store: BlockStore
-    staging: Any
-    mover: Any
-    counters: dict[str, int]
-    layers: list[Any]
-    _pending: dict[int, Any]
-    _register: Any
-    _save_plan: Any
-    _whole_blocks: Any
-    _publish: Any
+    index: int
+    chunks: LayerChunks
+    frame: Frame | None
+    seq_len: int
+    clean_upto: int  # tokens [0, clean_upto) are on the device (or on their way)
+    saves: list[tuple[Any, int, int, int]]  # (mover token, j0, j1, seq_len)
+    writes: list[PendingWrite]
+    tail: tuple[Any, int, int, int] | None  # kept tail image: (buffer, j0, j1, tokens in it)
+
+
+L = TypeVar("L", bound=SavedLayer)
+
+
+class WriteBack(Generic[L]):
+    """The residency engine's save / write / reap path (a part it owns). It places blocks with
+    the engine's :class:`ChunkTables`, registers host buffers through ``register`` and marks a
+    layer with work in flight in ``pending`` (the engine's, polled by it)."""
+
+    def __init__(self, *, store: BlockStore, chunks: ChunkTables, staging: StagingPool,
+                 mover: CpuMover | CudaMover, counters: dict[str, int], register: Callable[[np.ndarray], None],
+                 pending: dict[int, L], block_tokens: int, full_writeback: bool,
+                 prefix_sharing: bool, max_retries: int) -> None:
+        self.store = store
+        self.chunks = chunks
+        self.staging = staging
+        self.mover = mover
+        self.counters = counters
+        self._register = register
+        self._pending = pending
+        self.block_tokens = block_tokens
+        self.full_writeback = full_writeback
+        self.prefix_sharing = prefix_sharing
+        self.max_retries = max_retries
 
     def _keeps_tail(self) -> bool:
         """Whether layers keep their tail image between saves: CPU (the copy is synchronous),
@@ -65,17 +88,20 @@ class WriteBack:
         whole-layer baseline (which models rewriting everything)."""
         return not (self.mover.cuda or self.prefix_sharing or self.full_writeback)
 
-    def _save(self, st: Any) -> None:
-        assert self.layout is not None and st.frame is not None
+    def save(self, st: L) -> None:
+        """Save the dirty blocks of ``st``'s frame (it is about to be given up)."""
+        layout = self.chunks.layout
+        assert layout is not None and st.frame is not None
         bt = self.block_tokens
         j0 = 0 if self.full_writeback else st.clean_upto // bt
-        j1 = self.layout.blocks(st.seq_len)
+        j1 = layout.blocks(st.seq_len)
         if j0 >= j1:
             return
         if st.writes:
-            self._reap_writes(st, block=True)  # a chunk freed below must have no write in flight
+            self.reap_writes(st, block=True)  # a chunk freed below must have no write in flight
         tail = st.tail
         if tail is not None and tail[1:3] == (j0, j1) and j0 * bt <= tail[3] <= st.seq_len:
+            assert isinstance(self.mover, CpuMover)  # tails are kept on CPU only
             token = self.mover.save_more(st.frame, tail[0], j0 * bt, tail[3], st.seq_len, (j1 - j0) * bt)
         else:
             self._drop_tail(st)
@@ -85,9 +111,9 @@ class WriteBack:
         st.clean_upto = st.seq_len
         st.saves.append((token, j0, j1, st.seq_len))
         self._pending[st.index] = st
-        self._advance_saves(st)
+        self.advance_saves(st)
 
-    def _write_through(self, st: Any) -> None:
+    def write_through(self, st: L) -> None:
         """Write the full blocks not on the device yet straight from the frame (CPU, private
         chunks; see the module docstring)."""
         if not self._keeps_tail():
@@ -96,44 +122,47 @@ class WriteBack:
         j0, j1 = st.clean_upto // bt, st.seq_len // bt
         if j0 >= j1:
             return
+        assert st.frame is not None
         host, cap, _ = self.mover.load_image(st.frame, st.seq_len)  # the frame's own bytes
         self._register(host)
-        self._issue_write(st, None, host, self._whole_blocks(st.chunks, j0, j1, 0, cap), [])
+        self._issue_write(st, None, host, self.chunks.whole_blocks(st.chunks, j0, j1, 0, cap), [])
         st.clean_upto = max(st.clean_upto, j1 * bt)
         self._pending[st.index] = st
 
-    def _release_frame(self, st: Any) -> None:
+    def release_frame(self, st: L) -> None:
         """Before the frame is given up: wait for writes straight from it (write-through)."""
         if any(w.buf is None for w in st.writes):
-            self._reap_writes(st, block=True)
+            self.reap_writes(st, block=True)
 
-    def _drop_tail(self, st: Any) -> None:
+    def _drop_tail(self, st: L) -> None:
         """Give the layer's kept tail image back to the pool (its writes are all reaped)."""
         if st.tail is not None:
             assert not st.writes, "a kept tail image with its write in flight"
             self.staging.put(st.tail[0])
             st.tail = None
 
-    def _advance_saves(self, st: Any, force: bool = False) -> None:
+    def advance_saves(self, st: L, force: bool = False) -> None:
         while st.saves and (force or self.mover.save_ready(st.saves[0][0])):
             token, j0, j1, seq_len = st.saves.pop(0)
             buf, host = self.mover.save_image(token)
             self._register(host)
-            extents, keys = self._save_plan(st.index, st.chunks, host, j0, j1, seq_len)
+            extents, keys = self.chunks.save_plan(st.index, st.chunks, host, j0, j1, seq_len)
             if not extents:
                 self.staging.put(buf)
                 continue
             self._issue_write(st, buf, host, extents, keys)
 
-    def _issue_write(self, st: Any, buf: torch.Tensor | None, host: np.ndarray, extents: list[Extent],
+    def _issue_write(self, st: L, buf: torch.Tensor | None, host: np.ndarray, extents: list[Extent],
                      keys: list[tuple[int, bytes]]) -> None:
         """Start writing ``extents`` of ``host`` to the device, counted and reaped later."""
         self.counters["offloads"] += 1
         self.counters["bytes_offloaded"] += sum(e.nbytes for e in extents)
-        st.writes.append(_Write(buf, host, self.store.write(extents, host), extents, keys))
+        st.writes.append(PendingWrite(buf, host, self.store.write(extents, host), extents, keys))
 
-    def _reap_writes(self, st: Any, block: bool) -> None:
-        keep: list[_Write] = []
+    def reap_writes(self, st: L, block: bool) -> None:
+        """Finish ``st``'s landed writes (all of them with ``block``): retry a failure, give the
+        staging back, publish the keys."""
+        keep: list[PendingWrite] = []
         kept_tail = st.tail[0] if st.tail is not None else None
         for w in st.writes:
             if not block and not w.transfer.done():
@@ -151,15 +180,15 @@ class WriteBack:
             if w.buf is not None and w.buf is not kept_tail:  # None: written from the frame
                 self.staging.put(w.buf)
             if w.keys:
-                self._publish(w.keys)
+                self.chunks.publish(w.keys)
         st.writes = keep
 
-    def _drain_writes(self) -> None:
-        for st in self.layers:
-            self._advance_saves(st, force=True)
-            self._reap_writes(st, block=True)
+    def drain_writes(self, layers: Iterable[L]) -> None:
+        for st in layers:
+            self.advance_saves(st, force=True)
+            self.reap_writes(st, block=True)
 
-    def _drop_tails(self) -> None:
+    def drop_tails(self, layers: Iterable[L]) -> None:
         """Every write reaped: give every kept tail image back (close)."""
-        for st in self.layers:
+        for st in layers:
             self._drop_tail(st)

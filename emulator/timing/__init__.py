@@ -134,7 +134,8 @@ class DataPath:
     def _make_core(self, params: LinkParams) -> Any:
         if self.impl == "py":
             return PyCore(self.media, self.poison_bits, self._link, params, state=self.state)
-        from emulator.timing._cimpl import CCore, calibrated_comp_ns
+        from emulator.timing._cimpl import CCore
+        from emulator.timing.calibration import calibrated_comp_ns
 
         comp = (0, 0) if self.clock is not None or params.untimed else calibrated_comp_ns()
         return CCore(self.media, self.poison_bits, self._link, params, comp, state=self.state)

@@ -1,8 +1,11 @@
 """The pure-Python twin of the C core (``_datapath.c``): same arithmetic, same counters.
 
-It is the reference model for the differential tests and the fallback when the extension
-is not built.  Link-state updates are atomic within a process (one lock); across processes
-only the C core's compare-and-swap is — a process sharing a link should use ``impl="c"``.
+Its link arithmetic (charged bytes, occupancy, reservation, completion) is the firmware model's
+(``firmware_model.link``), applied to the link-state words in shared memory; the C core is
+checked against both by the differential tests (tests/test_link_model.py). It is the fallback
+when the extension is not built. Link-state updates are atomic within a process (one lock);
+across processes only the C core's compare-and-swap is — a process sharing a link should use
+``impl="c"``.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import numpy as np
 from emulator.timing import linkstate as ls
 from emulator.timing._buffers import host_view
 from emulator.timing.config import LinkParams
+from firmware_model import link as _link
 
 E_RANGE, E_POISON, E_GONE, E_DISABLED = -1, -2, -3, -4
 _ST_KEY = (1 << 33) - 1  # generation | UP (emulator.liveness.KEY)
@@ -31,11 +35,6 @@ def wait_until(deadline: int) -> None:
         time.sleep((remaining - _SLEEP_MARGIN_NS) / 1e9)
     while time.monotonic_ns() < deadline:
         pass
-
-
-def occupancy_ns(charged: int, fs_per_byte: int) -> int:
-    """Link time of ``charged`` bytes, rounded half up, as the C core computes it."""
-    return (charged * fs_per_byte + 500_000) // 1_000_000
 
 
 def first_poisoned(poison_bits: np.ndarray, dpa: int, n: int) -> int | None:
@@ -101,16 +100,11 @@ class PyCore:
 
     def _reserve(self, d: int, req: int, occ: int) -> int:
         """Caller holds _LINK_LOCK."""
-        if occ == 0:
-            return req
         word = ls.dir_word(d) + ls.FREE
-        start = max(req, self.link[word])
-        self.link[word] = start + occ
+        start = _link.reserve(self.link[word], req, occ)
+        if occ:
+            self.link[word] = start + occ
         return start
-
-    def _charged(self, dpa: int, n: int) -> int:
-        mask = self.params.txn_bytes - 1
-        return ((dpa + n + mask) & ~mask) - (dpa & ~mask)
 
     # -- transfers ----------------------------------------------------------------------
     def transfer(self, d: int, dpa: int, buf: Any, now: int, wait: bool) -> int:
@@ -132,7 +126,7 @@ class PyCore:
         req = time.monotonic_ns() if real else now
         if n == 0:
             return req
-        occ = occupancy_ns(self._charged(dpa, n), self.params.fs_per_byte[d])
+        occ = self.params.occupancy(d, dpa, n)
         lat = self.params.lat_ns[d]
         with _LINK_LOCK:
             start = self._reserve(d, req, occ)
@@ -170,8 +164,8 @@ class PyCore:
         req = time.monotonic_ns() if real else now
         if n == 0:
             return req
-        occ_r = occupancy_ns(self._charged(src, n), self.params.fs_per_byte[ls.DIR_READ])
-        occ_w = occupancy_ns(self._charged(dst, n), self.params.fs_per_byte[ls.DIR_WRITE])
+        occ_r = self.params.occupancy(ls.DIR_READ, src, n)
+        occ_w = self.params.occupancy(ls.DIR_WRITE, dst, n)
         lat = self.params.lat_ns[ls.DIR_READ] + self.params.lat_ns[ls.DIR_WRITE]
         with _LINK_LOCK:
             link_done = max(self._reserve(ls.DIR_READ, req, occ_r) + occ_r,

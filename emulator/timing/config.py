@@ -6,24 +6,12 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from emulator.spec.errors import ConfigError
+from firmware_model import link as _link
 
-#: 1 GB/s (1e9 B/s) is 1 ns per byte = 1e6 femtoseconds per byte.
-_FS_PER_BYTE_AT_1GBPS = 1_000_000
-
-
-@dataclass(frozen=True)
-class LinkParams:
-    """A TimingConfig reduced to the integers both data-path implementations use, so the C
-    core and the Python twin compute bit-identical completion times (no float in the hot path).
-    Time scale is applied; ``fs_per_byte == 0`` means unthrottled."""
-
-    lat_ns: tuple[int, int]        # read, write
-    fs_per_byte: tuple[int, int]   # read, write
-    txn_bytes: int
-
-    @property
-    def untimed(self) -> bool:
-        return self.lat_ns == (0, 0) and self.fs_per_byte == (0, 0)
+#: LinkParams is the firmware model's: the integers both data-path implementations use, so the C
+#: core and the Python twin compute bit-identical completion times (no float in the hot path),
+#: and the firmware's DMA scheduling model the same ones. Time scale applied; 0 = unthrottled.
+LinkParams = _link.LinkParams
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,19 +61,11 @@ class TimingConfig:
                 and self.read_bandwidth_gbps is None and self.write_bandwidth_gbps is None)
 
     def link_params(self) -> LinkParams:
-        """Integer parameters (ns, femtoseconds per byte), time scale applied."""
-        k = self.time_scale
-
-        def fs(gbps: float | None) -> int:
-            # a configured bandwidth is a timed link, however fast (0 fs/B means unthrottled):
-            # from 1e6 GB/s up it is 1 fs/B, the resolution
-            return 0 if gbps is None else max(1, round(_FS_PER_BYTE_AT_1GBPS * k / gbps))
-
-        return LinkParams(
-            lat_ns=(round(self.read_latency_ns * k), round(self.write_latency_ns * k)),
-            fs_per_byte=(fs(self.read_bandwidth_gbps), fs(self.write_bandwidth_gbps)),
-            txn_bytes=self.transaction_bytes,
-        )
+        """The firmware model's integer link (ns, femtoseconds per byte), time scale applied."""
+        return LinkParams.from_rates(
+            read_latency_ns=self.read_latency_ns, write_latency_ns=self.write_latency_ns,
+            read_bandwidth_gbps=self.read_bandwidth_gbps or 0, write_bandwidth_gbps=self.write_bandwidth_gbps or 0,
+            time_scale=self.time_scale, txn_bytes=self.transaction_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

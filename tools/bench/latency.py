@@ -56,9 +56,8 @@ class LatencyResult:
 
 def configured_added_ns(dp: DataPath) -> float:
     """What the model adds to one dependent 8-byte read: latency + one transaction of link time."""
-    params = dp.config.link_params()
-    occ = (params.txn_bytes * params.fs_per_byte[0] + 500_000) // 1_000_000
-    return float(params.lat_ns[0] + occ)
+    params = dp.config.link_params()  # the one link model (firmware_model.link)
+    return float(params.duration_ns(0, params.txn_bytes))
 
 
 def _pct(samples: list[int], q: float) -> float:
@@ -91,7 +90,8 @@ def measure(dp: DataPath, region: memoryview, base_dpa: int, *, hops: int = 200_
         raise RuntimeError("the latency probe needs the C data path (the Python twin's own cost "
                            "is microseconds): pip install -e . or python -m emulator.timing._build")
     from emulator.timing import linkstate
-    from emulator.timing._cimpl import CCore, build_chase_ring, py_chase
+    from emulator.timing._cimpl import CCore
+    from emulator.timing.chase import build_chase_ring, py_chase
     from emulator.timing.config import LinkParams
 
     rounds = rounds or max(1, hops // ROUND_HOPS)
@@ -122,7 +122,8 @@ def measure(dp: DataPath, region: memoryview, base_dpa: int, *, hops: int = 200_
 def _measure_native(dp: DataPath, working_set: int, start: int, hops: int,
                     rounds: int) -> LatencyResult:
     """The chase in C over the device's media and link page, compensated for C callers."""
-    from emulator.timing._cimpl import CCore, calibrated_comp_ns
+    from emulator.timing._cimpl import CCore
+    from emulator.timing.calibration import calibrated_comp_ns
 
     core = CCore(dp.media, dp.poison_bits, dp._link, dp.config.link_params(), calibrated_comp_ns())
     per_round = max(ROUND_HOPS, hops // rounds)
@@ -142,7 +143,7 @@ def _result(working_set: int, local_rounds: list[list[int]], device_rounds: list
     (the two modes of one round ran side by side in time), median over rounds: a spell of host
     contention (another tenant, a busy SMT sibling: +5-10 ns on the timed path for 0.05-0.3 s)
     that covers a minority of the rounds moves the pooled means, not the median."""
-    from emulator.timing._cimpl import interquartile_mean
+    from emulator.timing.chase import interquartile_mean
 
     local = [x for r in local_rounds for x in r]
     device = [x for r in device_rounds for x in r]

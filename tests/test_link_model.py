@@ -1,0 +1,210 @@
+"""The one link model (firmware_model.link) against everything that times a transfer: the C data
+path and its Python twin on a simulated clock, the firmware's DMA scheduling model and the
+device's DMA engine complete every transfer of random workloads at the same simulated time."""
+from __future__ import annotations
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from emulator.dma import Descriptor, DmaEngine
+from emulator.timing import DataPath, SimClock, TimingConfig, c_available
+from firmware_model.dma import DmaScheduler, TransferCost
+from firmware_model.link import (
+    READ,
+    WRITE,
+    Link,
+    LinkParams,
+    charged_bytes,
+    occupancy_ns,
+    reserve,
+)
+
+MEDIA = 1 << 16
+MAX_N = 8192
+
+if not c_available():
+    from emulator.timing._build import build_in_place
+
+    build_in_place()
+
+
+# ------------------------------------------------------------------------------ the model alone
+def test_two_reads_pipeline_their_latency() -> None:
+    """Issue 13's figure: two 64-B reads at t=0, 100 ns, 16 GB/s complete at 104 and 108 ns."""
+    link = Link(LinkParams.from_rates(read_latency_ns=100, read_bandwidth_gbps=16))
+    assert [link.transfer(READ, 0, 64), link.transfer(READ, 0, 64)] == [104, 108]
+    assert link.free == [8, 0]
+
+
+def test_charged_bytes_are_whole_aligned_transactions() -> None:
+    assert [charged_bytes(0, 1, 64), charged_bytes(63, 2, 64), charged_bytes(100, 4000, 4096),
+            charged_bytes(4096, 4096, 4096), charged_bytes(64, 0, 64)] == [64, 128, 8192, 4096, 0]
+
+
+def test_occupancy_rounds_half_up_and_zero_occupancy_does_not_queue() -> None:
+    """0.5 ns rounds up, 0.4999 down; a transfer with no occupancy starts at once even on a busy
+    link (as the C core's reserve() returns the request time for occ == 0)."""
+    assert [occupancy_ns(1, 500_000), occupancy_ns(1, 499_999), occupancy_ns(3, 1_000_000)] == [1, 0, 3]
+    assert reserve(link_free=900, now=100, occ=0) == 100 and reserve(900, 100, 1) == 900
+    link = Link(LinkParams(lat_ns=(10, 0), fs_per_byte=(1, 0)))  # 1e6 GB/s: 64 B take 0.064 ns
+    link.free[READ] = 500
+    assert link.transfer(READ, 100, 64) == 110 and link.free == [500, 0]
+
+
+def test_copy_holds_both_directions_and_pays_both_latencies() -> None:
+    link = Link(LinkParams.from_rates(read_latency_ns=100, write_latency_ns=200, read_bandwidth_gbps=16,
+                                      write_bandwidth_gbps=8))
+    assert link.copy(0, 4096, 4096, now=10) == 10 + 512 + 300
+    assert link.free == [10 + 256, 10 + 512]
+    assert link.transfer(WRITE, 0, 64) == 522 + 8 + 200
+
+
+def test_from_rates_is_timing_configs_conversion() -> None:
+    """TimingConfig's LinkParams is the model's; None (unthrottled) there is 0 here."""
+    cfg = TimingConfig(read_latency_ns=150.4, write_latency_ns=250, read_bandwidth_gbps=16,
+                       transaction_bytes=256, time_scale=2.5)
+    assert cfg.link_params() == LinkParams(lat_ns=(376, 625), fs_per_byte=(156250, 0), txn_bytes=256)
+    assert type(cfg.link_params()) is LinkParams
+    assert LinkParams.from_rates(read_bandwidth_gbps=1e7).fs_per_byte == (1, 0)  # timed, however fast
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"lat_ns": (1,)}, ValueError, "two integers"),
+    ({"fs_per_byte": (1.5, 0)}, ValueError, "two integers"),
+    ({"txn_bytes": 96}, ValueError, "power of two"),
+])
+def test_bad_link_params_are_refused(kwargs, error, message) -> None:
+    with pytest.raises(error, match=message):
+        LinkParams(**kwargs)
+
+
+# ------------------------------------------------------------------------------ differential
+_bandwidth = st.one_of(st.none(), st.sampled_from([0.001, 1.0, 16.0, 64.0, 1e7]),
+                       st.floats(0.01, 200.0, allow_nan=False))
+_timing = st.builds(
+    TimingConfig,
+    read_latency_ns=st.one_of(st.integers(0, 2000), st.floats(0, 2000, allow_nan=False)),
+    write_latency_ns=st.integers(0, 2000),
+    read_bandwidth_gbps=_bandwidth, write_bandwidth_gbps=_bandwidth,
+    transaction_bytes=st.sampled_from([64, 128, 256, 4096]),
+    time_scale=st.sampled_from([1.0, 1.0, 0.25, 2.5, 10.0]),
+)
+# (direction, dpa, bytes, ns after the previous transfer's issue)
+_transfers = st.lists(st.tuples(st.sampled_from(["read", "write"]), st.integers(0, MEDIA - MAX_N),
+                                st.integers(1, MAX_N), st.integers(0, 3000)), min_size=1, max_size=12)
+
+
+def _datapath(impl: str, cfg: TimingConfig, clock: SimClock) -> DataPath:
+    media = bytearray(MEDIA)
+    return DataPath(media, bytearray(MEDIA // 512), bytearray(4096), cfg, impl=impl, clock=clock)
+
+
+def _through_model(params: LinkParams, ops) -> list[int]:
+    link, now, out = Link(params), 0, []
+    for d, dpa, n, gap in ops:
+        now += gap
+        out.append(link.transfer(d, now, n, dpa))
+    return out
+
+
+def _through_datapath(impl: str, cfg: TimingConfig, ops) -> list[int]:
+    clock = SimClock(0)
+    dp, out = _datapath(impl, cfg, clock), []
+    for d, dpa, n, gap in ops:
+        clock.advance(gap)
+        out.append(dp.read(dpa, bytearray(n)) if d == "read" else dp.write(dpa, bytes(n)))
+    return out
+
+
+def _through_dma_model(cost: LinkParams, ops) -> list[float]:
+    """Every transfer gets a channel at once (as many channels as transfers), so the link is
+    the only thing it waits for."""
+    env = simpy.Environment()
+    dma = DmaScheduler(env, cost, channels=len(ops), queue_depth=len(ops))
+    reqs = []
+
+    def issue():
+        for d, dpa, n, gap in ops:
+            yield env.timeout(gap)
+            reqs.append(dma.submit(d, n, dpa=dpa))
+
+    env.process(issue())
+    env.run()
+    assert env.now == max(r.completed_at for r in reqs)
+    return [r.completed_at for r in reqs]
+
+
+def _through_dma_engine(impl: str, cfg: TimingConfig, ops) -> list[int]:
+    """The device's DMA engine over a simulated-clock data path, one descriptor a submission."""
+    clock = SimClock(0)
+    dp, host, out = _datapath(impl, cfg, clock), bytearray(MAX_N), []
+    with DmaEngine(dp, channels=1) as eng:
+        for d, dpa, n, gap in ops:
+            clock.advance(gap)
+            out.extend(eng.submit([Descriptor(d, dpa, host, 0, n)]).wait(10))
+    return out
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None)
+@given(cfg=_timing, ops=_transfers)
+def test_every_transfer_completes_at_the_same_time_everywhere(cfg: TimingConfig, ops) -> None:
+    """Random workloads through the link model, DataPath(SimClock) impl='c' and 'py', and the
+    firmware's DmaScheduler (its TransferCost built from the same ns and GB/s numbers)."""
+    expected = _through_model(cfg.link_params(), ops)
+    cost = TransferCost(read_latency_ns=cfg.read_latency_ns, write_latency_ns=cfg.write_latency_ns,
+                        read_bandwidth_gbps=cfg.read_bandwidth_gbps or 0,
+                        write_bandwidth_gbps=cfg.write_bandwidth_gbps or 0,
+                        time_scale=cfg.time_scale, txn_bytes=cfg.transaction_bytes)
+    assert _through_datapath("c", cfg, ops) == expected
+    assert _through_datapath("py", cfg, ops) == expected
+    assert _through_dma_model(cost, ops) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(cfg=_timing, ops=_transfers)
+def test_the_dma_engine_completes_at_the_models_times(cfg: TimingConfig, ops) -> None:
+    """The device's DMA engine (emulator.dma) on both twins: the model's completion times."""
+    expected = _through_model(cfg.link_params(), ops)
+    assert _through_dma_engine("c", cfg, ops) == expected
+    assert _through_dma_engine("py", cfg, ops) == expected
+
+
+# (kind, a, b, bytes, gap): kind "copy" copies n bytes from DPA a to DPA b; n may be 0
+_mixed = st.lists(st.tuples(st.sampled_from(["read", "write", "copy"]), st.integers(0, MEDIA - MAX_N),
+                            st.integers(0, MEDIA - MAX_N), st.integers(0, MAX_N), st.integers(0, 3000)),
+                  min_size=1, max_size=12)
+
+
+@settings(max_examples=500, deadline=None)
+@given(cfg=_timing, ops=_mixed)
+def test_copies_and_empty_transfers_agree_with_the_model(cfg: TimingConfig, ops) -> None:
+    """Device-internal copies (both directions, both latencies) and 0-byte transfers too."""
+    def model() -> list[int]:
+        link, now, out = Link(cfg.link_params()), 0, []
+        for kind, a, b, n, gap in ops:
+            now += gap
+            out.append(link.copy(a, b, n, now) if kind == "copy" else link.transfer(kind, now, n, a))
+        return out
+
+    def datapath(impl: str) -> list[int]:
+        clock = SimClock(0)
+        dp, out = _datapath(impl, cfg, clock), []
+        for kind, a, b, n, gap in ops:
+            clock.advance(gap)
+            if kind == "copy":
+                out.append(dp.copy(a, b, n))
+            else:
+                out.append(dp.read(a, bytearray(n)) if kind == "read" else dp.write(a, bytes(n)))
+        return out
+
+    expected = model()
+    assert datapath("c") == expected
+    assert datapath("py") == expected
+
+
+def test_an_untimed_link_completes_at_the_request_time() -> None:
+    link = Link(LinkParams())
+    assert [link.transfer("read", 5, 1 << 20), link.copy(0, 64, 64, 9)] == [5, 9] and link.free == [0, 0]
