@@ -16,10 +16,10 @@ from itertools import groupby
 
 import simpy
 
+from firmware_model._replay_types import Access, ReplayResult
 from firmware_model.dma import DmaScheduler, TransferCost
 from firmware_model.policies import EvictionPolicy
 from firmware_model.prefetch import PrefetchQueue, window_points
-from firmware_model.replay import Access, ReplayResult
 
 __all__ = ["replay_with_prefetch"]
 
@@ -43,6 +43,7 @@ class _Replay:
                  cost: TransferCost, compute_ns: int, window: int | None, channels: int) -> None:
         self.env = simpy.Environment()
         self.policy, self.capacity, self.compute_ns = policy, capacity, compute_ns
+        self.on_miss = getattr(policy, "on_miss", None)  # see EvictionPolicy's optional hook
         self.groups = [(k, [a.block for a in g]) for k, g in groupby(trace, key=lambda a: (a.t, a.seq, a.layer))]
         self.last_group = {seq: i for i, ((_, seq, _), _) in enumerate(self.groups)}
         layers = max(a.layer for a in trace) + 1
@@ -61,6 +62,8 @@ class _Replay:
     def _insert(self, key: Hashable) -> bool:
         if key in self.policy:
             return True
+        if self.on_miss is not None:
+            self.on_miss(key, int(self.env.now))
         if len(self.policy) >= self.capacity:
             try:
                 victim = self.policy.evict(_Protected(self.protected, self.pq))

@@ -1,6 +1,8 @@
 """Eviction policies: exact victim order on small hand-made sequences, and protocol misuse."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from firmware_model.policies import (
@@ -8,6 +10,7 @@ from firmware_model.policies import (
     POLICY_NAMES,
     ARCPolicy,
     BeladyPolicy,
+    DecayedLFUPolicy,
     EvictionPolicy,
     HotnessPolicy,
     LFUPolicy,
@@ -42,18 +45,34 @@ def test_lru_skips_protected_keys() -> None:
     assert p.order() == ["a", "b"]
 
 
-def test_lfu_without_decay_evicts_least_frequent() -> None:
-    """LFU: fewest accesses goes first; ties go to the least recently used."""
-    p = LFUPolicy(4, half_life=1e9)
+def test_lfu_evicts_least_frequent_then_least_recent() -> None:
+    """Plain LFU: fewest accesses goes first; ties go to the least recently used (libCacheSim's order)."""
+    p = LFUPolicy(4)
     _fill(p, "a", "b", "c", "d")
     for k in ("a", "a", "b", "d"):
         p.touch(k)
+    assert [p.score(k) for k in "abcd"] == [3.0, 2.0, 1.0, 2.0]
     assert [p.evict() for _ in range(4)] == ["c", "b", "d", "a"]
 
 
+def test_lfu_forgets_a_count_when_its_key_leaves() -> None:
+    """A key evicted and inserted again starts from 1, below a key touched once since."""
+    p = LFUPolicy(2)
+    _fill(p, "a", "b")
+    for _ in range(5):
+        p.touch("a")
+    p.touch("b")
+    assert p.evict() == "b"
+    p.remove("a")
+    _fill(p, "a", "b")
+    p.touch("b")
+    assert p.evict() == "a"
+
+
 def test_lfu_decay_forgets_old_popularity() -> None:
-    """With half_life=2, three early accesses are worth less than one recent one."""
-    p = LFUPolicy(3, half_life=2)
+    """lfu-decay with half_life=2: three early accesses are worth less than one recent one."""
+    p = DecayedLFUPolicy(3, half_life=2)
+    assert p.name == "lfu-decay" and isinstance(make_policy("lfu-decay", 3), DecayedLFUPolicy)
     p.insert("a"); p.touch("a"); p.touch("a")  # 2**.5 + 2 + 2**1.5 = 6.24
     p.insert("b"); p.touch("b")  # 4 + 2**2.5 = 9.66
     p.insert("c")  # 8
@@ -61,31 +80,76 @@ def test_lfu_decay_forgets_old_popularity() -> None:
     assert [p.evict() for _ in range(3)] == ["a", "c", "b"]
 
 
-def test_arc_adapts_to_ghost_hits() -> None:
-    """ARC: T1 victim to B1; a B1 hit grows p and lands in T2, so T2 becomes the victim list."""
+def _demand(p: EvictionPolicy, keys: Sequence[object], capacity: int) -> list[object]:
+    """Demand fill as the replay loop drives a policy; returns the victims in order."""
+    victims = []
+    for k in keys:
+        if k in p:
+            p.touch(k)
+            continue
+        getattr(p, "on_miss", lambda key: None)(k)
+        if len(p) >= capacity:
+            victims.append(p.evict())
+        p.insert(k)
+    return victims
+
+
+def test_arc_adapts_before_it_replaces() -> None:
+    """ARC (Fig. 4): a B1 hit raises p before REPLACE, so the victim comes from T2 on that miss."""
     p = ARCPolicy(2)
-    _fill(p, "a", "b")
-    p.touch("a")  # T1=[b] T2=[a]
-    assert p.evict() == "b" and list(p.b1) == ["b"]
-    p.insert("b")  # ghost hit in B1: p 0 -> 1, b goes to T2
-    assert p.p == 1.0 and list(p.t2) == ["a", "b"]
-    assert p.evict() == "a" and list(p.b2) == ["a"]
-    p.insert("c")  # new: T1=[c]; |T1| == p, so T2 gives the victim
-    assert p.evict() == "b"
-    p.insert("a")  # ghost hit in B2: p 1 -> 0
+    assert _demand(p, "abac", 2) == ["b"]  # T1=[c] T2=[a] B1=[b]
+    p.on_miss("b")  # case II: p 0 -> 1, b leaves B1
+    assert p.p == 1.0 and list(p.b1) == []
+    assert p.evict() == "a" and list(p.b2) == ["a"]  # |T1| = 1 is not > p: T2 gives the victim
+    p.insert("b")
+    assert list(p.t1) == ["c"] and list(p.t2) == ["b"]
+    p.on_miss("a")  # case III: p 1 -> 0
     assert p.p == 0.0 and p.evict() == "c"
+    p.insert("a")
+    assert list(p.t2) == ["b", "a"] and list(p.b1) == ["c"]
+
+
+def test_arc_ties_go_to_t1_when_the_miss_was_in_b2() -> None:
+    """REPLACE's "x in B2 and |T1| == p": the last miss evicts T1's c, not T2's e."""
+    p = ARCPolicy(3)
+    assert _demand(p, "eaadced", 3) == ["e", "d", "a"]
+    assert (p.p, list(p.t1), list(p.t2), list(p.b2)) == (2.0, ["c"], ["e", "d"], ["a"])
+    assert _demand(p, "a", 3) == ["c"] and p.p == 1.0
+
+
+def test_arc_without_the_miss_announced_adapts_at_insert() -> None:
+    """An insert nobody announced (a prefetch) still moves p and lands its ghost in T2."""
+    p = ARCPolicy(2)
+    _demand(p, "eefbb", 2)
+    assert (list(p.t1), list(p.t2), list(p.b1)) == ([], ["e", "b"], ["f"])
+    assert p.evict() == "e"  # treated as case IV
+    p.insert("f")
+    assert p.p == 1.0 and list(p.t2) == ["b", "f"] and list(p.b2) == ["e"]
+
+
+def test_s3fifo_fills_main_until_the_first_eviction() -> None:
+    """libCacheSim's S3FIFO: once small holds its share, new keys enter main until the cache is full."""
+    p = S3FIFOPolicy(20)  # small 2, main 18, ghost 18
+    assert (p.small_target, p.main_target, p.ghost_limit) == (2, 18, 18)
+    _fill(p, *"abcd")
+    assert list(p.small) == ["a", "b"] and list(p.main) == ["c", "d"]
+    v0 = S3FIFOPolicy(20, fill_main_first=False)
+    _fill(v0, *"abcd")
+    assert list(v0.small) == list("abcd") and not v0.main
 
 
 def test_s3fifo_promotes_reused_and_ghosts_one_hit_wonders() -> None:
-    """S3-FIFO: freq > 1 in small moves to main; others go to the ghost queue, and back to main."""
-    p = S3FIFOPolicy(10)  # small queue target: 1
+    """S3-FIFO: freq >= 2 in small moves to main; others go to the ghost queue, and back to main."""
+    p = S3FIFOPolicy(10, fill_main_first=False)  # small queue target: 1
     _fill(p, "a", "b", "c")
     p.touch("a"); p.touch("a"); p.touch("b")
     assert [p.evict(), p.evict()] == ["b", "c"]
     assert list(p.main) == ["a"] and list(p.ghost) == ["b", "c"]
     assert p.evict() == "a"
+    p.on_miss("b")
+    assert list(p.ghost) == ["c"]
     p.insert("b")
-    assert list(p.main) == ["b"] and list(p.ghost) == ["c"]
+    assert list(p.main) == ["b"] and list(p.small) == []
 
 
 def test_s3fifo_main_reinserts_while_frequency_lasts() -> None:
@@ -98,6 +162,27 @@ def test_s3fifo_main_reinserts_while_frequency_lasts() -> None:
     assert list(p.main) == ["x", "y"]
     p.touch("x")
     assert [p.evict(), p.evict()] == ["y", "x"]
+
+
+def test_s3fifo_evicts_from_main_only_when_main_is_over_its_share() -> None:
+    """Small gives the victim while main holds <= 90 %, even when small is under its 10 %."""
+    p = S3FIFOPolicy(20)
+    _fill(p, *"abcdefghijklmnopqrst")  # small [a, b], main the other 18
+    assert p.evict() == "a"
+    p.insert("u")  # into small: it has been evicted from
+    assert list(p.small) == ["b", "u"] and p.evict() == "b" and p.evict() == "u"
+    assert p.evict() == "c"  # small is empty: main
+
+
+def test_s3fifo_finds_the_unprotected_key_behind_protected_ones() -> None:
+    """Main [1 protected, 2 with frequency 1]: 2 goes round once more and leaves (found by the
+    conformance kit: the loop used to give up when it met 1 again)."""
+    p = S3FIFOPolicy(3)
+    _demand(p, [0] * 17 + [1, 2, 2], 3)
+    assert (list(p.small), list(p.main), p.freq) == ([0], [1, 2], {0: 3, 1: 0, 2: 1})
+    assert p.evict(protected={0, 1}) == 2
+    with pytest.raises(NoVictimError):
+        p.evict(protected={0, 1})
 
 
 def test_hotness_keeps_sinks_window_and_heavy_hitters() -> None:
@@ -193,7 +278,7 @@ def test_every_policy_honours_protected_under_churn(name: str) -> None:
 
 def test_make_policy_errors_name_the_fix() -> None:
     """Unknown names list the known ones; opt without a future says to pass one."""
-    assert POLICY_NAMES == ("lru", "lfu", "arc", "s3fifo", "hotness", "reuse", "opt")
+    assert POLICY_NAMES == ("lru", "lfu", "lfu-decay", "arc", "s3fifo", "hotness", "reuse", "opt")
     with pytest.raises(ValueError, match="choose one of lru, lfu"):
         make_policy("mru", 4)
     with pytest.raises(ValueError, match="future="):

@@ -96,7 +96,8 @@ def test_cli_replay_on_unseen_traces(kind: str, seed: int, tmp_path, capsys) -> 
     """`cxlemu trace gen` then `trace replay --json`: exact reference LRU and OPT hits."""
     path = tmp_path / f"{kind}.jsonl"
     small = {"multiturn": ["--sessions", "4", "--answer-steps", "6"], "sliding": ["--steps", "40"],
-             "heavy": ["--steps", "40"], "loop": ["--steps", "8"]}[kind]
+             "heavy": ["--steps", "40"], "loop": ["--steps", "8"], "zipf": ["--accesses", "3000", "--blocks", "300"],
+             "scanmix": ["--accesses", "3000", "--blocks", "200", "--scan-blocks", "100", "--scan-every", "1000"]}[kind]
     assert main(["trace", "gen", kind, "--seed", str(seed), "--out", str(path), *small]) == 0
     keys = [a.block for a in load_trace(path)]
     capacity = max(2, len(set(keys)) // 3)
@@ -120,7 +121,8 @@ def test_cli_replay_reports_stall_with_a_cost_model(tmp_path, capsys) -> None:
     assert main(["trace", "replay", str(path), "--capacity", "2", "--json", "--latency-ns", "10",
                  "--bandwidth-gbps", "1", "--block-bytes", "90"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert (doc["hits"], doc["misses"], doc["stall_ns"]) == (1, 3, 300)
+    # each miss: 10 ns + the link model's two whole 64-B transactions (128 B) at 1 B/ns
+    assert (doc["hits"], doc["misses"], doc["stall_ns"]) == (1, 3, 3 * 138)
 
 
 @pytest.mark.parametrize("line, message", [

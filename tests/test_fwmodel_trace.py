@@ -1,17 +1,27 @@
-"""Trace generators, JSON-lines round trip, and the attention recorder (seeded random tiny Llama)."""
+"""Trace generators, JSON-lines and binary round trips, and the attention recorder (seeded random tiny Llama)."""
 from __future__ import annotations
 
 import io
 import json
 
+import numpy as np
 import pytest
 
 from firmware_model.replay import Access
 from tools.cli.main import main
-from tools.trace.gen import KINDS, heavy, loop, multiturn, sliding
-from tools.trace.io import load_trace, read_trace, write_trace
+from tools.trace.gen import KINDS, heavy, loop, multiturn, scanmix, sliding, zipf
+from tools.trace.io import (
+    TraceFormatError,
+    is_binary,
+    load_columns,
+    load_trace,
+    read_trace,
+    save_binary,
+    write_trace,
+)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_generators_are_deterministic_per_seed(kind: str) -> None:
     a, b, c = KINDS[kind](seed=1), KINDS[kind](seed=1), KINDS[kind](seed=2)
@@ -63,6 +73,82 @@ def test_cli_gen_writes_a_loadable_trace(tmp_path) -> None:
     assert main(["trace", "gen", "loop", "--steps", "3", "--layers", "2", "--blocks", "2", "--out", str(out)]) == 0
     assert load_trace(out) == loop(steps=3, layers=2, blocks=2)
     assert main(["trace", "gen", "loop", "--steps", "0", "--out", str(out)]) == 2
+
+
+def test_binary_round_trip_keeps_every_key_kind(tmp_path) -> None:
+    """Integer keys as they are, tuple and string keys as ids with a JSON key table."""
+    tr = [Access(0, (1, "sys", 2), seq=3, layer=1), Access(1, "x"), Access(2, (1, "sys", 2), seq="s"),
+          Access(3, 7, seq=3, layer=2)]
+    path = tmp_path / "t.npz"
+    assert save_binary(tr, path) == 4 and is_binary(path)
+    assert load_trace(path) == tr
+    cols = load_columns(path)
+    assert cols.block.tolist() == [0, 1, 0, 2] and cols.block_keys == [(1, "sys", 2), "x", 7]
+    assert cols.seq.tolist() == [0, 1, 2, 0] and cols.seq_keys == [3, 0, "s"]
+    ints = [Access(t, 10 * t % 7, seq=1) for t in range(5)]
+    save_binary(ints, path)
+    cols = load_columns(path)
+    assert cols.block.tolist() == [0, 3, 6, 2, 5] and cols.block_keys is None and load_trace(path) == ints
+
+
+def test_jsonl_columns_equal_the_records(tmp_path) -> None:
+    """JSON lines read straight into columns give the records' columns; a bad line is still named."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('# a comment\n{"t":0,"block":[1,"sys",2],"seq":3,"layer":1}\n\n{"t":1,"block":"x"}\n'
+                    '{"t":2,"block":[1,"sys",2],"seq":"s"}\n{"t":3,"block":7,"seq":3,"layer":2}\n')
+    cols = load_columns(path)
+    assert cols.accesses() == load_trace(path) and cols.block.tolist() == [0, 1, 0, 2]
+    assert cols.block_keys == [(1, "sys", 2), "x", 7] and cols.seq_keys == [3, 0, "s"]
+    path.write_text('{"t":0,"block":1}\n{"t":true,"block":2}\n')
+    with pytest.raises(TraceFormatError, match=r"t.jsonl:2: \"t\" must be an integer step"):
+        load_columns(path)
+
+
+def test_binary_trace_errors_name_the_fault(tmp_path) -> None:
+    """A .npy of block ids is a trace; a missing column or a non-integer one is refused by name."""
+    npy = tmp_path / "b.npy"
+    np.save(npy, np.array([4, 2, 4]))
+    assert [a.block for a in load_trace(npy)] == [4, 2, 4] and load_columns(npy).t.tolist() == [0, 1, 2]
+    np.save(npy, np.zeros((2, 2)))
+    with pytest.raises(TraceFormatError, match="one integer array of block keys"):
+        load_columns(npy)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, t=np.arange(3), block=np.arange(3), seq=np.zeros(3, dtype=int))
+    with pytest.raises(TraceFormatError, match="missing layer"):
+        load_columns(bad)
+    np.savez(bad, t=np.arange(3), block=np.ones(3), seq=np.zeros(3, dtype=int), layer=np.zeros(3, dtype=int))
+    with pytest.raises(TraceFormatError, match="column 'block' must be 3 integers"):
+        load_columns(bad)
+    np.savez(bad, t=np.arange(2), block=np.array([0, 5]), seq=np.zeros(2, dtype=int),
+             layer=np.zeros(2, dtype=int), block_keys=np.array(['"a"']))
+    with pytest.raises(TraceFormatError, match="outside its block_keys table of 1"):
+        load_columns(bad)
+
+
+def test_cli_gen_binary_then_replay_equals_jsonl(tmp_path, capsys) -> None:
+    """`trace gen ... --out X.npz` writes the binary format; replaying it or the JSON lines gives one answer."""
+    npz, jsonl = tmp_path / "z.npz", tmp_path / "z.jsonl"
+    for out in (npz, jsonl):
+        assert main(["trace", "gen", "zipf", "--accesses", "3000", "--blocks", "400", "--out", str(out)]) == 0
+    assert is_binary(npz) and not is_binary(jsonl) and load_trace(npz) == load_trace(jsonl)
+    capsys.readouterr()
+    docs = []
+    for path in (npz, jsonl):
+        for policy in ("arc", "lfu"):
+            assert main(["trace", "replay", str(path), "--policy", policy, "--capacity", "50", "--json"]) == 0
+            doc = json.loads(capsys.readouterr().out)
+            docs.append({k: doc[k] for k in ("policy", "hits", "opt_hits", "evictions", "unique_blocks")})
+    assert docs[:2] == docs[2:] and docs[0]["hits"] <= docs[0]["opt_hits"]
+
+
+def test_zipf_and_scanmix_shapes() -> None:
+    """zipf: integer ids, the most popular far above the median; scanmix: scans of unseen ids in order."""
+    z = [a.block for a in zipf(accesses=20_000, blocks=1000, seed=1)]
+    counts = np.bincount(z, minlength=1000)
+    assert len(z) == 20_000 and counts.max() > 50 * np.median(counts) and z == [a.block for a in zipf(
+        accesses=20_000, blocks=1000, seed=1)]
+    m = [a.block for a in scanmix(accesses=3000, blocks=100, scan_blocks=50, scan_every=1000)]
+    assert m[1000:1050] == list(range(100, 150)) and max(m[:1000]) < 100 and len(m) == 3000
 
 
 SMALL = {"seqs": 2, "prompt_tokens": 16, "steps": 4, "block_tokens": 4, "layers": 2, "hidden": 32,

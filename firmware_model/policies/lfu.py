@@ -1,4 +1,8 @@
-"""Least-frequently-used with exponential decay (LRFU-style aging).
+"""Least-frequently-used: plain (``lfu``) and with exponential decay (``lfu-decay``, LRFU-style).
+
+Plain LFU (:class:`LFUPolicy`) counts accesses since the key became resident (1 at insert, +1 per
+hit) and evicts the smallest count; among equal counts, the key whose last access is oldest (the
+order libCacheSim's LFU keeps: a FIFO per frequency). A count is forgotten when its key leaves.
 
 Plain LFU never forgets: a block that was hot an hour ago outlives today's working set. Decay fixes
 that: every access adds ``2 ** (tick / half_life)`` to the key's score instead of 1, which is the same
@@ -6,7 +10,7 @@ as halving every count each ``half_life`` accesses, without touching every entry
 untouched keys never changes, so a heap with lazy invalidation stays valid; scores are renormalised
 before the increment overflows a float.
 
-Ties (equal scores) go to the least recently accessed key.
+Ties (equal scores) go to the least recently accessed key (:class:`DecayedLFUPolicy`).
 """
 from __future__ import annotations
 
@@ -20,15 +24,15 @@ from firmware_model.policies.base import (
     missing,
 )
 
-__all__ = ["LFUPolicy"]
+__all__ = ["DecayedLFUPolicy", "LFUPolicy"]
 
 _RENORMALISE_AT = 2.0 ** 512
 
 
-class LFUPolicy:
+class DecayedLFUPolicy:
     """Evicts the key with the smallest decayed access count."""
 
-    name = "lfu"
+    name = "lfu-decay"
 
     def __init__(self, capacity: int, half_life: float = 0.0) -> None:
         """``half_life``: accesses after which a count is worth half; 0 means 4 × capacity."""
@@ -101,3 +105,18 @@ class LFUPolicy:
 
     def __len__(self) -> int:
         return len(self._score)
+
+
+class LFUPolicy(DecayedLFUPolicy):
+    """Plain LFU: evicts the key with the fewest accesses, the least recently used among equals."""
+
+    name = "lfu"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.half_life = float("inf")
+        self._growth = 1.0  # every access counts 1, forever: integer counts in the floats
+
+    def score(self, key: Hashable) -> float:
+        """The key's access count since it became resident."""
+        return self._score[key][0]

@@ -4,8 +4,16 @@
   and 75 % of the trace's distinct blocks; the figure is hits / OPT hits (1.0 = the oracle).
   Traces: the four synthetic generators with their defaults, and a trace recorded from a seeded
   random tiny Llama's attention (``tools.trace.record``, defaults) or one given with ``--attention``.
-* **Replay speed**: each policy (and OPT) on one long trace (``heavy``, 4 sequences x 1024 steps,
-  134k accesses) at half its distinct blocks, in accesses per wall-clock second of the replay loop.
+* **Replay speed**: each policy (and OPT) on a 200k-access Zipf trace (``trace gen zipf``
+  defaults: 20k blocks, alpha 1.0) at 25 % of its distinct blocks, in accesses per wall-clock
+  second of the replay (median of ``reps``; the key array as a binary trace holds it, so the
+  figure includes the id check but not file reading): cxlemu's replay (C for lru, lfu, arc,
+  s3fifo, opt), the same with the ids spread over int64 (mapped to dense ids by a C hash map
+  first, as any integer keys are), the Python policies alone, and libCacheSim's C simulator on the same trace (its Python
+  binding's ``process_trace``, hashpower 16, reading its oracleGeneral file), side by side with
+  the ratio, when libCacheSim is installed.
+* **Peer**: hit counts side by side with libCacheSim's on Zipf and Zipf + scan traces at 10, 25
+  and 50 % of their distinct blocks (lru, lfu, arc, s3fifo, opt), when it is installed.
 * **Hotness unit**: batches of 1 Mi DPAs (Zipf-distributed 4 KiB units over 16 GiB) counted in
   epoch and always-on modes; accesses per wall-clock second and per CPU second of this process
   (the latter is what a loaded 2-core host still shows faithfully), median of ``reps`` batches.
@@ -21,7 +29,7 @@ import numpy as np
 
 from firmware_model.hotness import HotnessConfig, HotnessUnit
 from firmware_model.policies import ONLINE_POLICY_NAMES
-from firmware_model.replay import Access, opt_hit_count, replay
+from firmware_model.replay import Access, opt_hit_count, replay, replay_keys
 
 FRACTIONS = (0.25, 0.5, 0.75)
 
@@ -31,6 +39,7 @@ class FwmodelBenchResult:
     policies: list[dict[str, Any]] = field(default_factory=list)  # one row per trace x capacity x policy
     speed: list[dict[str, Any]] = field(default_factory=list)  # replay speed on one long trace
     hotness: list[dict[str, Any]] = field(default_factory=list)
+    peer: list[dict[str, Any]] = field(default_factory=list)  # hits beside libCacheSim's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,9 +51,9 @@ class FwmodelBenchResult:
 
 def bench_traces(attention: list[Access] | None = None, record_steps: int = 96) -> dict[str, list[Access]]:
     """The synthetic traces with default parameters plus a recorded attention trace."""
-    from tools.trace.gen import KINDS
+    from tools.trace.gen import KINDS, KV_KINDS
 
-    traces = {kind: fn() for kind, fn in KINDS.items()}
+    traces = {kind: KINDS[kind]() for kind in KV_KINDS}
     if attention is None:
         from tools.trace.record import RecordSpec, record
 
@@ -73,21 +82,82 @@ def measure_policies(traces: dict[str, list[Access]], fractions: tuple[float, ..
     return rows
 
 
-def measure_speed(policies: tuple[str, ...] = ONLINE_POLICY_NAMES + ("opt",), reps: int = 3) -> list[dict[str, Any]]:
-    """Replay speed on a long trace (``heavy``, 4 sequences x 1024 steps) at half its blocks."""
-    from tools.trace.gen import heavy
+def _median_seconds(keys: np.ndarray, policy: str, capacity: int, impl: str, reps: int) -> float:
+    """Median wall-clock seconds of a demand-fill replay of ``keys`` (no OPT pass)."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        replay_keys(keys, policy, capacity, with_opt=False, impl=impl)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
-    trace = heavy(seqs=4, steps=1024, seed=0)
-    capacity = len({a.block for a in trace}) // 2
+
+def measure_speed(policies: tuple[str, ...] = ONLINE_POLICY_NAMES + ("opt",), reps: int = 5,
+                  python_reps: int = 1, accesses: int = 200_000) -> list[dict[str, Any]]:
+    """Replay speed on a Zipf trace at 25 % of its blocks: cxlemu, its Python policies, libCacheSim."""
+    import os
+    import tempfile
+
+    from firmware_model import _fast
+    from tools.trace import peer
+    from tools.trace.gen import zipf
+
+    keys = np.array([a.block for a in zipf(accesses=accesses)], dtype=np.int64)
+    capacity = len(np.unique(keys)) // 4
+    sparse = keys * 1_000_003 + 17
+    path = None
+    if peer.available():
+        fd, path = tempfile.mkstemp(suffix=".oracleGeneral")
+        os.close(fd)
+        peer.write_oracle_general(keys, path)
     rows = []
-    for policy in policies:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            replay(trace, policy, capacity, with_opt=False)
-            times.append(time.perf_counter() - t0)
-        rows.append({"policy": policy, "accesses": len(trace), "capacity": capacity,
-                     "accesses_per_s": int(len(trace) / statistics.median(times))})
+    try:
+        for policy in policies:
+            result = replay_keys(keys, policy, capacity, with_opt=False)
+            fast = _fast.AVAILABLE and policy in _fast.FAST_POLICIES
+            row: dict[str, Any] = {"policy": policy, "accesses": len(keys), "capacity": capacity,
+                                   "impl": "c" if fast else "py", "hits": result.hits}
+            row["accesses_per_s"] = int(len(keys) / _median_seconds(
+                keys, policy, capacity, "auto", reps if fast else python_reps))
+            row["python_accesses_per_s"] = row["accesses_per_s"] if not fast else int(len(keys) / _median_seconds(
+                keys, policy, capacity, "py", python_reps))
+            if fast:  # the same trace with ids spread over int64: the C hash map gives them dense ids first
+                row["sparse_accesses_per_s"] = int(len(keys) / _median_seconds(
+                    sparse, policy, capacity, "auto", reps))
+            if path is not None and policy in peer.PEER_NAMES:
+                runs = [peer.peer_replay(path, len(keys), policy, capacity) for _ in range(reps)]
+                row["peer_hits"] = runs[0].hits
+                row["peer_accesses_per_s"] = int(len(keys) / statistics.median(r.seconds for r in runs))
+                row["ratio"] = round(row["accesses_per_s"] / row["peer_accesses_per_s"], 3)
+            rows.append(row)
+    finally:
+        if path is not None:
+            os.unlink(path)
+    return rows
+
+
+def measure_peer(seeds: tuple[int, ...] = (0, 1), fractions: tuple[float, ...] = (0.10, 0.25, 0.50)
+                 ) -> list[dict[str, Any]]:
+    """Hit counts beside libCacheSim's (empty when it is not installed)."""
+    from tools.trace import peer
+    from tools.trace.gen import scanmix, zipf
+
+    if not peer.available():
+        return []
+    traces = {f"zipf s{seed}": zipf(accesses=50_000, blocks=5_000, seed=seed) for seed in seeds}
+    traces |= {f"scanmix s{seed}": scanmix(seed=seed) for seed in seeds}
+    rows = []
+    for name, trace in traces.items():
+        keys = np.array([a.block for a in trace], dtype=np.int64)
+        unique = len(np.unique(keys))
+        for frac in fractions:
+            capacity = int(unique * frac)
+            theirs = peer.peer_hits(keys, list(peer.PEER_NAMES), capacity)
+            for policy in peer.PEER_NAMES:
+                ours = replay_keys(keys, policy, capacity, with_opt=False).hits
+                rows.append({"trace": name, "accesses": len(keys), "unique_blocks": unique, "capacity": capacity,
+                             "policy": policy, "hits": ours, "peer_hits": theirs[policy],
+                             "equal": ours == theirs[policy]})
     return rows
 
 
@@ -111,7 +181,7 @@ def measure_hotness(batch: int = 1 << 20, reps: int = 9, capacity: int = 16 << 3
 
 def measure(attention: list[Access] | None = None, record_steps: int = 96) -> FwmodelBenchResult:
     return FwmodelBenchResult(policies=measure_policies(bench_traces(attention, record_steps)),
-                              speed=measure_speed(), hotness=measure_hotness())
+                              speed=measure_speed(), hotness=measure_hotness(), peer=measure_peer())
 
 
 def render(result: FwmodelBenchResult) -> Any:
@@ -130,20 +200,41 @@ def render(result: FwmodelBenchResult) -> Any:
         best = result.best(trace, cap)["policy"]
         cells = [f"{'[bold]' if n == best else ''}{rows[n]['opt_ratio']:.3f}" for n in names]
         pol.add_row(trace, f"{cap}/{rows[names[0]]['unique_blocks']}", *cells)
+    tables: list[Any] = [pol]
     if result.speed:
-        by = {r["policy"]: r for r in result.speed}
         r0 = result.speed[0]
-        pol.add_row("replay speed", f"{r0['accesses'] // 1000}k acc.", *[
-            f"{by[n]['accesses_per_s'] / 1e6:.2f} M/s" if n in by else "" for n in names])
-        if "opt" in by:
-            pol.caption = f"OPT (Belady) replays the same trace at {by['opt']['accesses_per_s'] / 1e6:.2f} M/s"
+        speed = Table(title=f"replay speed, Zipf {r0['accesses'] // 1000}k accesses, capacity {r0['capacity']} "
+                            "(M accesses/s, median)")
+        for c in ("policy", "cxlemu", "impl", "sparse ids", "python policy", "libCacheSim C", "cxlemu / libCacheSim",
+                  "hits", "libCacheSim hits"):
+            speed.add_column(c, justify="right")
+        for r in result.speed:
+            speed.add_row(r["policy"], f"{r['accesses_per_s'] / 1e6:.2f}", r["impl"],
+                          f"{r['sparse_accesses_per_s'] / 1e6:.2f}" if "sparse_accesses_per_s" in r else "",
+                          f"{r['python_accesses_per_s'] / 1e6:.2f}",
+                          f"{r['peer_accesses_per_s'] / 1e6:.2f}" if "peer_accesses_per_s" in r else "",
+                          f"{r['ratio']:.2f}" if "ratio" in r else "", str(r["hits"]), str(r.get("peer_hits", "")))
+        tables.append(speed)
+    if result.peer:
+        side = Table(title="hits beside libCacheSim's (cxlemu / libCacheSim)")
+        side.add_column("trace")
+        side.add_column("capacity", justify="right")
+        peer_policies = list(dict.fromkeys(r["policy"] for r in result.peer))
+        for n in peer_policies:
+            side.add_column(n, justify="right")
+        for trace, cap in dict.fromkeys((r["trace"], r["capacity"]) for r in result.peer):
+            rows = {r["policy"]: r for r in result.peer if (r["trace"], r["capacity"]) == (trace, cap)}
+            side.add_row(trace, f"{cap}/{rows[peer_policies[0]]['unique_blocks']}", *[
+                f"{rows[n]['hits']} / {rows[n]['peer_hits']}{'' if rows[n]['equal'] else ' [red]differ'}"
+                for n in peer_policies])
+        tables.append(side)
     hot = Table(title="hotness unit (batched numpy counting)")
     for c in ("mode", "batch", "units", "accesses/s (wall)", "accesses/CPU-s"):
         hot.add_column(c, justify="right")
     for r in result.hotness:
         hot.add_row(r["mode"], str(r["batch"]), str(r["units"]), f"{r['accesses_per_s'] / 1e6:.1f} M",
                     f"{r['accesses_per_cpu_s'] / 1e6:.1f} M")
-    return Group(pol, hot)
+    return Group(*tables, hot)
 
 
 def register(bench: Any) -> None:

@@ -9,6 +9,9 @@ with a default so the CLI can expose it as ``--name``. Block keys are tuples:
 * ``sliding`` — StreamingLLM: attention sinks plus a recent window that slides as tokens arrive.
 * ``heavy`` — H2O: sinks + window + a few heavy-hitter blocks per layer, plus sparse noise.
 * ``loop`` — a plain layer loop over a fixed set of blocks: LRU's pathological case.
+* ``zipf`` — independent Zipf-distributed integer block ids, the cache literature's workload (the
+  trace libCacheSim's figures are compared on).
+* ``scanmix`` — Zipf reads interrupted by sequential scans over blocks the Zipf part never reads.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import numpy as np
 
 from firmware_model.replay import Access
 
-__all__ = ["KINDS", "heavy", "kind_parameters", "loop", "multiturn", "sliding"]
+__all__ = ["KINDS", "KV_KINDS", "heavy", "kind_parameters", "loop", "multiturn", "scanmix", "sliding", "zipf"]
 
 
 def _positive(**values: int) -> None:
@@ -107,12 +110,44 @@ def loop(*, steps: int = 32, layers: int = 8, blocks: int = 8, seed: int = 0) ->
             for b in range(blocks)]
 
 
+def _zipf_ids(rng: np.random.Generator, n: int, blocks: int, alpha_milli: int) -> np.ndarray:
+    """``n`` draws of Zipf(alpha) over ``blocks`` ids (rank r has weight r ** -alpha), ranks shuffled."""
+    weights = np.arange(1, blocks + 1, dtype=np.float64) ** (-alpha_milli / 1000)
+    ranks = rng.choice(blocks, size=n, p=weights / weights.sum())
+    return rng.permutation(blocks)[ranks]
+
+
+def zipf(*, accesses: int = 200_000, blocks: int = 20_000, alpha_milli: int = 1000, seed: int = 0) -> list[Access]:
+    """``accesses`` reads of ``blocks`` integer ids, Zipf(``alpha_milli`` / 1000); t = access index."""
+    _positive(accesses=accesses, blocks=blocks, alpha_milli=alpha_milli)
+    ids = _zipf_ids(np.random.default_rng(seed), accesses, blocks, alpha_milli).tolist()
+    return [Access(t, b) for t, b in enumerate(ids)]
+
+
+def scanmix(*, accesses: int = 50_000, blocks: int = 2_000, alpha_milli: int = 1000, scan_blocks: int = 1_000,
+            scan_every: int = 5_000, seed: int = 0) -> list[Access]:
+    """Zipf reads of ``blocks`` ids; every ``scan_every`` accesses, one pass over ``scan_blocks`` ids
+    beyond them (ids ``blocks`` ...), in order: one-hit wonders that flush a recency-only cache."""
+    _positive(accesses=accesses, blocks=blocks, alpha_milli=alpha_milli, scan_blocks=scan_blocks,
+              scan_every=scan_every)
+    hot = _zipf_ids(np.random.default_rng(seed), accesses, blocks, alpha_milli).tolist()
+    out: list[int] = []
+    for start in range(0, accesses, scan_every):
+        out += hot[start:start + scan_every]
+        out += range(blocks, blocks + scan_blocks)
+    return [Access(t, b) for t, b in enumerate(out[:accesses])]
+
+
 KINDS: dict[str, Callable[..., list[Access]]] = {
     "multiturn": multiturn,
     "sliding": sliding,
     "heavy": heavy,
     "loop": loop,
+    "zipf": zipf,
+    "scanmix": scanmix,
 }
+KV_KINDS = ("multiturn", "sliding", "heavy", "loop")
+"""The kinds shaped like KV-cache traffic (the ones ``cxlemu bench fwmodel`` scores policies on)."""
 
 
 def kind_parameters(kind: str) -> dict[str, int]:

@@ -1,18 +1,33 @@
-"""Trace files: one JSON object per line with at least ``"t"`` (step) and ``"block"`` (a key).
+"""Trace files, in two formats; readers tell them apart by their first bytes, not their names.
 
+**JSON lines**: one JSON object per line with at least ``"t"`` (step) and ``"block"`` (a key).
 Optional fields: ``"seq"`` (sequence id) and ``"layer"``. A block key may be any JSON value; lists
 become tuples so they can be dictionary keys. Blank lines and lines starting with ``#`` are skipped.
+
+**Binary** (``numpy.savez``, ``.npz``, no pickles): int64 columns ``t``, ``block``, ``seq`` and
+``layer`` of equal length. Integer keys are stored as they are; other keys as ids (0, 1, ... in
+order of first appearance) with a column ``block_keys`` (or ``seq_keys``) of the keys' JSON texts,
+id i's key at index i. A ``.npy`` holding one integer array is read as the block column alone
+(``t`` = the access index). :func:`load_columns` gives the columns without building an
+:class:`~firmware_model.replay.Access` per record: what ``cxlemu trace replay`` replays.
 """
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
 from firmware_model.replay import Access
 
-__all__ = ["TraceFormatError", "dump_access", "load_trace", "parse_line", "read_trace", "write_trace"]
+__all__ = ["COLUMNS", "TraceColumns", "TraceFormatError", "dump_access", "is_binary", "load_columns",
+           "load_trace", "parse_line", "read_trace", "save_binary", "to_columns", "write_trace"]
+
+COLUMNS = ("t", "block", "seq", "layer")
+_NPZ_MAGIC, _NPY_MAGIC = b"PK", b"\x93NUMPY"
 
 
 class TraceFormatError(ValueError):
@@ -67,7 +82,9 @@ def read_trace(stream: TextIO, source: str = "<trace>") -> list[Access]:
 
 
 def load_trace(path: str | Path) -> list[Access]:
-    """Read a JSON-lines trace file; raises TraceFormatError or OSError."""
+    """Read a trace file (JSON lines or binary); raises TraceFormatError or OSError."""
+    if is_binary(path):
+        return load_columns(path).accesses()
     with open(path, encoding="utf-8") as f:
         return read_trace(f, str(path))
 
@@ -89,3 +106,144 @@ def write_trace(accesses: Iterable[Access], stream: TextIO) -> int:
         stream.write(dump_access(a) + "\n")
         n += 1
     return n
+
+
+@dataclass(frozen=True, eq=False)
+class TraceColumns:
+    """A trace as int64 columns; ``block_keys[i]`` / ``seq_keys[i]`` is id i's key (None: the ids
+    are the keys)."""
+
+    t: np.ndarray
+    block: np.ndarray
+    seq: np.ndarray
+    layer: np.ndarray
+    block_keys: list[Hashable] | None = None
+    seq_keys: list[Hashable] | None = None
+
+    def __len__(self) -> int:
+        return len(self.block)
+
+    def accesses(self) -> list[Access]:
+        def keys(ids: np.ndarray, table: list[Hashable] | None) -> list[Hashable]:
+            return ids.tolist() if table is None else [table[i] for i in ids.tolist()]
+
+        blocks, seqs = keys(self.block, self.block_keys), keys(self.seq, self.seq_keys)
+        return [Access(t, b, s, la) for t, b, s, la in zip(self.t.tolist(), blocks, seqs, self.layer.tolist())]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _id_column(values: Sequence[Hashable]) -> tuple[np.ndarray, list[Hashable] | None]:
+    if all(_is_int(v) for v in values):
+        try:
+            return np.array(values, dtype=np.int64), None
+        except OverflowError:
+            pass  # beyond int64: stored as keys
+    index: dict[Hashable, int] = {}
+    ids = np.fromiter((index.setdefault(v, len(index)) for v in values), dtype=np.int64, count=len(values))
+    return ids, list(index)
+
+
+def to_columns(accesses: Sequence[Access]) -> TraceColumns:
+    block, block_keys = _id_column([a.block for a in accesses])
+    seq, seq_keys = _id_column([a.seq for a in accesses])
+    return TraceColumns(t=np.array([a.t for a in accesses], dtype=np.int64), block=block, seq=seq,
+                        layer=np.array([a.layer for a in accesses], dtype=np.int64),
+                        block_keys=block_keys, seq_keys=seq_keys)
+
+
+def save_binary(trace: Sequence[Access] | TraceColumns, path: str | Path) -> int:
+    """Write ``trace`` as a binary (``.npz``) trace; returns the number of accesses.
+
+    ``np.savez`` appends ``.npz`` to a name without it: give the name with it."""
+    cols = trace if isinstance(trace, TraceColumns) else to_columns(trace)
+    arrays = {name: getattr(cols, name) for name in COLUMNS}
+    for name, table in (("block_keys", cols.block_keys), ("seq_keys", cols.seq_keys)):
+        if table is not None:
+            arrays[name] = np.array([json.dumps(_jsonable(k), separators=(",", ":")) for k in table], dtype=np.str_)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    return len(cols)
+
+
+def is_binary(path: str | Path) -> bool:
+    """Whether ``path`` holds a binary (numpy) trace rather than JSON lines."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    return head.startswith(_NPZ_MAGIC) or head == _NPY_MAGIC
+
+
+def _key_table(texts: np.ndarray, where: str) -> list[Hashable]:
+    try:
+        return [_hashable(json.loads(str(x))) for x in texts]
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise TraceFormatError(f"{where}: a key is not a JSON number, string or list ({exc})") from None
+
+
+def _jsonl_columns(path: str | Path) -> TraceColumns | None:
+    """JSON lines straight to columns (no Access per record); None when a line is not well formed,
+    for :func:`read_trace` to report it by line number."""
+    loads = json.loads
+    with open(path, encoding="utf-8") as f:
+        try:
+            objs = [loads(line) for line in f if line.strip() and not line.lstrip().startswith("#")]
+        except json.JSONDecodeError:
+            return None
+    try:
+        t = [o["t"] for o in objs]
+        blocks = [o["block"] for o in objs]
+        seqs = [o.get("seq", 0) for o in objs]
+        layers = [o.get("layer", 0) for o in objs]
+    except (TypeError, KeyError, AttributeError):  # a line that is not an object with "t" and "block"
+        return None
+    if not all(type(x) is int for x in t) or not all(type(x) is int for x in layers):
+        return None  # bools and floats are refused, by read_trace
+    try:
+        if not all(type(b) is int for b in blocks):
+            blocks = [_hashable(b) for b in blocks]
+        if not all(type(v) is int for v in seqs):
+            seqs = [_hashable(v) for v in seqs]
+    except TypeError:
+        return None
+    block, block_keys = _id_column(blocks)
+    seq, seq_keys = _id_column(seqs)
+    return TraceColumns(t=np.array(t, dtype=np.int64), block=block, seq=seq,
+                        layer=np.array(layers, dtype=np.int64), block_keys=block_keys, seq_keys=seq_keys)
+
+
+def load_columns(path: str | Path) -> TraceColumns:
+    """Read a trace file (binary or JSON lines) as columns; raises TraceFormatError or OSError."""
+    if not is_binary(path):
+        return _jsonl_columns(path) or to_columns(load_trace(path))
+    try:
+        data = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        raise TraceFormatError(f"{path}: not a trace numpy can read without pickles ({exc})") from None
+    if isinstance(data, np.ndarray):
+        if data.ndim != 1 or data.dtype.kind not in "iu":
+            raise TraceFormatError(f"{path}: a .npy trace is one integer array of block keys, "
+                                   f"got {data.dtype} of shape {data.shape}")
+        n = len(data)
+        zeros = np.zeros(n, dtype=np.int64)
+        return TraceColumns(t=np.arange(n, dtype=np.int64), block=data.astype(np.int64), seq=zeros, layer=zeros)
+    with data:
+        missing = [c for c in COLUMNS if c not in data.files]
+        if missing:
+            raise TraceFormatError(f"{path}: a binary trace needs the columns {', '.join(COLUMNS)}; "
+                                   f"missing {', '.join(missing)}")
+        cols = {c: data[c] for c in COLUMNS}
+        tables = {name: _key_table(data[name], f"{path}:{name}") if name in data.files else None
+                  for name in ("block_keys", "seq_keys")}
+    n = len(cols["block"])
+    for name, col in cols.items():
+        if col.ndim != 1 or len(col) != n or col.dtype.kind not in "iu":
+            raise TraceFormatError(f"{path}: column {name!r} must be {n} integers, "
+                                   f"got {col.dtype} of shape {col.shape}")
+    cols = {c: col.astype(np.int64, copy=False) for c, col in cols.items()}
+    for name, table in (("block", tables["block_keys"]), ("seq", tables["seq_keys"])):
+        if table is not None and n and (cols[name].min() < 0 or cols[name].max() >= len(table)):
+            raise TraceFormatError(f"{path}: column {name!r} holds ids outside its {name}_keys table "
+                                   f"of {len(table)}")
+    return TraceColumns(**cols, block_keys=tables["block_keys"], seq_keys=tables["seq_keys"])
