@@ -26,6 +26,7 @@ from driver.kv._engine import ResidencyEngine
 from driver.kv._recompute import ForwardRecorder
 from driver.kv._store import BlockStore
 from emulator.spec.errors import ConfigError
+from firmware_model.clock import Clock
 
 __all__ = ["CxlCache"]
 
@@ -98,7 +99,8 @@ class CxlCache(Cache):
       with the first forward, so ``BudgetTooSmall`` comes at the prefill's first layer, before any
       token is produced: for ``max_seq_len`` tokens if given, else for the prompt; without
       ``max_seq_len`` a budget the growing sequences outgrow is found only then, mid-generation.
-    * ``policy``: the firmware model's eviction policy (``firmware_model.policies``).
+    * ``policy``: the firmware model's eviction policy: a name (``firmware_model.policies``), your
+      own class as ``"package.module:Class"`` or the class itself (``resolve_policy`` checks it).
     * ``block_tokens``: tokens per device chunk (prefix-sharing and transfer granularity).
     * ``device``: None serves a private in-process device (stopped by :meth:`close`); a name
       opens and claims that served device here, at construction (``DeviceNotFound``, or
@@ -112,13 +114,16 @@ class CxlCache(Cache):
       budget too small for it is refused at the prefill, before any token is produced.
     * ``max_retries``: retries of a failed load before its chunks are recomputed (int >= 0).
     * ``store``: any ``BlockStore`` instead of a device (tests).
+    * ``clock``: what the engine measures compute on (default the wall clock; tests pass a
+      simulated one, so the ``"auto"`` prefetch window is deterministic).
     """
 
-    def __init__(self, hbm_budget_bytes: int, policy: str = "reuse", block_tokens: int = 16,
+    def __init__(self, hbm_budget_bytes: int, policy: str | type = "reuse", block_tokens: int = 16,
                  device: str | None = None, *, prefetch_depth: int | str = "auto", model: torch.nn.Module | None = None,
                  store: BlockStore | None = None, max_seq_len: int | None = None,
                  prefix_sharing: bool = True, max_retries: int = 2,
-                 device_capacity: int = DEFAULT_DEVICE_CAPACITY, full_writeback: bool = False) -> None:
+                 device_capacity: int = DEFAULT_DEVICE_CAPACITY, full_writeback: bool = False,
+                 clock: Clock | None = None) -> None:
         super().__init__(layers=[])
         if isinstance(hbm_budget_bytes, bool) or not isinstance(hbm_budget_bytes, int) or hbm_budget_bytes <= 0:
             raise ConfigError(f"hbm_budget_bytes must be a positive int, got {hbm_budget_bytes!r}")
@@ -135,10 +140,12 @@ class CxlCache(Cache):
             raise ConfigError(f"max_retries must be an int >= 0 (retries of a failed load before its "
                               f"chunks are recomputed; 0 = none), got {max_retries!r}")
         from firmware_model.policies import make_policy
-        make_policy(policy, 1)  # unknown names fail here, naming the known ones
+        # unknown names, and a module:Class that does not import or fit the protocol, fail here
+        make_policy(policy, 1)
         self._kw: dict[str, Any] = dict(budget=hbm_budget_bytes, policy=policy, block_tokens=block_tokens,
                         prefetch_depth=prefetch_depth, prefix_sharing=prefix_sharing,
-                        max_retries=max_retries, max_seq_len=max_seq_len, full_writeback=full_writeback)
+                        max_retries=max_retries, max_seq_len=max_seq_len, full_writeback=full_writeback,
+                        clock=clock)
         self._closed = True  # until constructed: __del__ has nothing to release
         self._backing = _Backing(device, store, device_capacity)
         if device is not None:
@@ -177,8 +184,10 @@ class CxlCache(Cache):
             raise RuntimeError("CxlCache is closed: make a new one")
         if self._engine is None:
             store = self._backing.store()
+            timing = getattr(store, "timing", None)  # a device's; a memory store has no link
             self._engine = ResidencyEngine(
                 store=store, device=key_states.device, dtype=key_states.dtype,
+                link=timing.link_params() if timing is not None else None,
                 recompute=self._recorder.recompute if self._recorder else None, **self._kw)
             self._telemetry = getattr(store, "telemetry", None)
             if self._telemetry is not None:

@@ -10,10 +10,19 @@ Times (``now``) are simulated integers supplied by the caller; no policy reads a
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Container, Hashable
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
-__all__ = ["EvictionPolicy", "NoVictimError", "check_capacity"]
+__all__ = [
+    "PROTOCOL_METHODS",
+    "EvictionPolicy",
+    "NoVictimError",
+    "PolicyProtocolError",
+    "check_capacity",
+    "check_policy_class",
+    "check_policy_instance",
+]
 
 
 class NoVictimError(LookupError):
@@ -22,9 +31,15 @@ class NoVictimError(LookupError):
 
 @runtime_checkable
 class EvictionPolicy(Protocol):
-    """Order of resident keys and the choice of the next victim."""
+    """Order of resident keys and the choice of the next victim.
 
-    name: str
+    A class of your own that has these members plugs in wherever a policy is named
+    (``"module:Class"``, see ``firmware_model.policies.resolve_policy``), built as
+    ``Class(capacity)``; :func:`check_policy_class` says what it lacks, and
+    ``firmware_model.testing.check_policy`` checks how it behaves.
+    """
+
+    name: str  # a label for reports
 
     def insert(self, key: Hashable, now: int = 0) -> None:
         """``key`` became resident (after a miss, a prefetch, or a store)."""
@@ -61,3 +76,114 @@ def missing(policy_name: str, key: Hashable) -> KeyError:
 def duplicate(policy_name: str, key: Hashable) -> KeyError:
     """The error every policy raises when a resident key is inserted again."""
     return KeyError(f"{policy_name}: key {key!r} is already resident (use touch for a hit)")
+
+
+class PolicyProtocolError(TypeError, ValueError):
+    """A class (or factory) named as an eviction policy does not fit :class:`EvictionPolicy`.
+
+    A ``TypeError`` (the object has the wrong shape) that is also a ``ValueError``, so every caller
+    that validates a policy *name* (the CLI, ``CxlCache``) reports it as it reports an unknown name.
+    """
+
+
+#: What cxlemu's callers rely on (replay, prefetch replay, the KV engine): each method, the
+#: argument lists they call it with, and the signature a policy should declare.
+PROTOCOL_METHODS: dict[str, tuple[tuple[tuple[object, ...], ...], str]] = {
+    "insert": (((0, 0),), "insert(self, key, now=0) -> None"),
+    "touch": (((0, 0),), "touch(self, key, now=0) -> None"),
+    "remove": (((0,),), "remove(self, key) -> None"),
+    "evict": (((), ((),)), "evict(self, protected=()) -> key, raising NoVictimError when none"),
+    "__contains__": (((0,),), "__contains__(self, key) -> bool"),
+    "__len__": (((),), "__len__(self) -> int"),
+}
+#: Called when present: ``on_miss(key, now)`` before the evict that makes room for ``key``.
+OPTIONAL_METHODS: dict[str, tuple[tuple[tuple[object, ...], ...], str]] = {
+    "on_miss": (((0, 0),), "on_miss(self, key, now=0) -> None"),
+}
+CONSTRUCTOR = "__init__(self, capacity, **options)"
+
+
+def _signature(obj: object) -> inspect.Signature | None:
+    try:
+        sig = inspect.signature(obj)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+        return None
+    bare = inspect.Parameter.empty  # shown in messages as the parameters alone
+    return sig.replace(parameters=[p.replace(annotation=bare) for p in sig.parameters.values()],
+                       return_annotation=bare)
+
+
+def _method_problems(cls: type, method: str, calls: tuple[tuple[object, ...], ...], expected: str,
+                     required: bool) -> list[str]:
+    attr = getattr(cls, method, None)
+    if attr is None:
+        return [f"no method {method} (expected {expected})"] if required else []
+    if not callable(attr):
+        return [f"{method} is not callable (expected {expected})"]
+    sig = _signature(attr)
+    if sig is None:
+        return []
+    # a plain function or a slot wrapper read from the class still takes self; a bound
+    # classmethod and a staticmethod do not
+    takes_self = not inspect.ismethod(attr) and not isinstance(inspect.getattr_static(cls, method), staticmethod)
+    for args in calls:
+        try:
+            sig.bind(*((None,) if takes_self else ()), *args)
+        except TypeError:
+            shown = ", ".join(["self", *("protected" if method == "evict" else ("key", "now")[i]
+                                         for i in range(len(args)))])
+            return [f"{method}{sig} cannot be called as {method}({shown}) (expected {expected})"]
+    return []
+
+
+def _shape_problems(cls: type) -> list[str]:
+    problems: list[str] = []
+    for table, required in ((PROTOCOL_METHODS, True), (OPTIONAL_METHODS, False)):
+        for method, (calls, expected) in table.items():
+            problems += _method_problems(cls, method, calls, expected, required)
+    name = getattr(cls, "name", "")
+    if not isinstance(name, str):
+        problems.append(f"its name is {name!r}, not a str (expected name = \"a label for reports\")")
+    return problems
+
+
+def _refuse(label: str, problems: list[str]) -> PolicyProtocolError:
+    return PolicyProtocolError(f"eviction policy {label} does not fit the EvictionPolicy protocol "
+                               f"(firmware_model.policies.base): {'; '.join(problems)}")
+
+
+def check_policy_class(cls: type, label: str | None = None) -> type:
+    """Refuse a class that does not fit :class:`EvictionPolicy`, naming every missing piece.
+
+    Checks what can be checked without building one: the methods of :data:`PROTOCOL_METHODS`
+    exist, are callable and accept the arguments cxlemu passes; an ``on_miss`` hook, if any, too;
+    the constructor takes ``capacity`` (one positional int); a class attribute ``name``, if any, is
+    a str (an instance's is checked by :func:`check_policy_instance`). Returns ``cls``.
+    """
+    label = label or f"{cls.__module__}:{cls.__qualname__}"
+    problems: list[str] = []
+    sig = _signature(cls)
+    if sig is not None:
+        try:
+            sig.bind(1)
+        except TypeError:
+            problems.append(f"its constructor {cls.__name__}{sig} does not take capacity "
+                            f"(expected {CONSTRUCTOR})")
+    problems += _shape_problems(cls)
+    if problems:
+        raise _refuse(label, problems)
+    return cls
+
+
+_P = TypeVar("_P")
+
+
+def check_policy_instance(policy: _P, label: str) -> _P:
+    """Refuse a built policy that lacks a protocol method or a str ``name``; returns ``policy``."""
+    problems = _shape_problems(type(policy))
+    name = getattr(policy, "name", None)
+    if not isinstance(name, str) and not problems:
+        problems.append(f"it has no str attribute name (expected name = \"a label for reports\", got {name!r})")
+    if problems:
+        raise _refuse(label, problems)
+    return policy

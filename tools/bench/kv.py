@@ -203,7 +203,8 @@ def register(bench: Any) -> None:
     p.add_argument("--block-tokens", type=int, default=256)
     p.add_argument("--prefetch-depth", default="auto",
                    help="layers loaded ahead, or 'auto' (default): the firmware model's window for the link")
-    p.add_argument("--policy", action="append", help="firmware policies (repeatable; default all online ones)")
+    p.add_argument("--policy", action="append",
+                   help="firmware policies: built-in names or module:Class (repeatable; default all online ones)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the DMA engine gets a core)")
     p.add_argument("--repeat", type=int, default=2, help="rounds over all modes; each keeps its fastest")
     p.add_argument("--markdown", action="store_true", help="a markdown table (for BENCHMARKS-kv.md)")
@@ -222,7 +223,7 @@ def cmd_kv(args: Any) -> int:
     except ImportError as exc:
         raise CliError(f"bench kv needs torch and transformers ({exc}): pip install torch==2.13.0 transformers") from None
     from emulator import presets
-    from firmware_model.policies import ONLINE_POLICY_NAMES
+    from firmware_model.policies import ONLINE_POLICY_NAMES, resolve_policy
 
     if args.prefetch_depth != "auto":
         try:
@@ -248,9 +249,15 @@ def cmd_kv(args: Any) -> int:
     if args.hidden % args.heads or args.heads % args.kv_heads:
         raise CliError("--hidden must be a multiple of --heads, and --heads of --kv-heads")
     policies = args.policy or list(ONLINE_POLICY_NAMES)
-    unknown = set(policies) - set(ONLINE_POLICY_NAMES)
+    unknown = {p for p in policies if ":" not in p} - set(ONLINE_POLICY_NAMES)
     if unknown:
-        raise CliError(f"unknown policy {min(unknown)!r}: choose from {', '.join(ONLINE_POLICY_NAMES)}")
+        raise CliError(f"unknown policy {min(unknown)!r}: choose from {', '.join(ONLINE_POLICY_NAMES)}, "
+                       "or your own class as module:Class")
+    for spec in policies:
+        try:
+            resolve_policy(spec)  # module:Class imported and checked against the protocol
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
     timing = replace(presets.load(args.preset).timing, time_scale=args.time_scale)
     if not timing.read_bandwidth_gbps:
         raise CliError(f"preset {args.preset!r} has an unthrottled link: pick one with a bandwidth (e.g. leo-x16)")

@@ -1,6 +1,6 @@
 """``cxlemu trace``: replay block-access traces through the firmware's policies, generate and record them.
 
-    cxlemu trace replay FILE --policy NAME --capacity BLOCKS [--prefetch] [--json]
+    cxlemu trace replay FILE --policy NAME|module:Class --capacity BLOCKS [--prefetch] [--json]
     cxlemu trace gen KIND [--out FILE] [--<param> N ...]
     cxlemu trace record [--out FILE] [--steps N] [--block-tokens N] [--threshold X] ...
 """
@@ -28,10 +28,20 @@ def register(subparsers: Any) -> None:
 def _register_replay(sub: Any) -> None:
     from firmware_model.policies import POLICY_NAMES
 
-    r = sub.add_parser("replay", help="replay a JSON-lines trace through an eviction policy")
-    r.add_argument("file", metavar="FILE", help='JSON lines, each with "t" and "block"')
-    r.add_argument("--policy", default="lru", choices=POLICY_NAMES, metavar="NAME",
-                   help=f"one of {', '.join(POLICY_NAMES)} (default lru)")
+    def policy_spec(spec: str) -> str:  # a built-in name, or module:Class checked against the protocol
+        from firmware_model.policies import resolve_policy
+
+        try:
+            resolve_policy(spec)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return spec
+
+    r = sub.add_parser("replay", help="replay a trace (JSON lines or binary .npz) through an eviction policy")
+    r.add_argument("file", metavar="FILE", help='JSON lines, each with "t" and "block", or a binary .npz trace')
+    r.add_argument("--policy", default="lru", type=policy_spec, metavar="NAME",
+                   help=f"one of {', '.join(POLICY_NAMES)} (default lru), or your own class as "
+                        "module:Class (importable: its directory on PYTHONPATH)")
     r.add_argument("--capacity", type=int, required=True, metavar="BLOCKS", help="resident blocks")
     r.add_argument("--prefetch", action="store_true",
                    help="prefetch from the trace's own (step, seq, layer) hints; needs a cost model")
@@ -64,23 +74,31 @@ def _cost_from(args: argparse.Namespace):  # -> TransferCost | None
 
 def replay_file(path: str, policy: str, capacity: int, cost: Any = None, compute_ns: int = 0,
                 prefetch: bool = False) -> dict[str, Any]:
-    """Load and replay one trace; returns the JSON document (with events_per_s, wall-clock)."""
-    from firmware_model.replay import opt_hit_count, replay
-    from tools.trace.io import load_trace
+    """Load and replay one trace; returns the JSON document (with events_per_s, wall-clock).
 
-    trace = load_trace(path)
-    if not trace:
+    Demand fill replays the block column as it is loaded (a binary trace's ids, without an
+    ``Access`` per record; ``lru``, ``lfu``, ``arc``, ``s3fifo`` and ``opt`` in C when built); ``--prefetch``
+    needs the records' (step, sequence, layer) and builds them."""
+    from firmware_model.replay import opt_hit_count, replay, replay_keys
+    from tools.trace.io import load_columns
+
+    cols = load_columns(path)
+    if not len(cols):
         raise CliError(f"trace {path} holds no accesses")
+    trace = cols.accesses() if prefetch else None
     start = time.perf_counter()
-    result = replay(trace, policy, capacity, cost=cost, compute_ns=compute_ns, prefetch=prefetch,
-                    with_opt=False)
+    if trace is not None:
+        result = replay(trace, policy, capacity, cost=cost, compute_ns=compute_ns, prefetch=True,
+                        with_opt=False)
+    else:
+        result = replay_keys(cols.block, policy, capacity, cost=cost, compute_ns=compute_ns, with_opt=False)
     elapsed = time.perf_counter() - start
-    result.opt_hits = opt_hit_count([a.block for a in trace], capacity)
+    result.opt_hits = opt_hit_count(cols.block, capacity)
     doc = result.to_dict()
     doc["opt_bound"] = "demand_fill"  # with --prefetch, hits can exceed it: blocks arrive before a miss
     doc["trace"] = str(path)
     doc["wall_s"] = round(elapsed, 6)
-    doc["events_per_s"] = int(len(trace) / elapsed) if elapsed > 0 else 0
+    doc["events_per_s"] = int(len(cols) / elapsed) if elapsed > 0 else 0
     return doc
 
 
@@ -114,12 +132,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _register_gen(sub: Any) -> None:
     from tools.trace.gen import KINDS, kind_parameters
 
-    g = sub.add_parser("gen", help="write a synthetic trace (JSON lines)")
+    g = sub.add_parser("gen", help="write a synthetic trace (JSON lines; binary for an --out ending .npz)")
     kinds = g.add_subparsers(dest="kind", metavar="KIND", parser_class=type(g))
     kinds.required = True
     for kind, fn in KINDS.items():
         k = kinds.add_parser(kind, help=(fn.__doc__ or "").splitlines()[0])
-        k.add_argument("--out", "-o", default="-", help="output file (default stdout)")
+        k.add_argument("--out", "-o", default="-",
+                       help="output file (default stdout); a name ending .npz gets the binary format")
         for name, default in kind_parameters(kind).items():
             k.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=default,
                            help=f"(default {default})")
@@ -139,14 +158,17 @@ def _cmd_gen(args: argparse.Namespace) -> int:
 
 
 def _write(trace: list, out: str) -> None:
-    from tools.trace.io import write_trace
+    from tools.trace.io import save_binary, write_trace
 
     if out == "-":
         write_trace(trace, sys.stdout)
         return
     try:
-        with open(out, "w", encoding="utf-8") as f:
-            n = write_trace(trace, f)
+        if out.endswith(".npz"):
+            n = save_binary(trace, out)
+        else:
+            with open(out, "w", encoding="utf-8") as f:
+                n = write_trace(trace, f)
     except OSError as exc:
         raise CliError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(f"wrote {n} accesses to {out}", file=sys.stderr)
