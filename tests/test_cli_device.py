@@ -53,6 +53,7 @@ def test_serve_raw_identify_memdev_reports_capacity(served_subprocess) -> None:
     assert struct.unpack_from("<Q", payload, 0x10)[0] == 4  # 1 GiB in 256 MiB units
 
 
+@pytest.mark.slow
 def test_serve_list_memdev_and_clean_shutdown(served_subprocess) -> None:
     name, proc = served_subprocess
     records = {r["memdev"]: r for r in json.loads(cxlemu("list", check=True).stdout)}
@@ -84,6 +85,7 @@ def test_raw_device_error_names_the_code(served_subprocess) -> None:
     assert "0x03 Unsupported" in proc.stderr
 
 
+@pytest.mark.slow
 def test_list_reports_an_unreadable_device_and_still_lists_the_others(served_subprocess, runtime_dir) -> None:
     """A device whose config.json this cxlemu cannot take (damaged, or a bandwidth of 0 that an
     older cxlemu wrote for "unthrottled") gets a record saying so and a warning; the others are

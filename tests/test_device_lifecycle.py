@@ -167,6 +167,7 @@ def test_send_on_a_killed_firmware_mid_wait_fails_fast(server) -> None:
         assert time.monotonic() - t0 < 0.05 + 0.1
 
 
+@pytest.mark.slow
 def test_cli_serve_again_is_refused_on_a_difference_and_fresh_starts_empty(server) -> None:
     name, procs = server
     procs.append(start_server(name, "--capacity", "256M"))
@@ -187,6 +188,7 @@ def test_cli_serve_again_is_refused_on_a_difference_and_fresh_starts_empty(serve
         assert md.read(0, 7) == bytes(7) and md.config.capacity == 1 << 30
 
 
+@pytest.mark.slow
 def test_a_serve_the_host_cannot_back_changes_nothing(server, runtime_dir: str) -> None:
     name, procs = server
     procs.append(start_server(name, "--capacity", "256M"))

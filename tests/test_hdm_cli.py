@@ -122,6 +122,7 @@ def _serve_process(name: str) -> subprocess.Popen[str]:
     return proc
 
 
+@pytest.mark.slow
 def test_region_over_two_serve_processes(device_name: str) -> None:
     """Firmware in two other processes acks the commits of a third; this process reads the region."""
     names = [f"{device_name}p", f"{device_name}q"]

@@ -18,6 +18,7 @@ def _no_soak_devices_left() -> bool:
     return not [n for n in list_devices() if n.startswith("mbsoak-")]
 
 
+@pytest.mark.slow
 def test_short_soak_two_hosts_with_data_path_load() -> None:
     r = mailbox.run(commands=10_000, hosts=2, load_procs=1)
     assert r.errors == [] and r.samples == [] and r.data_samples == []
@@ -57,6 +58,7 @@ DROPPING_SERVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_soak_counts_every_lost_command(tmp_path, monkeypatch) -> None:
     wrapper = tmp_path / "dropping_server.py"
     wrapper.write_text(DROPPING_SERVER)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import struct
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mbox_support import firmware, ring
@@ -80,6 +82,7 @@ def settle(fw, max_steps: int = 64) -> None:
             return
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           database=None)
 @given(st.lists(mailbox_command(), min_size=COMMANDS_PER_EXAMPLE, max_size=COMMANDS_PER_EXAMPLE))

@@ -88,6 +88,7 @@ def timed(device_name: str) -> Iterator[Served]:
         yield served
 
 
+@pytest.mark.slow
 def test_frames_under_load_show_counters_moving(timed: Served) -> None:
     """`cxlemu monitor NAME --frames 3 --interval 0.5` in another process: exits 0, names the
     device, and transfers, tokens and uptime grow from frame to frame."""
@@ -178,6 +179,7 @@ def test_device_set_lists_all_and_keeps_the_gone(device_name: str) -> None:
     devices.close()
 
 
+@pytest.mark.slow
 def test_monitor_cli_rejects_bad_arguments() -> None:
     for args, message in ((["--interval", "0"], "--interval must be > 0 seconds, got 0.0"),
                           (["--frames", "0"], "--frames must be >= 1, got 0"),

@@ -60,6 +60,7 @@ def test_fidelity_exit_code_holds_only_the_targets(monkeypatch, capsys):
     assert "pass" in table and "info" in table and "FAIL" in table
 
 
+@pytest.mark.slow
 def test_fidelity_quick_run_reports_every_check():
     from tools.bench import fidelity
 
@@ -165,7 +166,7 @@ def test_rendered_tables_carry_the_numbers():
 
 def test_chase_rounds_continue_the_chain():
     """Rounds resume where the last stopped, so a probe walks its whole working set."""
-    from emulator.timing._cimpl import build_chase_ring, py_chase
+    from emulator.timing.chase import build_chase_ring, py_chase
 
     dp = DataPath(bytearray(16 * 64), None, bytearray(4096), TimingConfig(), impl="c")
     start = build_chase_ring(dp.media, 0, 16, seed=3)
