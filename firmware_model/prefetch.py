@@ -23,14 +23,28 @@ from __future__ import annotations
 
 import functools
 import heapq
+import inspect
 import math
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from firmware_model.dma import DmaRequest, DmaScheduler, QueueFullError
 from firmware_model.link import READ, LinkParams
+from firmware_model.policies.base import PolicyProtocolError, import_spec, spec_label
 
-__all__ = ["PrefetchQueue", "PrefetchStats", "window_points"]
+__all__ = ["WINDOW_SIGNATURE", "PrefetchQueue", "PrefetchStats", "WindowFunction", "WindowSpec",
+           "resolve_window", "window_points"]
+
+WindowFunction = Callable[[LinkParams, int, float, int], int]
+"""What sizes the prefetch window: ``f(link, bytes_per_point, compute_ns_per_point, max_window)``
+-> points ahead, an int >= 0 (see :func:`window_points`, the default)."""
+
+WindowSpec = str | WindowFunction
+"""What names a window function: ``"auto"`` (:func:`window_points`), ``"package.module:function"``
+(a function of your own, importable from ``sys.path``) or the callable itself."""
+
+WINDOW_SIGNATURE = "f(link, bytes_per_point, compute_ns_per_point, max_window) -> int >= 0"
 
 
 def window_points(cost: LinkParams, bytes_per_point: int, compute_ns_per_point: float,
@@ -44,8 +58,72 @@ def window_points(cost: LinkParams, bytes_per_point: int, compute_ns_per_point: 
     """
     if compute_ns_per_point <= 0:
         return max_window
-    transfer = cost.duration_ns(READ, bytes_per_point)
-    return max(1, min(max_window, math.ceil(transfer / compute_ns_per_point)))
+    ratio = cost.duration_ns(READ, bytes_per_point) / compute_ns_per_point
+    if ratio >= max_window:  # also a ratio too large for ceil (a subnormal compute time)
+        return max(1, max_window)
+    return max(1, min(max_window, math.ceil(ratio)))
+
+
+class _CheckedWindow:
+    """A user's window function, called positionally, its result checked (an int >= 0)."""
+
+    __slots__ = ("fn", "label")
+
+    def __init__(self, fn: Callable[..., Any], label: str) -> None:
+        self.fn, self.label = fn, label
+
+    def __call__(self, link: LinkParams, bytes_per_point: int, compute_ns_per_point: float,
+                 max_window: int) -> int:
+        got = self.fn(link, bytes_per_point, compute_ns_per_point, max_window)
+        if isinstance(got, bool) or not isinstance(got, int) or got < 0:
+            raise PolicyProtocolError(
+                f"prefetch window function {self.label} returned {got!r} for bytes_per_point="
+                f"{bytes_per_point}, compute_ns_per_point={compute_ns_per_point}, max_window={max_window}: "
+                f"expected an int >= 0 (points ahead; {WINDOW_SIGNATURE})")
+        return got
+
+    def __repr__(self) -> str:
+        return f"<window function {self.label}>"
+
+
+def resolve_window(spec: WindowSpec) -> WindowFunction:
+    """The window function ``spec`` names (see :data:`WindowSpec`), checked against
+    :data:`WINDOW_SIGNATURE`.
+
+    Raises ``ValueError`` for a malformed name or a module path that does not import (naming
+    the module and the reason), and :class:`~firmware_model.policies.PolicyProtocolError` (a
+    ``TypeError`` and a ``ValueError``) for something not callable or that cannot be called
+    with the four arguments. A function of your own comes back wrapped so that a result that is
+    not an int >= 0 raises ``PolicyProtocolError`` naming it; ``"auto"`` is :func:`window_points`.
+    """
+    if spec == "auto" or spec is window_points:
+        return window_points
+    if isinstance(spec, str):
+        if ":" not in spec:
+            raise ValueError(f"unknown prefetch window {spec!r}: use 'auto' (firmware_model.prefetch."
+                             "window_points) or name your own function as 'package.module:function'")
+        fn = import_spec(spec, "prefetch window function", "'package.module:function'")
+    else:
+        fn = spec
+    label = spec_label(spec)
+    if not callable(fn) or isinstance(fn, type):
+        raise PolicyProtocolError(f"prefetch window function {label} is {fn!r}: expected a function "
+                                  f"{WINDOW_SIGNATURE}")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+        sig = None
+    if sig is not None:
+        try:
+            sig.bind(None, 0, 0.0, 0)
+        except TypeError:
+            bare = sig.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
+                                           for p in sig.parameters.values()],
+                               return_annotation=inspect.Signature.empty)
+            raise PolicyProtocolError(
+                f"prefetch window function {label}{bare} cannot be called as f(link, bytes_per_point, "
+                f"compute_ns_per_point, max_window) (expected {WINDOW_SIGNATURE})") from None
+    return _CheckedWindow(fn, label)
 
 
 @dataclass

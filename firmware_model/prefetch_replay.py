@@ -3,7 +3,9 @@
 The trace's own progress points — consecutive accesses with the same (step, sequence, layer) —
 are the host's schedule: every point is hinted up front with the blocks it reads, and the
 replayer reports progress as it reaches each point, so prefetches are issued ``window`` points
-ahead (sized by :func:`~firmware_model.prefetch.window_points` unless given). Each access costs
+ahead (sized by :func:`~firmware_model.prefetch.window_points` unless given: a fixed int, or a
+window function of your own, ``"package.module:function"`` or the callable, see
+:func:`~firmware_model.prefetch.resolve_window`). Each access costs
 ``compute_ns``; a block still in flight when needed stalls the compute until it lands (a late
 prefetch, counted as a miss); a block neither resident nor in flight is fetched on demand at the
 highest DMA priority. The blocks of the current point, and prefetched blocks not used yet, are
@@ -19,7 +21,7 @@ import simpy
 from firmware_model._replay_types import Access, ReplayResult
 from firmware_model.dma import DmaScheduler, TransferCost
 from firmware_model.policies import EvictionPolicy
-from firmware_model.prefetch import PrefetchQueue, window_points
+from firmware_model.prefetch import PrefetchQueue, WindowSpec, resolve_window
 
 __all__ = ["replay_with_prefetch"]
 
@@ -40,7 +42,7 @@ class _Replay:
     """State of one prefetching replay (the simpy process is :meth:`run`)."""
 
     def __init__(self, trace: Sequence[Access], policy: EvictionPolicy, capacity: int,
-                 cost: TransferCost, compute_ns: int, window: int | None, channels: int) -> None:
+                 cost: TransferCost, compute_ns: int, window: int | WindowSpec | None, channels: int) -> None:
         self.env = simpy.Environment()
         self.policy, self.capacity, self.compute_ns = policy, capacity, compute_ns
         self.on_miss = getattr(policy, "on_miss", None)  # see EvictionPolicy's optional hook
@@ -49,8 +51,11 @@ class _Replay:
         layers = max(a.layer for a in trace) + 1
         block_bytes = cost.block_bytes or 1
         if window is None:
+            window = "auto"
+        if isinstance(window, bool) or not isinstance(window, int):
+            size = resolve_window(window)  # type: ignore[arg-type]  # a bool is refused there
             per_point = max(1, len(trace) // max(1, len(self.groups)))
-            window = window_points(cost, per_point * block_bytes, per_point * compute_ns)
+            window = size(cost, per_point * block_bytes, per_point * compute_ns, 64)
         self.dma = DmaScheduler(self.env, cost, channels=channels, queue_depth=1 << 30)
         self.pq = PrefetchQueue(self.dma, block_bytes=block_bytes, window=window, layers=layers,
                                 is_resident=policy.__contains__, on_arrival=self._insert)
@@ -103,9 +108,14 @@ class _Replay:
 
 
 def replay_with_prefetch(trace: Sequence[Access], policy: EvictionPolicy, capacity: int, *,
-                         cost: TransferCost, compute_ns: int = 0, window: int | None = None,
+                         cost: TransferCost, compute_ns: int = 0, window: int | WindowSpec | None = None,
                          channels: int = 1) -> ReplayResult:
-    """Replay ``trace`` with prefetching; ``opt_hits`` is left 0 for the caller to fill."""
+    """Replay ``trace`` with prefetching; ``opt_hits`` is left 0 for the caller to fill.
+
+    ``window``: points ahead, an int >= 0; or what sizes it once from the cost model and the
+    trace's mean point (``None`` / ``"auto"``: :func:`~firmware_model.prefetch.window_points`;
+    ``"package.module:function"`` or a callable ``f(link, bytes_per_point, compute_ns_per_point,
+    max_window) -> int``, called with ``max_window=64``)."""
     r = _Replay(trace, policy, capacity, cost, compute_ns, window, channels)
     r.env.process(r.run())
     r.env.run()

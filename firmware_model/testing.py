@@ -31,6 +31,14 @@ To see each invariant as its own test::
     def test_clock(invariant):
         check_policy("mymod:Clock", invariants=[invariant])
 
+The other two plug-in points have their own checks:
+
+    check_window("mymod:window")   # a prefetch window function: an int in [0, max_window] for
+                                   # hypothesis-generated links, point sizes and compute times, and
+                                   # the same result for the same arguments
+    check_scorer("mymod:Heat")     # a heat scorer: the hotness policy, with it plugged in (and fed
+                                   # hotlist counts, host hints and frequent cooling), holds INVARIANTS
+
 Needs ``hypothesis`` (``pip install cxlemu[test]``).
 """
 from __future__ import annotations
@@ -46,6 +54,7 @@ except ImportError as exc:  # pragma: no cover - hypothesis is a test dependency
     raise ImportError("firmware_model.testing needs hypothesis: pip install 'hypothesis>=6.100' "
                       "(or cxlemu[test])") from exc
 
+from firmware_model.link import LinkParams
 from firmware_model.policies import (
     EvictionPolicy,
     NoVictimError,
@@ -53,17 +62,22 @@ from firmware_model.policies import (
     policy_label,
     resolve_policy,
 )
-from firmware_model.policies.base import check_policy_instance
+from firmware_model.policies.base import check_policy_instance, spec_label
+from firmware_model.policies.hotness import HotnessPolicy, ScorerSpec, resolve_scorer
+from firmware_model.prefetch import WindowSpec, resolve_window
 from firmware_model.replay import count_hits, opt_hit_count
 
 __all__ = [
     "INVARIANTS",
     "MAX_CAPACITY",
+    "WINDOW_INVARIANTS",
     "Op",
     "PolicyConformanceError",
     "Scenario",
     "check_policy",
     "check_scenario",
+    "check_scorer",
+    "check_window",
     "scenarios",
 ]
 
@@ -248,11 +262,19 @@ class _Run:
 
 def check_scenario(spec: PolicySpec, scenario: Scenario, invariants: Iterable[str] = INVARIANTS) -> None:
     """Check ``invariants`` on one scenario (what :func:`check_policy` does for each example)."""
+    _check_scenario(resolve_policy(spec), policy_label(spec), scenario, _invariants(invariants))
+
+
+def _invariants(invariants: Iterable[str]) -> frozenset[str]:
     checks = frozenset(invariants)
     unknown = checks - set(INVARIANTS)
     if unknown:
         raise ValueError(f"unknown invariant {min(unknown)!r}: choose from {', '.join(INVARIANTS)}")
-    factory, label = resolve_policy(spec), policy_label(spec)
+    return checks
+
+
+def _check_scenario(factory: Callable[..., EvictionPolicy], label: str, scenario: Scenario,
+                    checks: frozenset[str]) -> None:
     first = _Run(factory, label, scenario, 0, checks)
     victims = first.run()
     if "deterministic" in checks:
@@ -286,20 +308,124 @@ def check_policy(spec: PolicySpec, *, examples: int = 200, invariants: Sequence[
     makes the examples reproducible (hypothesis' database is not used either way);
     ``shrink=False`` reports the first failing trace as found, without minimising it (faster).
     """
-    resolve_policy(spec)  # a protocol mismatch is reported as such, before any trace
-    wanted = tuple(invariants)
+    factory = resolve_policy(spec)  # a protocol mismatch is reported as such, before any trace
+    _drive(factory, policy_label(spec), examples=examples, invariants=invariants, max_ops=max_ops,
+           seed=seed, shrink=shrink)
 
+
+def _settings(examples: int, shrink: bool) -> Any:
     phases = tuple(p for p in Phase if shrink or p not in (Phase.shrink, Phase.explain))
+    return settings(max_examples=examples, deadline=None, database=None, report_multiple_bugs=False,
+                    suppress_health_check=list(HealthCheck), print_blob=False, phases=phases)
 
-    @settings(max_examples=examples, deadline=None, database=None, report_multiple_bugs=False,
-              suppress_health_check=list(HealthCheck), print_blob=False, phases=phases)
+
+def _drive(factory: Callable[..., EvictionPolicy], label: str, *, examples: int, invariants: Iterable[str],
+           max_ops: int, seed: int | None, shrink: bool) -> None:
+    checks = _invariants(invariants)
+
+    @_settings(examples, shrink)
     @given(scenarios(max_ops))
     def run(scenario: Scenario) -> None:
-        check_scenario(spec, scenario, wanted)
+        _check_scenario(factory, label, scenario, checks)
 
     if seed is not None:
         run = _seeded(run, seed)
     run()
+
+
+# -- the prefetch window ---------------------------------------------------------------------------
+WINDOW_INVARIANTS: tuple[str, ...] = ("range", "deterministic")
+"""What :func:`check_window` checks: the result is an int in [0, max_window]; the same arguments
+give the same result."""
+
+
+@st.composite
+def _window_args(draw: Any) -> tuple[LinkParams, int, float, int]:
+    link = LinkParams(lat_ns=(draw(st.integers(0, 10**6)), draw(st.integers(0, 10**6))),
+                      fs_per_byte=(draw(st.integers(0, 10**5)), draw(st.integers(0, 10**5))),
+                      txn_bytes=draw(st.sampled_from((64, 128, 256, 4096))))
+    nbytes = draw(st.one_of(st.integers(1, 4096), st.integers(1, 1 << 30)))
+    # 0 (not measured) or at least 1 ns: the engine measures whole ns, replay multiplies ints
+    compute = draw(st.one_of(st.just(0.0), st.integers(1, 10**7).map(float),
+                             st.floats(1.0, 1e9, allow_nan=False, allow_infinity=False)))
+    return link, nbytes, compute, draw(st.integers(1, 256))
+
+
+def check_window(spec: WindowSpec, *, examples: int = 200, seed: int | None = None,
+                 shrink: bool = True) -> None:
+    """Check a prefetch window function (``"module:function"`` or the callable, see
+    :func:`~firmware_model.prefetch.resolve_window`) on ``examples`` hypothesis-generated
+    ``(link, bytes_per_point, compute_ns_per_point, max_window)`` (links up to 1 ms latency and
+    100 ns per byte, points of 1 B to 1 GiB, compute 0 or 1 ns to 1 s, windows of 1 to 256): the result is an int in
+    ``[0, max_window]`` (``range``) and a second call with equal arguments returns the same
+    (``deterministic``). Raises :class:`PolicyConformanceError` naming the invariant and the
+    arguments; ``ValueError`` / ``PolicyProtocolError`` if the function does not resolve."""
+    checked = resolve_window(spec)  # a wrong signature is reported as such, before any example
+    fn = getattr(checked, "fn", checked)
+    label = spec_label(spec)
+
+    def fail(invariant: str, args: tuple[LinkParams, int, float, int], what: str) -> PolicyConformanceError:
+        link, nbytes, compute, max_window = args
+        return PolicyConformanceError(
+            f"window function {label} breaks '{invariant}': {what}\n  called as f({link!r}, "
+            f"bytes_per_point={nbytes}, compute_ns_per_point={compute!r}, max_window={max_window})")
+
+    @_settings(examples, shrink)
+    @given(_window_args())
+    def run(args: tuple[LinkParams, int, float, int]) -> None:
+        try:
+            got = fn(*args)
+        except Exception as exc:
+            raise fail("range", args, f"raised {type(exc).__name__}: {exc}") from exc
+        if isinstance(got, bool) or not isinstance(got, int) or not 0 <= got <= args[3]:
+            raise fail("range", args, f"returned {got!r}, not an int in [0, max_window={args[3]}]")
+        again = fn(LinkParams(lat_ns=args[0].lat_ns, fs_per_byte=args[0].fs_per_byte,
+                              txn_bytes=args[0].txn_bytes), *args[1:])
+        if again != got:
+            raise fail("deterministic", args, f"returned {got!r}, then {again!r} for equal arguments")
+
+    if seed is not None:
+        run = _seeded(run, seed)
+    run()
+
+
+# -- the hotness policy's heat scorer -------------------------------------------------------------
+class _HintedHotness(HotnessPolicy):
+    """The hotness policy as a device drives it: besides the kit's calls, hotlist counts on touch,
+    host hints on insert and on keys that left, and cooling every 4 accesses, so each of the
+    scorer's methods decides."""
+
+    def __init__(self, capacity: int, scorer: ScorerSpec | None = None) -> None:
+        super().__init__(capacity, cooling=4, scorer=scorer)
+
+    def insert(self, key: Hashable, now: int = 0) -> None:
+        super().insert(key, now)
+        if now % 3 == 1:
+            self.hint_heat(key, 1 + now % 5)
+
+    def touch(self, key: Hashable, now: int = 0) -> None:
+        super().touch(key, now)
+        self.feed_hotlist([(key, now % 4)])
+
+    def remove(self, key: Hashable) -> None:
+        super().remove(key)
+        self.hint_heat(key, 2)  # a key not resident: its remembered heat
+
+
+def check_scorer(spec: ScorerSpec, *, examples: int = 200, invariants: Sequence[str] = INVARIANTS,
+                 max_ops: int = 60, seed: int | None = None, shrink: bool = True) -> None:
+    """Check a heat scorer for the hotness policy (``"module:Class"``, the class, a factory or an
+    instance; see :func:`~firmware_model.policies.hotness.resolve_scorer`): the hotness policy with
+    it plugged in, fed hotlist counts and host hints and cooled every 4 accesses, must hold every
+    policy invariant (:data:`INVARIANTS`) on hypothesis-generated traces, as :func:`check_policy`
+    checks them. A class is built afresh for each policy."""
+    resolve_scorer(spec)  # a protocol mismatch is reported as such, before any trace
+
+    def factory(capacity: int) -> EvictionPolicy:
+        return _HintedHotness(capacity, scorer=spec)
+
+    _drive(factory, f"hotness(scorer={spec_label(spec)})", examples=examples, invariants=invariants,
+           max_ops=max_ops, seed=seed, shrink=shrink)
 
 
 def _seeded(test: Callable[[], None], seed: int) -> Callable[[], None]:

@@ -56,7 +56,8 @@ def test_tiny_run_covers_every_mode_with_equal_tokens() -> None:
 @pytest.mark.parametrize("argv,message", [
     (["--steps", "2"], "--steps must be > 2"),
     (["--policy", "belady"], "unknown policy 'belady'"),
-    (["--prefetch-depth", "deep"], "--prefetch-depth must be a number of layers or 'auto'"),
+    (["--prefetch-depth", "deep"], "--prefetch-depth must be a number of layers, 'auto' or module:function"),
+    (["--prefetch-depth", "no_such_module_xyz:window"], "--prefetch-depth: "),
     (["--preset", "none"], "has an unthrottled link"),
     (["--context", "-5"], "--context must be >= 1, got -5"),
     (["--budget", "0"], "--budget is a percentage of the KV in (0, 100], got 0"),

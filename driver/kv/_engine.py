@@ -48,7 +48,7 @@ from firmware_model.clock import Clock
 from firmware_model.dma import QueueFullError
 from firmware_model.link import LinkParams
 from firmware_model.policies import NoVictimError, make_policy
-from firmware_model.prefetch import PrefetchQueue, PrefetchStats, window_points
+from firmware_model.prefetch import PrefetchQueue, PrefetchStats, resolve_window
 
 __all__ = ["Decision", "KVLoadError", "ResidencyEngine", "WallClock"]
 
@@ -189,7 +189,7 @@ class ResidencyEngine:
                 "evictions", "prefetch_useful", "prefetch_wasted", "tokens_generated")
 
     def __init__(self, *, budget: int, policy: str, block_tokens: int, store: BlockStore,
-                 device: torch.device, dtype: torch.dtype, prefetch_depth: int | str = "auto",
+                 device: torch.device, dtype: torch.dtype, prefetch_depth: int | str | Callable[..., int] = "auto",
                  max_retries: int = 2, prefix_sharing: bool = True, max_seq_len: int | None = None,
                  recompute: Recompute | None = None, full_writeback: bool = False,
                  link: LinkParams | None = None, clock: Clock | None = None,
@@ -205,6 +205,8 @@ class ResidencyEngine:
         self.pool: ChunkPool | None = None
         self.dtype = dtype
         self.prefetch_depth = prefetch_depth
+        # "auto" (window_points) or a window function of the user's: what sizes the window
+        self._window_fn = None if isinstance(prefetch_depth, int) else resolve_window(prefetch_depth)
         self.max_seq_len = max_seq_len
         self.arena = Arena(budget, device, dtype)
         self.staging = StagingPool(pin=device.type == "cuda")
@@ -374,13 +376,14 @@ class ResidencyEngine:
     def _depth(self) -> int:
         """Layers to load ahead: fixed, or (``"auto"``) the firmware model's prefetch window —
         just enough layers of compute to hide one layer's transfer (``window_points``), from the
-        link's timing and the measured compute time per layer."""
-        if self.prefetch_depth != "auto":
-            return int(self.prefetch_depth)
+        link's timing and the measured compute time per layer; or what a window function of the
+        user's (``"package.module:function"`` or a callable, same arguments) returns for them."""
+        if self._window_fn is None:
+            return int(self.prefetch_depth)  # type: ignore[arg-type]  # an int when there is no function
         if self.link is None or self.link.untimed or self._layer_ns <= 0 or self.layout is None:
             return 1
         layer_bytes = self.layout.frame_bytes(self.layers[0].seq_len if self.layers else 1)
-        return window_points(self.link, layer_bytes, self._layer_ns, max_window=self._num_layers)
+        return self._window_fn(self.link, layer_bytes, self._layer_ns, self._num_layers)
 
     def _upcoming(self, layer: int) -> list[int]:
         """The layers of the prefetch window after ``layer``. Its depth is sized once per decode

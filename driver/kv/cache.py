@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -107,7 +108,10 @@ class CxlCache(Cache):
       ``DeviceInUse`` when another process's cache holds it); caches of one process on one device
       share its chunk pool.
     * ``prefetch_depth``: layers loaded ahead; ``"auto"`` sizes it from the link and the
-      measured compute per layer (``firmware_model.prefetch.window_points``).
+      measured compute per layer (``firmware_model.prefetch.window_points``); a window function
+      of your own, ``"package.module:function"`` or the callable, sizes it from the same
+      arguments, ``f(link, layer_bytes, compute_ns_per_layer, layers) -> int >= 0``
+      (``firmware_model.prefetch.resolve_window`` checks it).
     * ``model``: records the forward calls so chunks lost to a fault are recomputed from the
       tokens; without it such a loss raises ``KVLoadError``.
     * ``max_seq_len``: the final length, if known: frames are sized once (no regrowth), and a
@@ -119,7 +123,7 @@ class CxlCache(Cache):
     """
 
     def __init__(self, hbm_budget_bytes: int, policy: str | type = "reuse", block_tokens: int = 16,
-                 device: str | None = None, *, prefetch_depth: int | str = "auto", model: torch.nn.Module | None = None,
+                 device: str | None = None, *, prefetch_depth: int | str | Callable[..., int] = "auto", model: torch.nn.Module | None = None,
                  store: BlockStore | None = None, max_seq_len: int | None = None,
                  prefix_sharing: bool = True, max_retries: int = 2,
                  device_capacity: int = DEFAULT_DEVICE_CAPACITY, full_writeback: bool = False,
@@ -134,8 +138,16 @@ class CxlCache(Cache):
             raise ConfigError(f"max_seq_len must be None or an int >= 1 (the final length), got {max_seq_len!r}")
         if device is not None and store is not None:
             raise ConfigError("give device= or store=, not both")
-        if prefetch_depth != "auto" and (not isinstance(prefetch_depth, int) or prefetch_depth < 0):
-            raise ConfigError(f"prefetch_depth must be an int >= 0 or 'auto', got {prefetch_depth!r}")
+        if (isinstance(prefetch_depth, str) and ":" in prefetch_depth) or (
+                callable(prefetch_depth) and not isinstance(prefetch_depth, type)):
+            from firmware_model.prefetch import resolve_window
+
+            resolve_window(prefetch_depth)  # a module that does not import, or a wrong signature, fails here
+        elif prefetch_depth != "auto" and (isinstance(prefetch_depth, bool) or not isinstance(prefetch_depth, int)
+                                           or prefetch_depth < 0):
+            raise ConfigError(f"prefetch_depth must be an int >= 0, 'auto', or a window function "
+                              f"('package.module:function' or a callable f(link, bytes_per_point, "
+                              f"compute_ns_per_point, max_window) -> int), got {prefetch_depth!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ConfigError(f"max_retries must be an int >= 0 (retries of a failed load before its "
                               f"chunks are recomputed; 0 = none), got {max_retries!r}")

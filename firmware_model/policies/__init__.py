@@ -3,13 +3,16 @@
 Every policy implements :class:`EvictionPolicy` (``insert / touch / remove / evict(protected)``).
 Wherever a policy is named, a class of your own is too: ``"package.module:Class"`` or the class
 itself, checked against the protocol (:func:`resolve_policy`); ``firmware_model.testing``
-checks its behaviour.
+checks its behaviour. The hotness policy's heat scoring plugs in the same way
+(``make_policy("hotness", capacity, scorer="package.module:Class")``, see
+:func:`~firmware_model.policies.hotness.resolve_scorer`), as does the prefetch window
+(:func:`firmware_model.prefetch.resolve_window`); all three load through
+:func:`~firmware_model.policies.base.import_spec`.
 ``opt`` (Belady) is offline: it needs ``future=`` (the whole access sequence) and is meant for
 scoring, not for running a cache.
 """
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +24,15 @@ from firmware_model.policies.base import (
     check_capacity,
     check_policy_class,
     check_policy_instance,
+    import_spec,
+    spec_label,
 )
-from firmware_model.policies.hotness import HotnessPolicy
+from firmware_model.policies.hotness import (
+    CountingScorer,
+    HeatScorer,
+    HotnessPolicy,
+    resolve_scorer,
+)
 from firmware_model.policies.lfu import DecayedLFUPolicy, LFUPolicy
 from firmware_model.policies.lru import LRUPolicy
 from firmware_model.policies.opt import BeladyPolicy, next_use_positions
@@ -34,8 +44,10 @@ __all__ = [
     "POLICY_NAMES",
     "ARCPolicy",
     "BeladyPolicy",
+    "CountingScorer",
     "DecayedLFUPolicy",
     "EvictionPolicy",
+    "HeatScorer",
     "HotnessPolicy",
     "LFUPolicy",
     "LRUPolicy",
@@ -48,6 +60,7 @@ __all__ = [
     "next_use_positions",
     "policy_label",
     "resolve_policy",
+    "resolve_scorer",
 ]
 
 _FACTORIES: dict[str, Callable[..., EvictionPolicy]] = {
@@ -75,11 +88,7 @@ own, importable from ``sys.path``), or the class (or a factory ``f(capacity, **o
 
 def policy_label(spec: PolicySpec) -> str:
     """The name reports use for ``spec``: the string as given, ``module:Class`` for a class."""
-    if isinstance(spec, str):
-        return spec
-    if not hasattr(spec, "__qualname__"):
-        return repr(spec)
-    return f"{getattr(spec, '__module__', '?')}:{spec.__qualname__}"
+    return spec_label(spec)
 
 
 def resolve_policy(spec: PolicySpec) -> Callable[..., EvictionPolicy]:
@@ -112,25 +121,7 @@ def resolve_policy(spec: PolicySpec) -> Callable[..., EvictionPolicy]:
 
 
 def _import_policy(spec: str) -> object:
-    module_name, _, attr_path = spec.partition(":")
-    if not module_name or not attr_path:
-        raise ValueError(f"eviction policy {spec!r}: expected 'package.module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # an ImportError, or whatever the user's module raised while importing
-        hint = ""
-        if isinstance(exc, ModuleNotFoundError) and exc.name and module_name.startswith(exc.name):
-            hint = " (put the directory that holds it on PYTHONPATH)"
-        raise ValueError(f"cannot import eviction policy {spec!r}: importing module {module_name!r} "
-                         f"failed: {type(exc).__name__}: {exc}{hint}") from exc
-    obj: object = module
-    for part in attr_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ValueError(f"cannot import eviction policy {spec!r}: module {module_name!r} "
-                             f"({getattr(module, '__file__', '?')}) has no attribute {attr_path!r}") from None
-    return obj
+    return import_spec(spec, "eviction policy", "'package.module:Class'")
 
 
 def make_policy(spec: PolicySpec, capacity: int, **kwargs: Any) -> EvictionPolicy:

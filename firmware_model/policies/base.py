@@ -10,6 +10,7 @@ Times (``now``) are simulated integers supplied by the caller; no policy reads a
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Container, Hashable
 from typing import Protocol, TypeVar, runtime_checkable
@@ -22,6 +23,8 @@ __all__ = [
     "check_capacity",
     "check_policy_class",
     "check_policy_instance",
+    "import_spec",
+    "spec_label",
 ]
 
 
@@ -61,6 +64,45 @@ class EvictionPolicy(Protocol):
     def __len__(self) -> int: ...
 
 
+def spec_label(spec: object) -> str:
+    """The name reports use for a plug-in ``spec``: the string as given, ``module:name`` for a
+    class or function, ``repr`` for anything else."""
+    if isinstance(spec, str):
+        return spec
+    if not hasattr(spec, "__qualname__"):
+        return repr(spec)
+    return f"{getattr(spec, '__module__', '?')}:{spec.__qualname__}"
+
+
+def import_spec(spec: str, kind: str = "eviction policy", form: str = "'package.module:Class'") -> object:
+    """The object ``"package.module:attr"`` names (``attr`` may be dotted), imported from ``sys.path``.
+
+    The one loader behind every plug-in point (eviction policies, prefetch window functions, heat
+    scorers). Raises ``ValueError`` naming ``kind``, the spec, the module and the reason: a
+    malformed spec (expected ``form``), a module that does not import (with a PYTHONPATH hint when
+    the module is not found), a missing attribute.
+    """
+    module_name, _, attr_path = spec.partition(":")
+    if not module_name or not attr_path:
+        raise ValueError(f"{kind} {spec!r}: expected {form}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # an ImportError, or whatever the user's module raised while importing
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name and module_name.startswith(exc.name):
+            hint = " (put the directory that holds it on PYTHONPATH)"
+        raise ValueError(f"cannot import {kind} {spec!r}: importing module {module_name!r} "
+                         f"failed: {type(exc).__name__}: {exc}{hint}") from exc
+    obj: object = module
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"cannot import {kind} {spec!r}: module {module_name!r} "
+                             f"({getattr(module, '__file__', '?')}) has no attribute {attr_path!r}") from None
+    return obj
+
+
 def check_capacity(capacity: int) -> int:
     """Validate a policy capacity (in blocks); returns it."""
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
@@ -79,7 +121,8 @@ def duplicate(policy_name: str, key: Hashable) -> KeyError:
 
 
 class PolicyProtocolError(TypeError, ValueError):
-    """A class (or factory) named as an eviction policy does not fit :class:`EvictionPolicy`.
+    """A class (or factory) named as an eviction policy does not fit :class:`EvictionPolicy`
+    (or a prefetch window function or heat scorer does not fit its protocol).
 
     A ``TypeError`` (the object has the wrong shape) that is also a ``ValueError``, so every caller
     that validates a policy *name* (the CLI, ``CxlCache``) reports it as it reports an unknown name.

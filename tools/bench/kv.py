@@ -202,7 +202,8 @@ def register(bench: Any) -> None:
     p.add_argument("--steps", type=int, default=16, help=f"decode steps (the first {WARMUP_STEPS} are not timed)")
     p.add_argument("--block-tokens", type=int, default=256)
     p.add_argument("--prefetch-depth", default="auto",
-                   help="layers loaded ahead, or 'auto' (default): the firmware model's window for the link")
+                   help="layers loaded ahead, 'auto' (default: the firmware model's window for the link), "
+                        "or module:function (your own window function)")
     p.add_argument("--policy", action="append",
                    help="firmware policies: built-in names or module:Class (repeatable; default all online ones)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the DMA engine gets a core)")
@@ -229,7 +230,15 @@ def cmd_kv(args: Any) -> int:
         try:
             args.prefetch_depth = int(args.prefetch_depth)
         except ValueError:
-            raise CliError(f"--prefetch-depth must be a number of layers or 'auto', got {args.prefetch_depth!r}") from None
+            if ":" not in args.prefetch_depth:
+                raise CliError(f"--prefetch-depth must be a number of layers, 'auto' or module:function, "
+                               f"got {args.prefetch_depth!r}") from None
+            from firmware_model.prefetch import resolve_window
+
+            try:
+                resolve_window(args.prefetch_depth)
+            except ValueError as exc:  # PolicyProtocolError is one too
+                raise CliError(f"--prefetch-depth: {exc}") from None
     if args.repeat < 1:
         raise CliError("--repeat must be >= 1")
     for flag, values, low in (("--layers", [args.layers], 2), ("--hidden", [args.hidden], 1),

@@ -1,6 +1,7 @@
 """``cxlemu trace``: replay block-access traces through the firmware's policies, generate and record them.
 
-    cxlemu trace replay FILE --policy NAME|module:Class --capacity BLOCKS [--prefetch] [--json]
+    cxlemu trace replay FILE --policy NAME|module:Class --capacity BLOCKS [--prefetch
+                        [--prefetch-window N|auto|module:function]] [--json]
     cxlemu trace gen KIND [--out FILE] [--<param> N ...]
     cxlemu trace record [--out FILE] [--steps N] [--block-tokens N] [--threshold X] ...
 """
@@ -37,6 +38,22 @@ def _register_replay(sub: Any) -> None:
             raise argparse.ArgumentTypeError(str(exc)) from None
         return spec
 
+    def window_spec(spec: str) -> int | str:  # points ahead, auto, or module:function checked
+        from firmware_model.prefetch import resolve_window
+
+        try:
+            n = int(spec)
+        except ValueError:
+            try:
+                resolve_window(spec)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+            return spec
+        if n < 0:
+            raise argparse.ArgumentTypeError(f"a window of {n} points: expected an int >= 0, 'auto' "
+                                             "or module:function")
+        return n
+
     r = sub.add_parser("replay", help="replay a trace (JSON lines or binary .npz) through an eviction policy")
     r.add_argument("file", metavar="FILE", help='JSON lines, each with "t" and "block", or a binary .npz trace')
     r.add_argument("--policy", default="lru", type=policy_spec, metavar="NAME",
@@ -45,6 +62,10 @@ def _register_replay(sub: Any) -> None:
     r.add_argument("--capacity", type=int, required=True, metavar="BLOCKS", help="resident blocks")
     r.add_argument("--prefetch", action="store_true",
                    help="prefetch from the trace's own (step, seq, layer) hints; needs a cost model")
+    r.add_argument("--prefetch-window", type=window_spec, default=None, metavar="N|auto|module:function",
+                   help="with --prefetch: points issued ahead, or what sizes them (default auto: "
+                        "firmware_model.prefetch.window_points; your own function as module:function, "
+                        "f(link, bytes_per_point, compute_ns_per_point, max_window) -> int)")
     r.add_argument("--json", action="store_true", help="print the result as JSON")
     g = r.add_argument_group("cost model (stall time; any of these enables it)")
     g.add_argument("--block-bytes", type=int, default=0, help="bytes per block (default 256 KiB with a cost model)")
@@ -73,12 +94,13 @@ def _cost_from(args: argparse.Namespace):  # -> TransferCost | None
 
 
 def replay_file(path: str, policy: str, capacity: int, cost: Any = None, compute_ns: int = 0,
-                prefetch: bool = False) -> dict[str, Any]:
+                prefetch: bool = False, window: Any = None) -> dict[str, Any]:
     """Load and replay one trace; returns the JSON document (with events_per_s, wall-clock).
 
     Demand fill replays the block column as it is loaded (a binary trace's ids, without an
     ``Access`` per record; ``lru``, ``lfu``, ``arc``, ``s3fifo`` and ``opt`` in C when built); ``--prefetch``
-    needs the records' (step, sequence, layer) and builds them."""
+    needs the records' (step, sequence, layer) and builds them; ``window`` (an int, ``"auto"``,
+    ``"module:function"`` or a callable) sizes its prefetch window (None: auto)."""
     from firmware_model.replay import opt_hit_count, replay, replay_keys
     from tools.trace.io import load_columns
 
@@ -87,7 +109,16 @@ def replay_file(path: str, policy: str, capacity: int, cost: Any = None, compute
         raise CliError(f"trace {path} holds no accesses")
     trace = cols.accesses() if prefetch else None
     start = time.perf_counter()
-    if trace is not None:
+    if trace is not None and window is not None:
+        from firmware_model.policies import make_policy
+        from firmware_model.prefetch_replay import replay_with_prefetch
+
+        if policy == "opt":
+            raise ValueError("policy 'opt' scores demand fill (it needs the exact access sequence): "
+                             "replay it without prefetch")
+        result = replay_with_prefetch(trace, make_policy(policy, capacity), capacity, cost=cost,
+                                      compute_ns=compute_ns, window=window)
+    elif trace is not None:
         result = replay(trace, policy, capacity, cost=cost, compute_ns=compute_ns, prefetch=True,
                         with_opt=False)
     else:
@@ -107,9 +138,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     if args.capacity < 1:
         raise CliError(f"--capacity must be a positive number of blocks, got {args.capacity}")
+    if args.prefetch_window is not None and not args.prefetch:
+        raise CliError("--prefetch-window sizes the prefetcher's window: give --prefetch too")
     cost = _cost_from(args)
     try:
-        doc = replay_file(args.file, args.policy, args.capacity, cost, args.compute_ns, args.prefetch)
+        doc = replay_file(args.file, args.policy, args.capacity, cost, args.compute_ns, args.prefetch,
+                          args.prefetch_window)
     except OSError as exc:
         raise CliError(f"cannot read trace {args.file}: {exc.strerror or exc}") from None
     except (TraceFormatError, ValueError) as exc:
