@@ -107,22 +107,35 @@ def start_time(pid: int) -> int:
     return -1 if stat is None else stat[1]
 
 
-def process_alive(pid: int, started: int = -1) -> bool:
-    """Whether ``pid`` is a live process (not a zombie) that started at ``started`` (-1: any)."""
+_HAVE_PROC = Path("/proc/self/stat").exists()
+_DEAD_STATES = ("Z", "X", "x")
+
+
+def _death(pid: int, started: int) -> str | None:
+    """None while ``pid`` is a live process that started at ``started`` (-1: any); else
+    "zombie" (killed, not reaped) or "gone". One read of /proc (signal 0 where there is none,
+    and then a zombie counts as alive)."""
     if pid <= 0:
-        return False
-    if Path("/proc/self/stat").exists():
+        return "gone"
+    if _HAVE_PROC:
         stat = _proc_stat(pid)
-        if stat is None or stat[0] in ("Z", "X", "x"):
-            return False
-        return started < 0 or stat[1] < 0 or stat[1] == started
-    try:  # no /proc: signal 0 (a zombie counts as alive here)
+        if stat is None:
+            return "gone"
+        if stat[0] in _DEAD_STATES:
+            return "zombie"
+        return None if started < 0 or stat[1] < 0 or stat[1] == started else "gone"
+    try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return "gone"
     except PermissionError:
         pass
-    return True
+    return None
+
+
+def process_alive(pid: int, started: int = -1) -> bool:
+    """Whether ``pid`` is a live process (not a zombie) that started at ``started`` (-1: any)."""
+    return _death(pid, started) is None
 
 
 def write_pid(device_dir: Path) -> None:
@@ -156,20 +169,20 @@ def dead_firmware(device_dir: Path) -> str | None:
     if rec is None:
         return "no firmware serves it (start it with `cxlemu serve`)"
     pid, started = rec
-    stat = _proc_stat(pid) if Path("/proc/self/stat").exists() else None
-    if stat is not None and stat[0] in ("Z", "X", "x"):
+    death = _death(pid, started)
+    if death == "zombie":
         return f"its firmware (pid {pid}) was killed and is a zombie"
-    if not process_alive(pid, started):
+    if death is not None:
         return f"its firmware (pid {pid}) is no longer running"
     return None
 
 
 # ---- the host side's watcher -----------------------------------------------------------------
 class _Watch:
-    __slots__ = ("device_dir", "expected", "pid", "started", "view")
+    __slots__ = ("expected", "pid", "started", "view")
 
-    def __init__(self, device_dir: Path, view: memoryview, expected: int, pid: int, started: int) -> None:
-        self.device_dir, self.view, self.expected, self.pid, self.started = device_dir, view, expected, pid, started
+    def __init__(self, view: memoryview, expected: int, pid: int, started: int) -> None:
+        self.view, self.expected, self.pid, self.started = view, expected, pid, started
 
 
 class Watcher:
@@ -186,7 +199,7 @@ class Watcher:
         rec = read_pid(device_dir)
         if rec is None:
             return None
-        watch = _Watch(device_dir, view, expected, *rec)
+        watch = _Watch(view, expected, *rec)
         with self._lock:
             self._watches.add(watch)
             if self._thread is None or not self._thread.is_alive() or self._owner != os.getpid():
