@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from driver.kv import KVLayout, MemoryBlockStore
 from driver.kv._engine import Decision, ResidencyEngine, WallClock
-from driver.kv._store import CompletedTransfer
+from driver.kv.testing import GatedStore
 from firmware_model.clock import ManualClock
 from firmware_model.link import READ, LinkParams
 from firmware_model.prefetch import window_points
@@ -22,26 +22,6 @@ from firmware_model.prefetch import window_points
 LAYERS, PROMPT, CAP, BLOCK = 4, 8, 16, 4
 LAYOUT = KVLayout(batch=1, kv_heads=2, head_dim=16, itemsize=4, block_tokens=BLOCK)
 LINK = LinkParams.from_rates(read_latency_ns=1000, read_bandwidth_gbps=1)  # 1000 ns + 1 ns per byte
-
-
-class GatedStore(MemoryBlockStore):
-    """Reads land only when waited for: every prefetch is still in flight when its layer runs."""
-
-    def read(self, extents, host):
-        super().read(extents, host)
-        return _Gated()
-
-
-class _Gated(CompletedTransfer):
-    def __init__(self) -> None:
-        super().__init__()
-        self.waited = False
-
-    def done(self) -> bool:
-        return self.waited
-
-    def wait(self) -> None:
-        self.waited = True
 
 
 def run(*, frames: int, depth: int | str = 1, compute_ns: int = 1000, steps: int = 3, policy: str = "lru",

@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 from transformers import DynamicCache
 
 from driver.kv import CxlCache, KVLayout
-from driver.kv._store import CompletedTransfer, MemoryBlockStore
-from driver.kv.testing import padded_batch, tiny_llama
+from driver.kv._store import MemoryBlockStore
+from driver.kv.testing import GatedStore, padded_batch, tiny_llama
 from firmware_model.prefetch import PrefetchQueue
 
 LAYERS, PROMPT, NEW, CAP = 4, 12, 10, 32
@@ -51,26 +51,6 @@ def stats_of_run(model, prompt, store: MemoryBlockStore, depth: int | str = 1) -
     cache.close()
     assert torch.equal(out, ref)
     return cache.stats()
-
-
-class GatedStore(MemoryBlockStore):
-    """Reads land only when waited for: every prefetch is still in flight when its layer runs."""
-
-    def read(self, extents, host):
-        super().read(extents, host)
-        return _Gated()
-
-
-class _Gated(CompletedTransfer):
-    def __init__(self) -> None:
-        super().__init__()
-        self.waited = False
-
-    def done(self) -> bool:
-        return self.waited
-
-    def wait(self) -> None:
-        self.waited = True
 
 
 def test_the_shim_hints_each_point_once_and_reports_every_layer(model, prompt, monkeypatch) -> None:

@@ -1,11 +1,14 @@
-"""Seeded random tiny Llamas fed token ids: no hub, no tokenizer (for tests, bench and demo)."""
+"""Seeded random tiny Llamas fed token ids: no hub, no tokenizer (for tests, bench and demo); and
+``GatedStore``, a block store whose reads land only when waited for (for prefetch tests)."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
-__all__ = ["padded_batch", "tiny_llama"]
+from driver.kv._store import CompletedTransfer, MemoryBlockStore
+
+__all__ = ["GatedStore", "padded_batch", "tiny_llama"]
 
 
 def tiny_llama(*, layers: int = 4, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
@@ -42,3 +45,23 @@ def padded_batch(lengths: list[int], *, vocab: int = 256, seed: int = 1,
         ids[row, width - n:] = toks
         mask[row, width - n:] = 1
     return ids, mask
+
+
+class GatedStore(MemoryBlockStore):
+    """Reads land only when waited for: every prefetch is still in flight when its layer runs."""
+
+    def read(self, extents: Any, host: Any) -> CompletedTransfer:
+        super().read(extents, host)
+        return _Gated()
+
+
+class _Gated(CompletedTransfer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited = False
+
+    def done(self) -> bool:
+        return self.waited
+
+    def wait(self) -> None:
+        self.waited = True
