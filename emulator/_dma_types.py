@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from emulator.spec.errors import DmaError
 from emulator.timing import host_view
 
-__all__ = ["Descriptor", "Direction", "DmaHandle", "handle_base_is_c"]
+__all__ = ["Descriptor", "DescriptorArray", "Direction", "DmaHandle", "PinnedHosts", "handle_base_is_c"]
 
 
 class Direction(enum.Enum):
@@ -85,6 +85,103 @@ class Descriptor:
         object.__setattr__(self, "_cdesc_addr", int(ffi.cast("uintptr_t", cdesc)))
         object.__setattr__(self, "_chost", host)  # keeps the pointer in cdesc valid
         return cdesc
+
+
+class PinnedHosts:
+    """Host buffers checked and pinned once for many ``DescriptorArray``s (a driver registers
+    its buffers once, as it would register memory regions with an RDMA or DMA engine)."""
+
+    def __init__(self, hosts: list[Any], *, writable: bool = True) -> None:
+        import numpy as np
+
+        from emulator.timing._cimpl import ffi
+
+        if ffi is None:
+            raise RuntimeError("PinnedHosts needs the C data path (build it: python -m emulator.timing._build)")
+        self.writable = writable
+        self.pins = [ffi.from_buffer("uint8_t[]", host_view(h, writable=writable), require_writable=writable)
+                     for h in hosts]
+        self.sizes = np.array([len(p) for p in self.pins], dtype=np.int64)
+        self.bases = np.array([int(ffi.cast("uintptr_t", p)) for p in self.pins], dtype=np.uint64)
+
+    def __len__(self) -> int:
+        return len(self.pins)
+
+
+class DescriptorArray:
+    """``n`` descriptors of one direction as arrays, the form a driver's descriptor ring takes:
+    descriptor ``i`` moves ``lengths[i]`` bytes between ``dpas[i]`` and
+    ``hosts[host_index[i]][host_offsets[i]:...]``. Built with numpy (no Python object per
+    descriptor) and issued by the DMA engine in one call to the C core, so a list of thousands
+    costs what a few ``Descriptor`` objects do; a driver moving KV blocks in bulk (the vLLM tier)
+    uses it. Errors per descriptor (poison, range) are reported in the handle's results as for a
+    list; a host range past its buffer is refused here (``ValueError``), before anything moves.
+    Needs the C data path (``RuntimeError`` otherwise)."""
+
+    # cxl_desc: int32 dir, 4 bytes of padding, uint64 dpa, uint8 *host, uint64 len
+    _DTYPE = [("dir", "<i4"), ("pad", "<i4"), ("dpa", "<u8"), ("host", "<u8"), ("len", "<u8")]
+
+    def __init__(self, direction: Direction | str, hosts: list[Any] | PinnedHosts, host_index: Any, dpas: Any,
+                 host_offsets: Any, lengths: Any) -> None:
+        import numpy as np
+
+        from emulator.timing._cimpl import ffi
+
+        if ffi is None:
+            raise RuntimeError("DescriptorArray needs the C data path (build it: python -m emulator.timing._build)")
+        self.direction = Direction(direction)
+        writable = self.direction is Direction.READ
+        idx = np.asarray(host_index, dtype=np.int64)
+        dpa = np.asarray(dpas, dtype=np.int64)
+        off = np.asarray(host_offsets, dtype=np.int64)
+        length = np.asarray(lengths, dtype=np.int64)
+        n = len(dpa)
+        if not (len(idx) == len(off) == len(length) == n):
+            raise ValueError(f"DescriptorArray: {n} DPAs, {len(idx)} host indices, {len(off)} offsets and "
+                             f"{len(length)} lengths: give one of each per descriptor")
+        if n and (min(dpa.min(), off.min(), length.min()) < 0 or idx.min() < 0 or idx.max() >= len(hosts)):
+            raise ValueError("DescriptorArray: DPAs, offsets and lengths must be >= 0 and host indices "
+                             f"within the {len(hosts)} host buffers")
+        if not isinstance(hosts, PinnedHosts):
+            hosts = PinnedHosts(hosts, writable=writable)
+        elif writable and not hosts.writable:
+            raise ValueError("DescriptorArray: a read fills host buffers: pin them with PinnedHosts(writable=True)")
+        self._hosts = hosts  # keeps the pins (and so the pointers below) valid
+        sizes = hosts.sizes
+        if n and (over := np.flatnonzero(off + length > sizes[idx])).size:
+            i = int(over[0])
+            raise ValueError(f"DescriptorArray: descriptor {i}'s host range [{off[i]:#x}, {off[i] + length[i]:#x}) "
+                             f"runs past host buffer {idx[i]} ({sizes[idx[i]]:#x} B)")
+        bases = hosts.bases
+        self._cdescs = ffi.new("cxl_desc[]", max(n, 1))
+        rec = np.frombuffer(ffi.buffer(self._cdescs), dtype=np.dtype(self._DTYPE), count=n)
+        rec["dir"] = 0 if writable else 1
+        rec["dpa"] = dpa
+        rec["host"] = bases[idx] + off.astype(np.uint64)
+        rec["len"] = length
+        self._ptrs = ffi.new("cxl_desc *[]", max(n, 1))
+        first = int(ffi.cast("uintptr_t", self._cdescs))
+        np.frombuffer(ffi.buffer(self._ptrs), dtype=np.uint64, count=n)[:] = (
+            first + np.arange(n, dtype=np.uint64) * np.uint64(ffi.sizeof("cxl_desc")))
+        self.count = n
+        self.total = int(length.sum())
+        self._rec = (dpa, length)
+        self.arrays = (dpa, off, length)  # the DPAs, host offsets and lengths, as given
+
+    def __len__(self) -> int:
+        return self.count
+
+    def descriptor(self, i: int) -> Any:
+        """Descriptor ``i``'s direction, DPA and length (for its error message)."""
+        dpa, length = self._rec
+        return _Where(self.direction, int(dpa[i]), int(length[i]))
+
+
+@dataclass(frozen=True)
+class _Where:
+    direction: Direction
+    dpa: int
+    length: int
 
 
 #: Guards the completion state of every handle (held for a few instructions: completions

@@ -52,15 +52,17 @@ from typing import Any, Self
 
 from emulator._dma_types import (
     Descriptor,
+    DescriptorArray,
     Direction,
     DmaHandle,
+    PinnedHosts,
     _PyChannelState,
     handle_base_is_c,
 )
 from emulator.spec.errors import DmaError, PoisonError
 from emulator.timing import DataPath, host_view
 
-__all__ = ["Descriptor", "Direction", "DmaEngine", "DmaHandle"]
+__all__ = ["Descriptor", "DescriptorArray", "Direction", "DmaEngine", "DmaHandle", "PinnedHosts"]
 
 
 #: Submissions of at most this many bytes may be issued inline (a copy this size takes a few
@@ -170,13 +172,10 @@ class DmaEngine:
         # The inline path is the hot one (a small transfer from Python): no copy of a list it
         # consumes before returning, no Python lock (the channel is claimed by one CAS in C),
         # one C call for a single built descriptor, one per descriptor otherwise.
+        if descriptors.__class__ is DescriptorArray:
+            return self._submit_array(descriptors, channel, timeout)  # type: ignore[arg-type]
         descs = descriptors if descriptors.__class__ is list else list(descriptors)
-        if channel is None:
-            k = next(self._rr)
-        elif isinstance(channel, int) and 0 <= channel < self.channels:
-            k = channel
-        else:
-            raise ValueError(f"channel must be an int from 0 to {self.channels - 1}, got {channel!r}")
+        k = self._channel_for(channel)
         ch = self._chans[k]
         if self._inline1 is not None:
             # one C call for one built descriptor: claim the channel if idle, issue, and if
@@ -207,6 +206,49 @@ class DmaEngine:
             finally:
                 ch.state.release()
         return self._enqueue(ch, DmaHandle(handle_id, k, len(descs)), list(descs), timeout)
+
+    def _channel_for(self, channel: int | None) -> int:
+        if channel is None:
+            return next(self._rr)
+        if isinstance(channel, int) and 0 <= channel < self.channels:
+            return channel
+        raise ValueError(f"channel must be an int from 0 to {self.channels - 1}, got {channel!r}")
+
+    def _submit_array(self, arr: DescriptorArray, channel: int | None, timeout: float | None) -> DmaHandle:
+        """A ``DescriptorArray``: one submission, issued in one C call (inline when small and the
+        channel idle, as a list is)."""
+        if not self._c:
+            raise RuntimeError("a DescriptorArray needs the C data path")
+        k = self._channel_for(channel)
+        ch = self._chans[k]
+        handle_id = next(self._ids)
+        if arr.total <= INLINE_BYTES and ch.state.try_claim():
+            try:
+                return self._finish_inline(ch, handle_id, k, len(arr), *self._issue_array(arr))
+            finally:
+                ch.state.release()
+        return self._enqueue(ch, DmaHandle(handle_id, k, len(arr)), arr, timeout)  # type: ignore[arg-type]
+
+    def _issue_array(self, arr: DescriptorArray) -> tuple[list[int | DmaError], int]:
+        import numpy as np
+
+        from emulator.timing._cimpl import ffi, lib
+
+        n = len(arr)
+        if n == 0:
+            return [], 0
+        codes = np.empty(n, np.int64)
+        errs = np.empty(n, np.uint64)
+        dp = self.datapath
+        lib.cxl_issue_batch(dp._core.dp, arr._ptrs, n, -1 if dp.clock is None else int(dp.clock.now_ns()),
+                            ffi.cast("int64_t *", codes.ctypes.data), ffi.cast("uint64_t *", errs.ctypes.data))
+        results: list[int | DmaError] = codes.tolist()
+        ok = codes >= 0
+        latest = int(codes[ok].max()) if ok.any() else 0
+        if not ok.all():
+            for i in np.flatnonzero(~ok).tolist():
+                results[i] = self._error(i, arr.descriptor(i), int(codes[i]), int(errs[i]))
+        return results, latest
 
     def poll_completions(self, max_handles: int | None = None) -> list[DmaHandle]:
         """Pop completed handles from the completion queue, oldest completion first (it keeps
@@ -314,6 +356,8 @@ class DmaEngine:
     def _issue(self, ch: _Channel, descs: list[Descriptor]) -> tuple[list[int | DmaError], int]:
         """Issue every descriptor in order, waiting for none: (per-descriptor completion time
         or DmaError, the latest completion or 0)."""
+        if descs.__class__ is DescriptorArray:
+            return self._issue_array(descs)  # type: ignore[arg-type]
         if not self._c:
             return self._issue_py(descs)
         if len(descs) >= BATCH_MIN:
@@ -387,4 +431,7 @@ class DmaEngine:
     def _error(self, i: int, d: Descriptor, rc: int, err_dpa: int) -> DmaError:
         """Descriptor ``i``'s error, worded as ``DataPath.read/write`` word it."""
         what = "read" if d.direction is Direction.READ else "write"
-        return DmaError(i, str(self.datapath.error_for(rc, what, d.dpa, d.length, err_dpa)))
+        cause = self.datapath.error_for(rc, what, d.dpa, d.length, err_dpa)
+        err = DmaError(i, str(cause))
+        err.__cause__ = cause  # what failed, typed: PoisonError, DeviceGone, MediaDisabled, ...
+        return err
