@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HostPublisher", "count_shared", "sharing_gauges"]
+__all__ = ["HostPublisher", "count_shared", "host_writer", "sharing_gauges"]
 
 PERIOD_S = 0.1
 # host-section field <- engine counter, summed over engines (closed ones included)
@@ -71,21 +71,27 @@ def sharing_gauges(engines: Iterable[Any]) -> dict[str, int]:
             "device_saved_bytes": max(0, int(ids.size) - used) * chunk_bytes}
 
 
+def host_writer(memdev: Any, what: str) -> Any:
+    """A writer of ``memdev``'s host telemetry section, or None (with one warning saying why)
+    when another live process holds it."""
+    from emulator.telemetry import TelemetryClaimed, TelemetryWriter
+
+    try:
+        return TelemetryWriter(memdev.bar, "host", lock_path=memdev.files.path / "bar")
+    except TelemetryClaimed as exc:
+        warnings.warn(f"{what} telemetry not published: {exc}", RuntimeWarning, stacklevel=3)
+        return None
+
+
 class HostPublisher:
     """Sums the counters of the engines attached to one device and publishes them."""
 
     def __init__(self, memdev: Any, dma: Any) -> None:
-        from emulator.telemetry import TelemetryClaimed, TelemetryWriter
-
         self._dma = dma
         self._engines: list[Any] = []
         self._retired = dict.fromkeys(_SUMMED, 0)
         self._last = 0.0
-        try:
-            self._writer: Any = TelemetryWriter(memdev.bar, "host", lock_path=memdev.files.path / "bar")
-        except TelemetryClaimed as exc:
-            warnings.warn(f"KV telemetry not published: {exc}", RuntimeWarning, stacklevel=3)
-            self._writer = None
+        self._writer: Any = host_writer(memdev, "KV")
 
     def attach(self, engine: Any) -> None:
         self._engines.append(engine)

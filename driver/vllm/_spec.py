@@ -1,0 +1,325 @@
+"""``CxlOffloadingSpec``: vLLM's offloading spec with a cxlemu device as the tier.
+
+Scheduler side (``get_manager``): vLLM's own chunk bookkeeping (``CPUOffloadingManager``:
+reference counts, pins, the store/load protocol) over the device's block index, chunk ``c`` at
+the DPAs the worker computes, with eviction decided by a firmware_model policy
+(``_FirmwarePolicy``) and the number of chunks set by the device's capacity. Worker side
+(``get_worker``): ``driver.vllm._worker.CxlOffloadingWorker``, the device's DMA engine.
+
+The device: ``device`` names a served one (``cxlemu serve --name mem0``); absent, the worker
+serves a private one in its own process, sized to ``cxl_bytes_to_use``.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Collection, Container, Hashable, Iterable, Sequence
+from typing import Any
+
+from typing_extensions import override
+from vllm.logger import init_logger
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCaches,
+    LookupResult,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadingSpec,
+    OffloadingWorker,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    ScheduleEndContext,
+)
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order_request_keys
+
+from driver.vllm._config import (
+    _MANAGERS,
+    TierConfig,
+    TierStats,
+    chmu_regs,
+    chunk_of_dpa,
+    parse_extra_config,
+    tier_stats,
+)
+from emulator.spec.errors import ConfigError
+from firmware_model.policies import HotnessPolicy, NoVictimError, resolve_policy
+
+__all__ = ["CxlOffloadingManager", "CxlOffloadingSpec", "private_device_name"]
+
+logger = init_logger(__name__)
+
+CAPACITY_UNIT = 256 << 20  # a device's capacity is a multiple of this (CXL's 256 MiB granule)
+
+
+def private_device_name(engine_id: str) -> str:
+    """The private device of engine ``engine_id`` in this process (device names: 32 characters)."""
+    return f"vllm{os.getpid()}-{abs(hash(engine_id)) % 10**8}"
+
+
+def private_capacity(cxl_bytes_to_use: int) -> int:
+    return -(-cxl_bytes_to_use // CAPACITY_UNIT) * CAPACITY_UNIT
+
+
+def device_capacity(name: str) -> int:
+    """The capacity of served device ``name`` (DeviceNotFound, naming it, when none is served)."""
+    from driver.memdev import MemDev
+
+    with MemDev.open(name) as md:
+        return int(md.config.capacity)
+
+
+class _Pinned(Container[Hashable]):
+    """What eviction must skip: the caller's protected keys and every pinned chunk."""
+
+    __slots__ = ("evictable", "protected")
+
+    def __init__(self, protected: Container[Hashable], evictable: set[Hashable]) -> None:
+        self.protected, self.evictable = protected, evictable
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.protected or key not in self.evictable
+
+
+class _FirmwarePolicy(CachePolicy):
+    """vLLM's ``CachePolicy`` seam backed by a firmware_model policy (``resolve_policy``): the
+    same decisions the firmware model makes on traces, and libCacheSim checks, made for vLLM.
+
+    vLLM pins chunks while they move (``mark_non_evictable``); the firmware policy keeps order
+    over every resident chunk and is asked for victims with the pinned ones protected. Time is
+    the count of accesses (the firmware model's simulated clock: no policy reads a clock)."""
+
+    def __init__(self, cache_capacity: int, spec: str = "lru") -> None:
+        super().__init__(cache_capacity)
+        self.spec = spec
+        self._factory = resolve_policy(spec)
+        self.chunks: dict[OffloadKey, ChunkStatus] = {}
+        self._evictable: set[OffloadKey] = set()
+        self.now = 0
+        self.policy: Any = self._factory(max(cache_capacity, 1))
+
+    @override
+    def get(self, key: OffloadKey) -> ChunkStatus | None:
+        return self.chunks.get(key)
+
+    @override
+    def insert(self, key: OffloadKey, chunk: ChunkStatus) -> None:
+        self.chunks[key] = chunk
+        self.now += 1
+        self.policy.insert(key, self.now)
+        if chunk.ref_cnt == 0:
+            self._evictable.add(key)
+
+    @override
+    def remove(self, key: OffloadKey) -> None:
+        del self.chunks[key]
+        self._evictable.discard(key)
+        self.policy.remove(key)
+
+    @override
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        for key in keys:
+            if key in self.chunks:
+                self.now += 1
+                self.policy.touch(key, self.now)
+
+    @override
+    def on_store_miss(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        on_miss = getattr(self.policy, "on_miss", None)  # ARC learns from its ghost lists here
+        if on_miss is None:
+            return
+        for key in keys:
+            self.now += 1
+            on_miss(key, self.now)
+
+    @override
+    def on_request_finished(self, key_groups: Sequence[Sequence[OffloadKey]],
+                            insertion_only_keys: set[OffloadKey], reused_keys: set[OffloadKey],
+                            req_context: ReqContext) -> None:
+        # tail first, so a request's head (the prefix other requests share) is the most recent,
+        # as vLLM's own LRU orders it; blocks only inserted were counted by insert()
+        keys = order_request_keys(key_groups, req_context)
+        self.touch([k for k in reversed(keys) if k not in insertion_only_keys], req_context)
+
+    @override
+    def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        if n == 0:
+            return []
+        if sum(1 for k in self._evictable if k not in protected) < n:
+            return None  # atomic: nothing changes when n victims cannot be found
+        skip = _Pinned(protected, self._evictable)
+        out = []
+        for _ in range(n):
+            try:
+                key = self.policy.evict(skip)
+            except NoVictimError:  # the policy disagrees with the count above: undo, say so
+                for k, chunk in out:
+                    self.insert(k, chunk)
+                    self._evictable.add(k)
+                logger.error("eviction policy %s found no victim among %d evictable chunks", self.spec,
+                             len(self._evictable))
+                return None
+            chunk = self.chunks.pop(key)
+            self._evictable.discard(key)
+            out.append((key, chunk))
+        return out
+
+    @override
+    def clear(self) -> None:
+        self.chunks.clear()
+        self._evictable.clear()
+        self.now = 0
+        self.policy = self._factory(max(self.cache_capacity, 1))
+
+    @override
+    def mark_evictable(self, key: OffloadKey) -> None:
+        self._evictable.add(key)
+
+    @override
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        self._evictable.discard(key)
+
+
+class CxlOffloadingManager(CPUOffloadingManager):
+    """vLLM's chunk bookkeeping over the device's chunks, the firmware policy deciding eviction,
+    counting lookups, hits and evictions into the tier's ``TierStats``."""
+
+    def __init__(self, num_chunks: int, tier: TierConfig, stats: TierStats, *,
+                 enable_events: bool = False, hotlist: Any = None) -> None:
+        super().__init__(num_chunks=num_chunks, cache_policy="lru", enable_events=enable_events)
+        self._policy = _FirmwarePolicy(num_chunks, tier.policy)
+        self.tier = tier
+        self.stats = stats
+        self._hotlist = hotlist  # (read_hotlist() -> [(dpa, count)], dpa -> chunk) for "hotness"
+        self._steps = 0
+
+    @override
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if self.stats.device_lost:  # the worker found the device gone (in-process): no tier
+            return LookupResult.MISS
+        got = super().lookup(key, req_context)
+        self.stats.add(lookups=1, hits=int(got is LookupResult.HIT))
+        return got
+
+    @override
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        if self.stats.device_lost:
+            return None  # nothing can be stored: vLLM goes on without the tier
+        out = super().prepare_store(keys, req_context)
+        if out is not None and out.evicted_keys:
+            self.stats.add(evictions=len(out.evicted_keys))
+        return out
+
+    @override
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._steps += 1
+        if self._hotlist is not None and self._steps % self.tier.hotlist_every == 0:
+            self.feed_hotlist()
+
+    def feed_hotlist(self) -> int:
+        """Add the CHMU's hotlist (device accesses, counted by the device) to the hotness
+        policy's heat; returns the entries used."""
+        policy = self._policy.policy
+        if self._hotlist is None or not isinstance(policy, HotnessPolicy):
+            return 0
+        read, chunk_of = self._hotlist
+        by_chunk = {c.chunk_id: k for k, c in self._policy.chunks.items()}
+        used = 0
+        for dpa, count in read():
+            key = by_chunk.get(chunk_of(dpa))
+            if key is not None:
+                policy.hint_heat(key, count)
+                used += 1
+        return used
+
+    def drop(self, keys: Iterable[OffloadKey]) -> list[OffloadKey]:
+        """Forget blocks whose copy on the device is lost (a load or store of theirs failed):
+        their chunks go back to the pool; pinned ones (a transfer still using them) stay."""
+        dropped = []
+        for key in keys:
+            chunk = self._policy.get(key)
+            if chunk is None or chunk.ref_cnt != 0:
+                continue
+            self._policy.remove(key)
+            self._num_evictable_cache_chunks -= 1
+            self._free_chunk(chunk)
+            dropped.append(key)
+        if dropped:
+            self.stats.add(dropped=len(dropped))
+            if self.events is not None:
+                self.events.append(OffloadingEvent(keys=dropped, medium=self.medium, removed=True))
+        return dropped
+
+    def chunks_in_use(self) -> int:
+        return self._num_allocated_chunks - len(self._free_list)
+
+    @override
+    def shutdown(self) -> None:
+        if _MANAGERS.get(getattr(self, "device_name", "")) is self:
+            del _MANAGERS[self.device_name]
+        super().shutdown()
+
+
+class CxlOffloadingSpec(OffloadingSpec):
+    """vLLM's offloading spec for a cxlemu device (see the module doc)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.tier = parse_extra_config(self.extra_config)
+        if config.parallel.world_size != 1:
+            raise ConfigError(f"the cxlemu tier serves one worker; this engine has {config.parallel.world_size} "
+                              "(tensor/pipeline parallel): run with tensor_parallel_size=1")
+        if self.blocks_per_chunk != 1:
+            raise ConfigError(f"the cxlemu tier moves whole KV blocks: leave 'block_size' out of "
+                              f"kv_connector_extra_config (it made {self.blocks_per_chunk} blocks per chunk)")
+        self.chunk_bytes = int(config.worker_kv_bytes_per_block)
+        if self.tier.device is not None:
+            self.device_name = self.tier.device
+            capacity = device_capacity(self.tier.device)
+            if self.tier.cxl_bytes_to_use > capacity:
+                raise ConfigError(f"cxl_bytes_to_use {self.tier.cxl_bytes_to_use} is more than device "
+                                  f"{self.tier.device!r} holds ({capacity} bytes): lower it or serve a larger device")
+        else:
+            self.device_name = private_device_name(config.engine_id)
+            capacity = private_capacity(self.tier.cxl_bytes_to_use)
+        self.device_capacity = capacity
+        self.num_chunks = self.tier.cxl_bytes_to_use // self.chunk_bytes if self.chunk_bytes else 0
+        if self.chunk_bytes and self.num_chunks < 1:
+            raise ConfigError(f"cxl_bytes_to_use {self.tier.cxl_bytes_to_use} holds no KV block of "
+                              f"{self.chunk_bytes} bytes: raise it")
+        self.stats = tier_stats(self.device_name)
+        self._manager: CxlOffloadingManager | None = None
+        self._worker: OffloadingWorker | None = None
+        self._lock = threading.Lock()
+
+    @override
+    def get_manager(self) -> OffloadingManager:
+        if self._manager is None:
+            self._manager = CxlOffloadingManager(self.num_chunks, self.tier, self.stats,
+                                                 enable_events=self.kv_events_config.enable_kv_cache_events,
+                                                 hotlist=self._hotlist_source())
+            self._manager.device_name = self.device_name
+            _MANAGERS[self.device_name] = self._manager
+        return self._manager
+
+    def _hotlist_source(self) -> Any:
+        """For "hotness" on a served device: the device's CHMU, configured to count this tier's
+        chunks, and how a DPA maps to a chunk (the worker's layout: ``_worker.chunk_of``)."""
+        if self.tier.policy != "hotness" or self.tier.device is None or not self.chunk_bytes:
+            return None
+        from driver.memdev import MemDev
+
+        md = MemDev.open(self.tier.device)
+        regs = chmu_regs(md)
+        regs.configure(unit_size=4096, threshold=1, mode="epoch", epoch_ns=10_000_000)
+        self._chmu_memdev = md  # kept open with the manager; closed by shutdown()
+        return regs.read_hotlist, lambda dpa: chunk_of_dpa(dpa, self.chunk_bytes, self.num_chunks)
+
+    @override
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        with self._lock:
+            if self._worker is None:
+                from driver.vllm._worker import CxlOffloadingWorker
+
+                self._worker = CxlOffloadingWorker(self, kv_caches)
+            return self._worker

@@ -1,0 +1,369 @@
+"""``CxlOffloadingWorker``: KV blocks between vLLM's KV tensors and the device, by its DMA engine.
+
+The device's layout is layer-major: KV tensor ``t`` (one per attention layer) owns the region
+``[off_t, off_t + num_chunks * page_t)`` and chunk ``c`` of it sits at ``off_t + c * page_t``, so
+a run of consecutive chunks matching a run of consecutive KV blocks is one descriptor per layer
+(vLLM's block pool hands out runs). A job (``submit_load`` / ``submit_store``) is one descriptor
+list, ordered by layer, submitted at once to the DMA engine (loads and stores on separate
+channels: the link is full duplex); ``get_finished`` reports the jobs whose handles completed,
+a job with any failed descriptor (a poisoned line, a range error, a device gone) as failed.
+
+Layer-wise loading (``submit_load(..., layerwise=True)``, used by ``CxlConnector``): the job's
+descriptors are split per layer, one submission each, issued in layer order up to
+``window`` layers ahead of the layer the forward waits for (``wait_layer``), so the link streams
+layer l+1 while layer l computes and the forward never waits for what it does not need yet.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.logger import init_logger
+from vllm.v1.kv_offload.base import (
+    BlockIDsLoadStoreSpec,
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingWorker,
+    TransferResult,
+)
+
+from driver.vllm._config import TierStats, live_manager
+from emulator.dma import DescriptorArray, DmaHandle, PinnedHosts
+from emulator.spec.errors import ConfigError, CxlemuError, DeviceGone, DmaError
+
+__all__ = ["CxlOffloadingWorker", "live_worker"]
+
+logger = init_logger(__name__)
+
+LOAD_CHANNEL, STORE_CHANNEL = 0, 1
+
+_LIVE: dict[str, "CxlOffloadingWorker"] = {}
+
+
+def live_worker(device: str) -> "CxlOffloadingWorker | None":
+    """The tier's worker on ``device`` in this process, while its engine runs (tests and tools
+    reach the device layout through it)."""
+    return _LIVE.get(device)
+
+
+def _host_bytes(tensor: torch.Tensor) -> tuple[np.ndarray, int]:
+    """A flat writable uint8 view of a ``(num_blocks, page)`` int8 KV view and its block stride."""
+    if tensor.device.type != "cpu":
+        raise ConfigError(f"the cxlemu tier moves KV blocks of CPU tensors; this one is on {tensor.device} "
+                          "(the CUDA path stages through pinned memory: not built yet)")
+    num_blocks, page = tensor.shape
+    stride = tensor.stride(0)
+    span = (num_blocks - 1) * stride + page
+    flat = torch.empty(0, dtype=torch.int8).set_(tensor.untyped_storage(), tensor.storage_offset(), (span,), (1,))
+    return flat.numpy().view(np.uint8), stride
+
+
+def runs(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(src0, dst0, n)`` arrays: the maximal runs where both block lists advance by one."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    if not len(src):
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
+    brk = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
+    starts = np.concatenate(([0], brk))
+    lengths = np.diff(np.concatenate((starts, [len(src)])))
+    return src[starts], dst[starts], lengths
+
+
+@dataclass
+class _Job:
+    job_id: int
+    is_load: bool
+    blocks: int
+    nbytes: int
+    start: float
+    handles: list[DmaHandle] = field(default_factory=list)
+    pending_layers: deque = field(default_factory=deque)  # layer-wise: (layer, descriptors) to issue
+    layer_handles: dict[int, DmaHandle] = field(default_factory=dict)
+    error: str | None = None
+
+
+class CxlOffloadingWorker(OffloadingWorker):
+    """The tier's worker: one per engine worker process (see the module doc)."""
+
+    def __init__(self, spec: Any, kv_caches: CanonicalKVCaches) -> None:
+        from driver.kv._device_store import DeviceBlockStore, _claim_kv
+        from driver.memdev import MemDev
+
+        self.spec = spec
+        self.stats: TierStats = spec.stats
+        self.num_chunks = spec.num_chunks
+        self._stack = contextlib.ExitStack()
+        try:
+            if spec.tier.device is None:
+                from emulator.device import DeviceConfig, serve
+
+                self._stack.enter_context(serve(DeviceConfig(name=spec.device_name, capacity=spec.device_capacity)))
+            md = self._stack.enter_context(MemDev.open(spec.device_name))
+            _claim_kv(md, self._stack)  # one process's KV per device: a second one is refused
+            self.memdev = md
+            self._layout(kv_caches, md.config.capacity)
+            self.store = DeviceBlockStore(md, base=0, size=self.region_bytes, channels=max(2, spec.tier.channels))
+            self._stack.callback(self.store.close)
+        except BaseException:
+            self._stack.close()
+            raise
+        self.dma = self.store.dma
+        self.window = max(1, spec.tier.channels)
+        self._jobs: dict[int, _Job] = {}
+        self._order: deque[int] = deque()
+        self._lost = False
+        self._telemetry = _Publisher(md, self)
+        self._stack.callback(self._telemetry.close)
+        _LIVE[spec.device_name] = self
+        self._stack.callback(_LIVE.pop, spec.device_name, None)
+        logger.info("cxlemu tier: device %s, %d chunks of %d bytes (%d layers), policy %s, prefetch %s",
+                    spec.device_name, self.num_chunks, self.chunk_bytes, len(self.pages), spec.tier.policy,
+                    spec.tier.prefetch)
+
+    # -- layout -------------------------------------------------------------------------------
+    def _layout(self, kv_caches: CanonicalKVCaches, capacity: int) -> None:
+        self.hosts: list[np.ndarray] = []
+        self.strides: list[int] = []
+        self.pages: list[int] = []
+        self.offsets: list[int] = []
+        off = 0
+        for t in kv_caches.tensors:
+            host, stride = _host_bytes(t.tensor)
+            self.hosts.append(host)
+            self.strides.append(stride)
+            self.pages.append(int(t.page_size_bytes))
+            self.offsets.append(off)
+            off += self.num_chunks * int(t.page_size_bytes)
+        self.tensors = [t.tensor for t in kv_caches.tensors]
+        self._pinned = PinnedHosts(self.hosts, writable=True)  # pinned once, as a driver registers buffers
+        self._pages = np.array(self.pages, np.int64)
+        self._strides = np.array(self.strides, np.int64)
+        self._offsets = np.array(self.offsets, np.int64)
+        self._uniform = self.strides == self.pages
+        self.chunk_bytes = sum(self.pages)
+        self.region_bytes = off
+        if off > capacity:
+            raise ConfigError(f"{self.num_chunks} chunks of {self.chunk_bytes} bytes need {off} bytes; device "
+                              f"{self.spec.device_name!r} has {capacity}: lower cxl_bytes_to_use")
+
+    def chunk_dpa(self, chunk: int, layer: int = 0) -> int:
+        """Where layer ``layer`` of chunk ``chunk`` lies on the device (tests poison it)."""
+        return self.offsets[layer] + chunk * self.pages[layer]
+
+    # -- jobs ---------------------------------------------------------------------------------
+    def _plan(self, kv: np.ndarray, chunks: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(layer, DPA, host offset, length) of every descriptor moving blocks ``kv`` <-> chunks
+        ``chunks``, layer by layer: one per run of consecutive blocks and layer (one per block
+        where a layer's blocks are padded), built with numpy, no Python object per block."""
+        if not self._uniform:
+            b0, c0, n = kv.astype(np.int64), chunks.astype(np.int64), np.ones(len(kv), np.int64)
+        else:
+            b0, c0, n = runs(kv, chunks)
+        layers = len(self.hosts)
+        layer = np.repeat(np.arange(layers, dtype=np.int64), len(b0))
+        dpas = (self._offsets[:, None] + c0[None, :] * self._pages[:, None]).ravel()
+        offs = (b0[None, :] * self._strides[:, None]).ravel()
+        lens = (n[None, :] * self._pages[:, None]).ravel()
+        return layer, dpas, offs, lens
+
+    def _descriptors(self, direction: str, kv: np.ndarray, chunks: np.ndarray,
+                     layerwise: bool) -> list[tuple[int, DescriptorArray]]:
+        """The job as one DescriptorArray (layer by layer), or one per layer for a layer-wise load."""
+        layer, dpas, offs, lens = self._plan(kv, chunks)
+        feed = self.memdev.access_feed  # the CHMU counts what the tier touches
+        if feed.enabled:
+            for dpa, nbytes in zip(dpas.tolist(), lens.tolist()):
+                feed.note(dpa, nbytes, direction == "write")
+        if not layerwise:
+            return [(-1, DescriptorArray(direction, self._pinned, layer, dpas, offs, lens))]
+        per = len(dpas) // len(self.hosts)
+        return [(t, DescriptorArray(direction, self._pinned, layer[t * per:(t + 1) * per], dpas[t * per:(t + 1) * per],
+                                    offs[t * per:(t + 1) * per], lens[t * per:(t + 1) * per]))
+                for t in range(len(self.hosts))]
+
+    def _submit(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec, is_load: bool,
+                layerwise: bool = False) -> bool:
+        t0 = time.perf_counter_ns()
+        kv_spec, dev_spec = (dst, src) if is_load else (src, dst)
+        if not isinstance(kv_spec, GPULoadStoreSpec) or not isinstance(dev_spec, BlockIDsLoadStoreSpec):
+            raise TypeError(f"job {job_id}: expected a GPULoadStoreSpec and the tier's chunk spec, got "
+                            f"{type(src).__name__} -> {type(dst).__name__}")
+        kv, chunks = kv_spec.block_ids, dev_spec.block_ids
+        if len(kv) != len(chunks):
+            raise ValueError(f"job {job_id}: {len(kv)} KV blocks for {len(chunks)} device chunks")
+        job = _Job(job_id, is_load, len(kv), len(kv) * self.chunk_bytes, time.perf_counter())
+        self._jobs[job_id] = job
+        self._order.append(job_id)
+        if self._lost:
+            job.error = "device gone"
+        elif len(kv):
+            arrays = self._descriptors("read" if is_load else "write", kv, chunks, layerwise)
+            try:
+                if layerwise:
+                    job.pending_layers.extend(arrays)
+                    self._issue_layers(job, self.window)
+                else:
+                    job.handles.append(self.dma.submit(arrays[0][1], channel=LOAD_CHANNEL if is_load else STORE_CHANNEL))
+            except DeviceGone as exc:
+                self._device_lost(exc)
+                job.error = str(exc)
+        self.stats.add(host_ns=time.perf_counter_ns() - t0, host_blocks=len(kv),
+                       **({"load_jobs": 1} if is_load else {"store_jobs": 1}))
+        return True
+
+    def _issue_layers(self, job: _Job, upto: int) -> None:
+        """Issue the job's layers below ``upto`` not issued yet (layer l on channel l mod n)."""
+        while job.pending_layers and job.pending_layers[0][0] < upto:
+            layer, descs = job.pending_layers.popleft()
+            if len(descs):
+                h = self.dma.submit(descs, channel=layer % self.dma.channels)
+                job.layer_handles[layer] = h
+                job.handles.append(h)
+
+    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+        return self._submit(job_id, src_spec, dst_spec, is_load=False)
+
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
+                    layerwise: bool = False) -> bool:
+        return self._submit(job_id, src_spec, dst_spec, is_load=True, layerwise=layerwise)
+
+    def wait_layer(self, job_ids: Sequence[int], layer: int) -> None:
+        """Layer-wise loads: wait until ``layer`` of each job has arrived, issuing the layers
+        up to ``layer + window`` first (the prefetch bound to the forward's progress)."""
+        self._wait(job_ids, layer)
+        self.stats.add(layer_waits=1)
+
+    def wait(self, job_ids: set[int]) -> None:
+        self._wait(job_ids, None)
+
+    def _wait(self, job_ids: Iterable[int], layer: int | None) -> None:
+        """Wait for layer ``layer`` of each job (every layer: None), counting the stall."""
+        t0 = time.perf_counter_ns()
+        for job_id in job_ids:
+            job = self._jobs.get(job_id)
+            if job is None or job.error:
+                continue
+            try:
+                if layer is None:
+                    self._issue_layers(job, len(self.hosts))
+                    handles = job.handles
+                else:
+                    self._issue_layers(job, layer + 1 + self.window)
+                    handles = [job.layer_handles[layer]] if layer in job.layer_handles else []
+                for h in handles:
+                    h.wait()
+            except DeviceGone as exc:
+                self._device_lost(exc)
+                job.error = str(exc)
+        self.stats.add(stall_ns=time.perf_counter_ns() - t0)
+
+    def _device_lost(self, exc: BaseException) -> None:
+        if not self._lost:
+            self._lost = True
+            self.stats.add(device_lost=1)
+            logger.error("cxlemu tier: device %s is gone (%s); every later load fails and is recomputed by "
+                         "vLLM, stores are dropped: serving goes on without the tier", self.spec.device_name, exc)
+
+    def _result(self, job: _Job) -> TransferResult:
+        failed = job.error
+        if failed is None:
+            for h in job.handles:
+                try:
+                    for r in h.wait():
+                        if isinstance(r, DmaError):
+                            failed = str(r)
+                            if isinstance(r.__cause__, DeviceGone):
+                                self._device_lost(r.__cause__)
+                            break
+                except DeviceGone as exc:
+                    self._device_lost(exc)
+                    failed = str(exc)
+                except CxlemuError as exc:
+                    failed = str(exc)
+                if failed:
+                    break
+        elapsed = time.perf_counter() - job.start
+        if failed:
+            job.error = failed
+            if job.is_load:
+                self.stats.add(failed_loads=1, failed_blocks=job.blocks)
+            else:
+                self.stats.add(failed_stores=1)
+            if not self._lost:  # a lost device was reported once, as an error
+                logger.warning("cxlemu tier: %s job %d of %d blocks failed: %s",
+                               "load" if job.is_load else "store", job.job_id, job.blocks, failed)
+        elif job.is_load:
+            self.stats.add(blocks_loaded=job.blocks, bytes_loaded=job.nbytes)
+        else:
+            self.stats.add(blocks_stored=job.blocks, bytes_stored=job.nbytes)
+        return TransferResult(job.job_id, failed is None, job.nbytes, elapsed)
+
+    def _finished(self, job: _Job) -> bool:
+        return job.error is not None or (not job.pending_layers and all(h.done() for h in job.handles))
+
+    def get_finished(self) -> list[TransferResult]:
+        t0 = time.perf_counter_ns()
+        out = []
+        for job_id in list(self._order):
+            job = self._jobs[job_id]
+            if self._finished(job):
+                out.append(self._result(job))
+                self._order.remove(job_id)
+                del self._jobs[job_id]
+        self._telemetry.publish()
+        self.stats.add(host_ns=time.perf_counter_ns() - t0)
+        return out
+
+    def pending_jobs(self) -> int:
+        return len(self._jobs)
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            self.wait(set(self._jobs))
+        self._stack.close()
+
+
+class _Publisher:
+    """The tier's counters in the device's telemetry page (host section), so ``cxlemu monitor``
+    and the exporter show a vLLM run live: hits/lookups, blocks each way, evictions, stalls,
+    the DMA queue and the jobs in flight. Throttled to one publish per PERIOD_S."""
+
+    PERIOD_S = 0.1
+
+    def __init__(self, md: Any, worker: CxlOffloadingWorker) -> None:
+        from driver.kv._telemetry import host_writer
+
+        self.worker = worker
+        self._last = 0.0
+        self._writer: Any = host_writer(md, "tier")
+
+    def publish(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._writer is None or (not force and now - self._last < self.PERIOD_S):
+            return
+        self._last = now
+        w = self.worker
+        s = w.stats.as_dict()
+        manager = live_manager(w.spec.device_name)  # in-process: the scheduler's; else unknown
+        used = manager.chunks_in_use() if manager is not None else 0
+        self._writer.publish(hits=s["hits"], misses=s["lookups"] - s["hits"], loads=s["blocks_loaded"],
+                             offloads=s["blocks_stored"], evictions=s["evictions"], stall_ns=s["stall_ns"],
+                             blocks_resident=used, blocks_total=w.num_chunks, chunk_bytes=w.chunk_bytes,
+                             device_chunks_used=used, dma_sq_depth=min(w.dma.pending(), 2**32 - 1),
+                             prefetch_queue_depth=min(w.pending_jobs(), 2**32 - 1))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self.publish(force=True)
+            self._writer.close()
+            self._writer = None

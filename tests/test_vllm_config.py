@@ -1,0 +1,38 @@
+"""The vLLM tier's configuration, checked without vLLM (driver.vllm imports vLLM only when vLLM
+asks for its classes)."""
+from __future__ import annotations
+
+import pytest
+
+from driver.vllm import kv_transfer_config, parse_extra_config
+from emulator.spec.errors import ConfigError
+
+
+def test_bad_extra_config_is_refused_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"\['policy'\]: unknown eviction policy 'mru'"):
+        parse_extra_config({"policy": "mru", "cxl_bytes_to_use": 1 << 20})
+    with pytest.raises(ConfigError, match=r"\['cxl_bytes_to_use'\] is required"):
+        parse_extra_config({"policy": "lru"})
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_extra_config({"cxl_bytes": 1, "cxl_bytes_to_use": 1})
+    with pytest.raises(ConfigError, match="prefetch"):
+        parse_extra_config({"cxl_bytes_to_use": 1, "prefetch": "eager"})
+    assert parse_extra_config({"cxl_bytes_to_use": 5}).policy == "lru"
+
+
+def test_kv_transfer_config_is_vllms_shape() -> None:
+    cfg = kv_transfer_config(device="mem0", policy="arc", prefetch="layer", cxl_bytes_to_use=1 << 30)
+    assert cfg == {"kv_connector": "CxlConnector", "kv_connector_module_path": "driver.vllm",
+                   "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                   "kv_connector_extra_config": {"device": "mem0", "policy": "arc", "prefetch": "layer",
+                                                 "cxl_bytes_to_use": 1 << 30}}
+    assert "device" not in kv_transfer_config(cxl_bytes_to_use=1)["kv_connector_extra_config"]
+
+
+def test_importing_driver_vllm_does_not_import_vllm() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, driver.vllm; print('vllm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,242 @@
+"""cxlemu as vLLM's KV offload tier, run on vLLM-CPU in-process (skipped when vLLM is absent).
+
+Each test starts an engine (a 4-layer random Llama, ~3 s) whose KV space holds 10 blocks of 128
+tokens, so six 300-token prompts push the first ones out; resending those brings their blocks
+back from the device. Tokens are compared with vLLM alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from driver.vllm import kv_transfer_config, tier_stats
+from driver.vllm._config import live_manager, reset_tier_stats
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]', see README)")
+
+from vllm import LLM, SamplingParams  # noqa: E402
+from vllm.inputs import TokensPrompt  # noqa: E402
+
+from driver.vllm._worker import live_worker  # noqa: E402
+from driver.vllm.testing import model_dir, random_prompts  # noqa: E402
+from emulator.device import DeviceConfig, serve  # noqa: E402
+
+KV_BLOCKS = 10
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(model_dir(tmp_path_factory.mktemp("llama")))
+
+
+@contextlib.contextmanager
+def engine(model: str, transfer: dict[str, Any] | None = None) -> Iterator[LLM]:
+    llm = LLM(model=model, enforce_eager=True, dtype="float32", max_model_len=1024, max_num_seqs=4, seed=0,
+              num_gpu_blocks_override=KV_BLOCKS, kv_transfer_config=transfer)
+    try:
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def generate(llm: LLM, prompts: list[list[int]]) -> list[Any]:
+    return llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                        SamplingParams(max_tokens=NEW_TOKENS, temperature=0), use_tqdm=False)
+
+
+def tokens(outs: list[Any]) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+PROMPTS = random_prompts(6, 300, seed=3)
+RETURNING = PROMPTS[:2]  # pushed out of the KV space by the four after them
+
+
+@pytest.fixture(scope="module")
+def reference(model: str) -> list[list[int]]:
+    with engine(model) as llm:
+        out = tokens(generate(llm, PROMPTS))
+    assert len({tuple(t) for t in out}) == len(out) and all(len(set(t)) > NEW_TOKENS // 2 for t in out), \
+        "the random model's greedy outputs must vary, or equality proves nothing"
+    return out
+
+
+@pytest.fixture
+def device(request: pytest.FixtureRequest) -> Iterator[Any]:
+    import re
+
+    name = f"vt{os.getpid() % 100000}-{re.sub('[^A-Za-z0-9]', '', request.node.name)[-20:]}"
+    reset_tier_stats(name)
+    with serve(DeviceConfig(name=name, capacity=256 << 20)) as dev:
+        yield dev
+    reset_tier_stats(name)
+
+
+@pytest.mark.parametrize("prefetch", ["forward", "layer"])
+def test_evicted_prompts_come_back_from_the_device_with_vllms_tokens(model: str, reference: list[list[int]],
+                                                                     device: Any, prefetch: str) -> None:
+    cfg = kv_transfer_config(device=device.name, policy="arc", prefetch=prefetch, cxl_bytes_to_use=64 << 20)
+    with engine(model, cfg) as llm:
+        first = generate(llm, PROMPTS)
+        again = generate(llm, RETURNING)
+        stats = tier_stats(device.name).as_dict()
+    assert tokens(first) == reference
+    assert tokens(again) == reference[:2]
+    assert [o.num_cached_tokens for o in again] == [256, 256]  # two full blocks each, from the tier
+    assert stats["blocks_loaded"] == 4 and stats["failed_loads"] == 0
+    assert stats["bytes_loaded"] == 4 * stats["bytes_stored"] // stats["blocks_stored"]
+    if prefetch == "layer":
+        assert stats["layer_waits"] > 0
+
+
+def test_the_tier_publishes_to_the_telemetry_page(model: str, device: Any) -> None:
+    """What ``cxlemu monitor`` and the exporter read: hits, blocks each way, chunk size."""
+    from driver.memdev import MemDev
+    from emulator.telemetry import TelemetryReader
+
+    cfg = kv_transfer_config(device=device.name, policy="lru", cxl_bytes_to_use=64 << 20)
+    with engine(model, cfg) as llm:
+        generate(llm, PROMPTS)
+        generate(llm, RETURNING)
+        chunk_bytes = live_worker(device.name).chunk_bytes
+    with MemDev.open(device.name) as md:
+        host = TelemetryReader(md.bar).snapshot().host
+    stats = tier_stats(device.name).as_dict()
+    assert (host.hits, host.loads, host.offloads) == (stats["hits"], 4, stats["blocks_stored"])
+    assert host.misses == stats["lookups"] - stats["hits"] and host.offloads == 12
+    assert host.chunk_bytes == chunk_bytes and host.blocks_total == (64 << 20) // chunk_bytes
+
+
+def test_the_stock_offloading_connector_runs_the_spec(model: str, reference: list[list[int]], device: Any) -> None:
+    cfg = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+           "kv_connector_extra_config": {"spec_name": "CxlOffloadingSpec", "spec_module_path": "driver.vllm",
+                                         "device": device.name, "policy": "s3fifo", "cxl_bytes_to_use": 64 << 20}}
+    with engine(model, cfg) as llm:
+        generate(llm, PROMPTS)
+        again = generate(llm, RETURNING)
+    assert tokens(again) == reference[:2]
+    assert tier_stats(device.name).as_dict()["blocks_loaded"] == 4
+
+
+def _stored_chunks(worker: Any) -> list[int]:
+    manager = live_manager(worker.spec.device_name)
+    return sorted(c.chunk_id for c in manager._policy.chunks.values())
+
+
+def test_a_corrupted_device_copy_changes_the_output(model: str, reference: list[list[int]], device: Any) -> None:
+    """The negative control: the loaded KV really drives generation."""
+    cfg = kv_transfer_config(device=device.name, policy="lru", cxl_bytes_to_use=64 << 20)
+    with engine(model, cfg) as llm:
+        generate(llm, PROMPTS)
+        worker = live_worker(device.name)
+        rng = np.random.default_rng(0)
+        for chunk in _stored_chunks(worker):
+            for layer, page in enumerate(worker.pages):
+                worker.memdev.write_untimed(worker.chunk_dpa(chunk, layer),
+                                            rng.standard_normal(page // 4).astype(np.float32))
+        again = generate(llm, RETURNING)
+    assert tier_stats(device.name).as_dict()["blocks_loaded"] == 4
+    assert tokens(again) != reference[:2]
+
+
+@pytest.mark.parametrize("prefetch", ["forward", "layer"])
+def test_a_poisoned_block_is_recomputed_not_attended(model: str, reference: list[list[int]], device: Any,
+                                                     prefetch: str) -> None:
+    cfg = kv_transfer_config(device=device.name, policy="lru", prefetch=prefetch, cxl_bytes_to_use=64 << 20)
+    with engine(model, cfg) as llm:
+        generate(llm, PROMPTS)
+        worker = live_worker(device.name)
+        for chunk in _stored_chunks(worker):  # every stored block: whichever comes back fails
+            worker.memdev.inject_poison(worker.chunk_dpa(chunk, 2) + 128)
+        again = generate(llm, RETURNING)
+    stats = tier_stats(device.name).as_dict()
+    assert tokens(again) == reference[:2]
+    assert stats["failed_loads"] == 2 and stats["failed_blocks"] == 4 and stats["blocks_loaded"] == 0
+
+
+def test_capacity_is_honoured_and_nothing_is_left_after_shutdown(model: str, reference: list[list[int]],
+                                                                 device: Any) -> None:
+    with engine(model) as probe:  # the bytes of one block on this model
+        del probe
+    cfg = kv_transfer_config(device=device.name, policy="lru", cxl_bytes_to_use=3 * (256 << 10))
+    with engine(model, cfg) as llm:
+        worker = live_worker(device.name)
+        assert worker.num_chunks == 3 and worker.chunk_bytes == 256 << 10
+        out = generate(llm, PROMPTS)
+        manager = live_manager(device.name)
+        assert manager.chunks_in_use() <= 3 and len(manager._policy.chunks) <= 3
+        assert worker.region_bytes == 3 * (256 << 10)
+    stats = tier_stats(device.name).as_dict()
+    assert tokens(out) == reference
+    assert stats["evictions"] > 0 and stats["blocks_stored"] == 12 - 3 + 3  # every offer stored, 9 evicted
+    assert live_worker(device.name) is None
+    lock = device.files.path / "kv.lock"  # released: another process may take the device now
+    import fcntl
+    with open(lock, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_a_private_device_is_served_and_removed(model: str, reference: list[list[int]]) -> None:
+    cfg = kv_transfer_config(policy="hotness", cxl_bytes_to_use=32 << 20)
+    with engine(model, cfg) as llm:
+        generate(llm, PROMPTS)
+        again = generate(llm, RETURNING)
+        (name,) = [n for n in _live_names() if n.startswith("vllm")]
+        path = live_worker(name).memdev.files.path
+        assert path.exists()
+    assert tokens(again) == reference[:2]
+    assert not path.exists()
+
+
+def _live_names() -> list[str]:
+    from driver.vllm import _worker
+
+    return list(_worker._LIVE)
+
+
+def test_a_device_whose_firmware_is_killed_is_reported_once_and_serving_goes_on(
+        model: str, reference: list[list[int]], caplog: pytest.LogCaptureFixture) -> None:
+    """kill -9 of the device's server mid-run: the tier says so once, every later load fails
+    and is recomputed, stores are dropped; vLLM's tokens do not change."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from emulator.device import destroy, firmware_pid
+
+    name = f"vtdie{os.getpid() % 100000}"
+    reset_tier_stats(name)
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "serve", "--name", name, "--capacity", "256M"],
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while firmware_pid(name) != proc.pid:
+            assert proc.poll() is None and time.monotonic() < deadline, "cxlemu serve did not come up"
+            time.sleep(0.02)
+        cfg = kv_transfer_config(device=name, policy="lru", cxl_bytes_to_use=64 << 20)
+        with engine(model, cfg) as llm:
+            generate(llm, PROMPTS)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            time.sleep(0.1)  # the host's watcher finds it within 20 ms
+            again = generate(llm, RETURNING)
+            later = generate(llm, PROMPTS[2:4])
+    finally:
+        proc.kill()
+        proc.wait()
+        with contextlib.suppress(Exception):
+            destroy(name)
+    stats = tier_stats(name).as_dict()
+    assert tokens(again) == reference[:2] and tokens(later) == reference[2:4]
+    assert stats["device_lost"] == 1 and stats["failed_loads"] >= 1 and stats["blocks_loaded"] == 0
+    assert sum("is gone" in r.getMessage() for r in caplog.records) == 1
