@@ -118,28 +118,33 @@ class DescriptorArray:
     list; a host range past its buffer is refused here (``ValueError``), before anything moves.
     Needs the C data path (``RuntimeError`` otherwise)."""
 
-    # cxl_desc: int32 dir, 4 bytes of padding, uint64 dpa, uint8 *host, uint64 len
+    # cxl_desc: int32 dir, 4 bytes of padding, uint64 dpa, uint8 *host, uint64 len (checked below)
     _DTYPE = [("dir", "<i4"), ("pad", "<i4"), ("dpa", "<u8"), ("host", "<u8"), ("len", "<u8")]
+    _DTYPE_NP: Any = None
 
     def __init__(self, direction: Direction | str, hosts: list[Any] | PinnedHosts, host_index: Any, dpas: Any,
                  host_offsets: Any, lengths: Any) -> None:
         import numpy as np
 
-        from emulator.timing._cimpl import ffi
+        if DescriptorArray._DTYPE_NP is None:
+            from emulator.timing._cimpl import ffi
 
-        if ffi is None:
-            raise RuntimeError("DescriptorArray needs the C data path (build it: python -m emulator.timing._build)")
+            if ffi is None:
+                raise RuntimeError("DescriptorArray needs the C data path (build it: python -m emulator.timing._build)")
+            dt = np.dtype(self._DTYPE)
+            if dt.itemsize != ffi.sizeof("cxl_desc") or dt.fields["len"][1] != ffi.offsetof("cxl_desc", "len"):
+                raise RuntimeError("cxl_desc's layout differs from DescriptorArray's: rebuild the C data path")
+            DescriptorArray._DTYPE_NP = dt
         self.direction = Direction(direction)
         writable = self.direction is Direction.READ
-        idx = np.asarray(host_index, dtype=np.int64)
-        dpa = np.asarray(dpas, dtype=np.int64)
-        off = np.asarray(host_offsets, dtype=np.int64)
-        length = np.asarray(lengths, dtype=np.int64)
+        idx, dpa, off, length = (a if a.__class__ is np.ndarray and a.dtype == np.int64 else np.asarray(a, np.int64)
+                                 for a in (host_index, dpas, host_offsets, lengths))
         n = len(dpa)
         if not (len(idx) == len(off) == len(length) == n):
             raise ValueError(f"DescriptorArray: {n} DPAs, {len(idx)} host indices, {len(off)} offsets and "
                              f"{len(length)} lengths: give one of each per descriptor")
-        if n and (min(dpa.min(), off.min(), length.min()) < 0 or idx.min() < 0 or idx.max() >= len(hosts)):
+        # (the checks are whole-array operations: a list of thousands costs what a few do)
+        if n and ((dpa | off | length).min() < 0 or idx.view(np.uint64).max() >= len(hosts)):
             raise ValueError("DescriptorArray: DPAs, offsets and lengths must be >= 0 and host indices "
                              f"within the {len(hosts)} host buffers")
         if not isinstance(hosts, PinnedHosts):
@@ -147,33 +152,35 @@ class DescriptorArray:
         elif writable and not hosts.writable:
             raise ValueError("DescriptorArray: a read fills host buffers: pin them with PinnedHosts(writable=True)")
         self._hosts = hosts  # keeps the pins (and so the pointers below) valid
-        sizes = hosts.sizes
-        if n and (over := np.flatnonzero(off + length > sizes[idx])).size:
-            i = int(over[0])
-            raise ValueError(f"DescriptorArray: descriptor {i}'s host range [{off[i]:#x}, {off[i] + length[i]:#x}) "
-                             f"runs past host buffer {idx[i]} ({sizes[idx[i]]:#x} B)")
-        bases = hosts.bases
-        self._cdescs = ffi.new("cxl_desc[]", max(n, 1))
-        rec = np.frombuffer(ffi.buffer(self._cdescs), dtype=np.dtype(self._DTYPE), count=n)
+        end = off + length
+        if n and (end > hosts.sizes[idx]).any():
+            i = int(np.flatnonzero(end > hosts.sizes[idx])[0])
+            raise ValueError(f"DescriptorArray: descriptor {i}'s host range [{off[i]:#x}, {end[i]:#x}) "
+                             f"runs past host buffer {idx[i]} ({hosts.sizes[idx[i]]:#x} B)")
+        # the C core's cxl_desc records and the pointer list cxl_issue_batch takes, in numpy memory
+        rec = np.empty(n, self._DTYPE_NP)
         rec["dir"] = 0 if writable else 1
         rec["dpa"] = dpa
-        rec["host"] = bases[idx] + off.astype(np.uint64)
+        rec["host"] = hosts.bases[idx] + off.view(np.uint64)
         rec["len"] = length
-        self._ptrs = ffi.new("cxl_desc *[]", max(n, 1))
-        first = int(ffi.cast("uintptr_t", self._cdescs))
-        np.frombuffer(ffi.buffer(self._ptrs), dtype=np.uint64, count=n)[:] = (
-            first + np.arange(n, dtype=np.uint64) * np.uint64(ffi.sizeof("cxl_desc")))
+        first = rec.__array_interface__["data"][0]
+        self._rec_array = rec
+        self._ptr_array = first + np.arange(n, dtype=np.uint64) * np.uint64(rec.itemsize)
         self.count = n
         self.total = int(length.sum())
-        self._rec = (dpa, length)
         self.arrays = (dpa, off, length)  # the DPAs, host offsets and lengths, as given
+
+    @property
+    def pointers(self) -> int:
+        """The address of the ``cxl_desc *`` list (valid while this object lives)."""
+        return self._ptr_array.__array_interface__["data"][0]
 
     def __len__(self) -> int:
         return self.count
 
     def descriptor(self, i: int) -> Any:
         """Descriptor ``i``'s direction, DPA and length (for its error message)."""
-        dpa, length = self._rec
+        dpa, _off, length = self.arrays
         return _Where(self.direction, int(dpa[i]), int(length[i]))
 
 

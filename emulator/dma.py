@@ -240,15 +240,15 @@ class DmaEngine:
         codes = np.empty(n, np.int64)
         errs = np.empty(n, np.uint64)
         dp = self.datapath
-        lib.cxl_issue_batch(dp._core.dp, arr._ptrs, n, -1 if dp.clock is None else int(dp.clock.now_ns()),
-                            ffi.cast("int64_t *", codes.ctypes.data), ffi.cast("uint64_t *", errs.ctypes.data))
+        latest = lib.cxl_issue_batch(dp._core.dp, ffi.cast("cxl_desc **", arr.pointers), n,
+                                     -1 if dp.clock is None else int(dp.clock.now_ns()),
+                                     ffi.cast("int64_t *", codes.__array_interface__["data"][0]),
+                                     ffi.cast("uint64_t *", errs.__array_interface__["data"][0]))
         results: list[int | DmaError] = codes.tolist()
-        ok = codes >= 0
-        latest = int(codes[ok].max()) if ok.any() else 0
-        if not ok.all():
-            for i in np.flatnonzero(~ok).tolist():
+        if codes.min() < 0:
+            for i in np.flatnonzero(codes < 0).tolist():
                 results[i] = self._error(i, arr.descriptor(i), int(codes[i]), int(errs[i]))
-        return results, latest
+        return results, max(int(latest), 0)
 
     def poll_completions(self, max_handles: int | None = None) -> list[DmaHandle]:
         """Pop completed handles from the completion queue, oldest completion first (it keeps

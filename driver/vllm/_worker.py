@@ -67,11 +67,15 @@ def _host_bytes(tensor: torch.Tensor) -> tuple[np.ndarray, int]:
 
 def runs(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(src0, dst0, n)`` arrays: the maximal runs where both block lists advance by one."""
+    if len(src) <= 64:  # a job's few blocks: a loop over ints beats a dozen numpy calls
+        s_, d_ = src.tolist(), dst.tolist()
+        starts = [0] + [i for i in range(1, len(s_)) if s_[i] != s_[i - 1] + 1 or d_[i] != d_[i - 1] + 1]
+        lengths = [b - a for a, b in zip(starts, starts[1:] + [len(s_)])] if s_ else []
+        return (np.array([s_[i] for i in starts], np.int64) if s_ else np.zeros(0, np.int64),
+                np.array([d_[i] for i in starts], np.int64) if s_ else np.zeros(0, np.int64),
+                np.array(lengths, np.int64))
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
-    if not len(src):
-        empty = np.zeros(0, np.int64)
-        return empty, empty, empty
     brk = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
     starts = np.concatenate(([0], brk))
     lengths = np.diff(np.concatenate((starts, [len(src)])))
