@@ -18,6 +18,7 @@ BENCH_MODULES = [
     "tools.bench.kv",
     "tools.bench.mailbox",
     "tools.bench.liveness",
+    "tools.bench.tier",
     "tools.trace.bench",
 ]
 
