@@ -116,6 +116,27 @@ def test_the_tier_publishes_to_the_telemetry_page(model: str, device: Any) -> No
     assert host.chunk_bytes == chunk_bytes and host.blocks_total == (64 << 20) // chunk_bytes
 
 
+def test_hotness_is_fed_by_the_devices_chmu(model: str, reference: list[list[int]], device: Any) -> None:
+    """policy "hotness" on a served device: the tier's accesses reach the device's CHMU, whose
+    hotlist (DPA, count) the manager maps back to blocks and adds to their heat."""
+    import time
+
+    cfg = kv_transfer_config(device=device.name, policy="hotness", cxl_bytes_to_use=64 << 20)
+    with engine(model, cfg) as llm:
+        generate(llm, PROMPTS)
+        again = generate(llm, RETURNING)
+        manager = live_manager(device.name)
+        worker = live_worker(device.name)
+        _read, chunk_of = manager._hotlist
+        assert all(chunk_of(worker.chunk_dpa(c, t) + off) == c for c in (0, 1, worker.num_chunks - 1)
+                   for t in range(len(worker.pages)) for off in (0, 4096, worker.pages[t] - 1))
+        time.sleep(0.05)  # an epoch (10 ms) ends and the hotlist fills
+        used = manager.feed_hotlist()
+        heat = {k: manager._policy.policy.heat(k) for k in manager._policy.chunks}
+    assert tokens(again) == reference[:2]
+    assert used > 0 and max(heat.values()) > 1  # more than the insert's own unit of heat
+
+
 def test_the_stock_offloading_connector_runs_the_spec(model: str, reference: list[list[int]], device: Any) -> None:
     cfg = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
            "kv_connector_extra_config": {"spec_name": "CxlOffloadingSpec", "spec_module_path": "driver.vllm",

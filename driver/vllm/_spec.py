@@ -273,6 +273,7 @@ class CxlOffloadingSpec(OffloadingSpec):
             raise ConfigError(f"the cxlemu tier moves whole KV blocks: leave 'block_size' out of "
                               f"kv_connector_extra_config (it made {self.blocks_per_chunk} blocks per chunk)")
         self.chunk_bytes = int(config.worker_kv_bytes_per_block)
+        self.layers = max(1, sum(len(g.layer_names) for g in config.groups))
         if self.tier.device is not None:
             self.device_name = self.tier.device
             capacity = device_capacity(self.tier.device)
@@ -313,7 +314,8 @@ class CxlOffloadingSpec(OffloadingSpec):
         regs = chmu_regs(md)
         regs.configure(unit_size=4096, threshold=1, mode="epoch", epoch_ns=10_000_000)
         self._chmu_memdev = md  # kept open with the manager; closed by shutdown()
-        return regs.read_hotlist, lambda dpa: chunk_of_dpa(dpa, self.chunk_bytes, self.num_chunks)
+        page = self.chunk_bytes // self.layers  # the worker's layer-major layout, equal pages
+        return regs.read_hotlist, lambda dpa: chunk_of_dpa(dpa, page, self.num_chunks)
 
     @override
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
