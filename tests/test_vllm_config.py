@@ -17,7 +17,10 @@ def test_bad_extra_config_is_refused_naming_the_key() -> None:
         parse_extra_config({"cxl_bytes": 1, "cxl_bytes_to_use": 1})
     with pytest.raises(ConfigError, match="prefetch"):
         parse_extra_config({"cxl_bytes_to_use": 1, "prefetch": "eager"})
+    with pytest.raises(ConfigError, match=r"\['window'\]"):
+        parse_extra_config({"cxl_bytes_to_use": 1, "window": "no_such_module:fn"})
     assert parse_extra_config({"cxl_bytes_to_use": 5}).policy == "lru"
+    assert parse_extra_config({"cxl_bytes_to_use": 5, "window": "auto"}).window == "auto"
 
 
 def test_kv_transfer_config_is_vllms_shape() -> None:

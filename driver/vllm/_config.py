@@ -22,7 +22,7 @@ PREFETCH_MODES = ("forward", "layer")
 
 _KNOWN = {"spec_name", "spec_module_path", "device", "policy", "cxl_bytes_to_use", "prefetch",
           "channels", "block_size", "offload_prompt_only", "self_describing_kv_events",
-          "store_threshold", "max_tracker_size", "hotlist_every"}
+          "store_threshold", "max_tracker_size", "hotlist_every", "window"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class TierConfig:
     prefetch: str = "forward"
     channels: int = 2  # DMA channels: loads on one, stores on the other
     hotlist_every: int = 64  # "hotness": read the CHMU's hotlist every this many scheduler steps
+    window: str = "auto"  # layer-wise: layers issued ahead, firmware_model.prefetch.resolve_window
 
 
 def _int(extra: Mapping[str, Any], key: str, default: int | None, low: int) -> int:
@@ -70,9 +71,16 @@ def parse_extra_config(extra: Mapping[str, Any]) -> TierConfig:
     prefetch = extra.get("prefetch", "forward")
     if prefetch not in PREFETCH_MODES:
         raise ConfigError(f"kv_connector_extra_config['prefetch'] must be one of {PREFETCH_MODES}, got {prefetch!r}")
+    window = extra.get("window", "auto")
+    try:
+        from firmware_model.prefetch import resolve_window
+
+        resolve_window(window)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"kv_connector_extra_config['window']: {exc}") from None
     return TierConfig(device=device, policy=policy, cxl_bytes_to_use=_int(extra, "cxl_bytes_to_use", None, 1),
                       prefetch=prefetch, channels=_int(extra, "channels", 2, 1),
-                      hotlist_every=_int(extra, "hotlist_every", 64, 1))
+                      hotlist_every=_int(extra, "hotlist_every", 64, 1), window=window)
 
 
 def kv_transfer_config(*, device: str | None = None, policy: str = "lru", prefetch: str = "forward",

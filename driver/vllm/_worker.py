@@ -9,9 +9,13 @@ channels: the link is full duplex); ``get_finished`` reports the jobs whose hand
 a job with any failed descriptor (a poisoned line, a range error, a device gone) as failed.
 
 Layer-wise loading (``submit_load(..., layerwise=True)``, used by ``CxlConnector``): the job's
-descriptors are split per layer, one submission each, issued in layer order up to
-``window`` layers ahead of the layer the forward waits for (``wait_layer``), so the link streams
-layer l+1 while layer l computes and the forward never waits for what it does not need yet.
+descriptors are split per layer, one submission each, issued in layer order up to a window of
+layers ahead of the layer the forward waits for (``wait_layer``), so the link streams layer l+1
+while layer l computes and the forward never waits for what it does not need yet. The window is
+the firmware model's prefetch window (``firmware_model.prefetch.window_points``, or the function
+``window`` names): just enough layers of compute to hide one layer's transfer on this device's
+link, from the link model and the compute per layer measured between the forward's waits; until
+a forward has been measured, every layer is issued at once.
 """
 from __future__ import annotations
 
@@ -121,7 +125,12 @@ class CxlOffloadingWorker(OffloadingWorker):
             self._stack.close()
             raise
         self.dma = self.store.dma
-        self.window = max(1, spec.tier.channels)
+        from firmware_model.prefetch import resolve_window
+
+        self._window_fn = resolve_window(spec.tier.window)
+        self._link = md.config.timing.link_params()
+        self._layer_ns = 0.0  # compute per layer, measured between the forward's waits (EMA)
+        self._last_wait: tuple[int, int] | None = None  # (layer, ns) of the last wait_layer
         self._jobs: dict[int, _Job] = {}
         self._order: deque[int] = deque()
         self._lost = False
@@ -214,7 +223,7 @@ class CxlOffloadingWorker(OffloadingWorker):
             try:
                 if layerwise:
                     job.pending_layers.extend(arrays)
-                    self._issue_layers(job, self.window)
+                    self._issue_layers(job, self._window(job))
                 else:
                     job.handles.append(self.dma.submit(arrays[0][1], channel=LOAD_CHANNEL if is_load else STORE_CHANNEL))
             except DeviceGone as exc:
@@ -223,6 +232,13 @@ class CxlOffloadingWorker(OffloadingWorker):
         self.stats.add(host_ns=time.perf_counter_ns() - t0, host_blocks=len(kv),
                        **({"load_jobs": 1} if is_load else {"store_jobs": 1}))
         return True
+
+    def _window(self, job: _Job) -> int:
+        """Layers to issue ahead of the one the forward needs (see the module doc)."""
+        layers = len(self.hosts)
+        if self._layer_ns <= 0:
+            return layers
+        return self._window_fn(self._link, job.nbytes // layers, self._layer_ns, layers)
 
     def _issue_layers(self, job: _Job, upto: int) -> None:
         """Issue the job's layers below ``upto`` not issued yet (layer l on channel l mod n)."""
@@ -243,7 +259,12 @@ class CxlOffloadingWorker(OffloadingWorker):
     def wait_layer(self, job_ids: Sequence[int], layer: int) -> None:
         """Layer-wise loads: wait until ``layer`` of each job has arrived, issuing the layers
         up to ``layer + window`` first (the prefetch bound to the forward's progress)."""
+        now = time.perf_counter_ns()
+        if self._last_wait is not None and self._last_wait[0] == layer - 1:  # one layer's compute
+            dt = now - self._last_wait[1]
+            self._layer_ns = dt if self._layer_ns <= 0 else 0.8 * self._layer_ns + 0.2 * dt
         self._wait(job_ids, layer)
+        self._last_wait = (layer, time.perf_counter_ns())
         self.stats.add(layer_waits=1)
 
     def wait(self, job_ids: set[int]) -> None:
@@ -261,7 +282,7 @@ class CxlOffloadingWorker(OffloadingWorker):
                     self._issue_layers(job, len(self.hosts))
                     handles = job.handles
                 else:
-                    self._issue_layers(job, layer + 1 + self.window)
+                    self._issue_layers(job, layer + 1 + self._window(job))
                     handles = [job.layer_handles[layer]] if layer in job.layer_handles else []
                 for h in handles:
                     h.wait()
