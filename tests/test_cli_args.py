@@ -249,3 +249,14 @@ def test_version_falls_back_to_pyproject(monkeypatch) -> None:
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
     assert version() == _pyproject_version()
+
+
+# bench tier: its arguments are checked before vLLM is needed ------------------------------------
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--blocks", "16,x"], "--blocks must be sizes >= 1 separated by commas (e.g. 16,64), got '16,x'"),
+    (["--blocks", "0"], "--blocks must be sizes >= 1 separated by commas (e.g. 16,64), got '0'"),
+    (["--jobs", "0"], "--jobs must be >= 1, got 0"),
+])
+def test_bench_tier_bad_arguments(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    one_line_error(*cli(capsys, "bench", "tier", *argv)[::2], message)
