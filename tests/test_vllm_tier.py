@@ -261,3 +261,11 @@ def test_a_device_whose_firmware_is_killed_is_reported_once_and_serving_goes_on(
     assert tokens(again) == reference[:2] and tokens(later) == reference[2:4]
     assert stats["device_lost"] == 1 and stats["failed_loads"] >= 1 and stats["blocks_loaded"] == 0
     assert sum("is gone" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from driver.vllm import example
+
+    assert example.main(["--rounds", "2", "--policy", "lru"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens identical to vLLM alone" in out and "0 failed loads" in out
