@@ -39,9 +39,9 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @contextlib.contextmanager
-def engine(model: str, transfer: dict[str, Any] | None = None) -> Iterator[LLM]:
+def engine(model: str, transfer: dict[str, Any] | None = None, **kw: Any) -> Iterator[LLM]:
     llm = LLM(model=model, enforce_eager=True, dtype="float32", max_model_len=1024, max_num_seqs=4, seed=0,
-              num_gpu_blocks_override=KV_BLOCKS, kv_transfer_config=transfer)
+              num_gpu_blocks_override=KV_BLOCKS, kv_transfer_config=transfer, **kw)
     try:
         yield llm
     finally:
@@ -135,6 +135,28 @@ def test_hotness_is_fed_by_the_devices_chmu(model: str, reference: list[list[int
         heat = {k: manager._policy.policy.heat(k) for k in manager._policy.chunks}
     assert tokens(again) == reference[:2]
     assert used > 0 and max(heat.values()) > 1  # more than the insert's own unit of heat
+
+
+@pytest.mark.parametrize("prefetch", ["forward", "layer"])
+def test_a_returning_conversation_loads_its_prefix_and_stores_what_it_adds(
+        model: str, device: Any, prefetch: str) -> None:
+    """Multi-turn: the prompt comes back longer. Its old blocks load from the tier and its new
+    blocks are stored in the same step (layer-wise, the load is synchronous: vLLM's offloading
+    scheduler must not find it pending when the step's store is prepared); vLLM's stat loggers
+    on, as `vllm serve` runs them."""
+    grown = [p + random_prompts(1, 280, seed=11 + i)[0] for i, p in enumerate(RETURNING)]
+    with engine(model) as alone:
+        expect = tokens(generate(alone, grown))
+    cfg = kv_transfer_config(device=device.name, policy="arc", prefetch=prefetch, cxl_bytes_to_use=64 << 20)
+    with engine(model, cfg, disable_log_stats=False) as llm:
+        generate(llm, PROMPTS)
+        stored_before = tier_stats(device.name).as_dict()["blocks_stored"]
+        again = generate(llm, grown)
+        third = generate(llm, grown)
+    stats = tier_stats(device.name).as_dict()
+    assert tokens(again) == expect and tokens(third) == expect
+    assert [o.num_cached_tokens for o in again] == [256, 256]
+    assert stats["blocks_stored"] - stored_before >= 4 and stats["failed_loads"] == 0
 
 
 def test_the_stock_offloading_connector_runs_the_spec(model: str, reference: list[list[int]], device: Any) -> None:

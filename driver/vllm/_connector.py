@@ -156,6 +156,7 @@ class CxlConnector(OffloadingConnector):
                               f"(got {extra['spec_name']!r} from {extra['spec_module_path']!r})")
         self.tier = parse_extra_config(extra)
         self.layerwise = self.tier.prefetch == "layer"
+        self._sync_loads: dict[int, Any] = {}  # layer-wise load job -> its request's context
         super().__init__(vllm_config, role, kv_cache_config)
         if self.connector_worker is not None:
             self.connector_worker = _CxlConnectorWorker(self.connector_worker.spec, vllm_config, kv_cache_config,
@@ -172,22 +173,42 @@ class CxlConnector(OffloadingConnector):
 
     def update_connector_output(self, connector_output: Any) -> None:
         meta = connector_output.kv_connector_worker_meta
-        failed = getattr(meta, "failed_jobs", None)
         jobs = self.scheduler._jobs
-        lost = [jobs[j].keys for j in failed or () if j in jobs]
-        super().update_connector_output(connector_output)  # completes them: the pins come off
+        lost = [jobs[j].keys for j in getattr(meta, "failed_jobs", None) or () if j in jobs]
+        sync_done = [j for j in getattr(meta, "completed_jobs", {}) if j in self._sync_loads]
+        for job_id in sync_done:  # completed here, below: the request no longer lists them
+            del meta.completed_jobs[job_id]
+        super().update_connector_output(connector_output)  # completes the rest: pins come off
+        for job_id in sync_done:
+            context = self._sync_loads.pop(job_id)
+            job = jobs.pop(job_id, None)
+            if job is None:  # dropped by a reset of the cache meanwhile
+                continue
+            self.scheduler.manager.complete_load(job.keys, context)
+            if self.scheduler._chunks_being_loaded:
+                self.scheduler._chunks_being_loaded.difference_update(job.keys)
         for keys in lost:
             self.scheduler.manager.drop(keys)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
-        if self.layerwise and num_external_tokens:
-            # A synchronous load's blocks come back from allocate_slots already hashed (cached at
-            # once, where an asynchronous load's wait until it lands); the offloading scheduler
-            # finds what to load by their missing hash. Show it the blocks past the locally
-            # computed prefix as fresh: exactly those the load fills.
-            status = self.scheduler._req_status[request.request_id]
-            blocks = _FreshFrom(blocks, status.num_locally_computed_tokens, self.scheduler.config.kv_group_configs)
-        super().update_state_after_alloc(request, blocks, num_external_tokens)
+        if not (self.layerwise and num_external_tokens):
+            super().update_state_after_alloc(request, blocks, num_external_tokens)
+            return
+        # A synchronous load's blocks come back from allocate_slots already hashed (cached at
+        # once, where an asynchronous load's wait until it lands); the offloading scheduler
+        # finds what to load by their missing hash. Show it the blocks past the locally
+        # computed prefix as fresh: exactly those the load fills.
+        status = self.scheduler._req_status[request.request_id]
+        fresh = _FreshFrom(blocks, status.num_locally_computed_tokens, self.scheduler.config.kv_group_configs)
+        super().update_state_after_alloc(request, fresh, num_external_tokens)
+        # The load lands within this step's forward (each layer waits for its blocks), so it
+        # must not hold the request's transfer slot: the store of what this forward computes is
+        # prepared in this same step, and vLLM asserts no load is pending then (it expects loads
+        # to finish between steps). Its completion is taken in update_connector_output.
+        for job_id in list(status.transfer_jobs):
+            if not self.scheduler._jobs[job_id].is_store:
+                status.transfer_jobs.discard(job_id)
+                self._sync_loads[job_id] = status.req_context
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         n, load_async = super().get_num_new_matched_tokens(request, num_computed_tokens)

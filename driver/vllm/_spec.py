@@ -263,6 +263,14 @@ class CxlOffloadingManager(CPUOffloadingManager):
 class CxlOffloadingSpec(OffloadingSpec):
     """vLLM's offloading spec for a cxlemu device (see the module doc)."""
 
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+        """The manager is vLLM's CPU manager underneath and reports its gauges and histograms:
+        vLLM's stat loggers need their definitions (they assert every reported key has one)."""
+        from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+        return CPUOffloadingSpec.build_metric_definitions(extra_config)
+
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         self.tier = parse_extra_config(self.extra_config)
