@@ -20,6 +20,7 @@ BENCH_MODULES = [
     "tools.bench.liveness",
     "tools.bench.tier",
     "tools.trace.bench",
+    "tools.bench.serve",
 ]
 
 
