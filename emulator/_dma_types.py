@@ -157,23 +157,19 @@ class DescriptorArray:
             i = int(np.flatnonzero(end > hosts.sizes[idx])[0])
             raise ValueError(f"DescriptorArray: descriptor {i}'s host range [{off[i]:#x}, {end[i]:#x}) "
                              f"runs past host buffer {idx[i]} ({hosts.sizes[idx[i]]:#x} B)")
-        # the C core's cxl_desc records and the pointer list cxl_issue_batch takes, in numpy memory
+        # the C core's cxl_desc records, in numpy memory
         rec = np.empty(n, self._DTYPE_NP)
         rec["dir"] = 0 if writable else 1
         rec["dpa"] = dpa
         rec["host"] = hosts.bases[idx] + off.view(np.uint64)
         rec["len"] = length
-        first = rec.__array_interface__["data"][0]
         self._rec_array = rec
-        self._ptr_array = first + np.arange(n, dtype=np.uint64) * np.uint64(rec.itemsize)
+        from emulator.timing._cimpl import ffi
+
+        self.cdescs = ffi.from_buffer("cxl_desc[]", rec)  # the records, as cxl_issue_array takes them
         self.count = n
         self.total = int(length.sum())
         self.arrays = (dpa, off, length)  # the DPAs, host offsets and lengths, as given
-
-    @property
-    def pointers(self) -> int:
-        """The address of the ``cxl_desc *`` list (valid while this object lives)."""
-        return self._ptr_array.__array_interface__["data"][0]
 
     def __len__(self) -> int:
         return self.count

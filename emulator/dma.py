@@ -240,10 +240,8 @@ class DmaEngine:
         codes = np.empty(n, np.int64)
         errs = np.empty(n, np.uint64)
         dp = self.datapath
-        latest = lib.cxl_issue_batch(dp._core.dp, ffi.cast("cxl_desc **", arr.pointers), n,
-                                     -1 if dp.clock is None else int(dp.clock.now_ns()),
-                                     ffi.cast("int64_t *", codes.__array_interface__["data"][0]),
-                                     ffi.cast("uint64_t *", errs.__array_interface__["data"][0]))
+        latest = lib.cxl_issue_array(dp._core.dp, arr.cdescs, n, -1 if dp.clock is None else int(dp.clock.now_ns()),
+                                     ffi.from_buffer("int64_t[]", codes), ffi.from_buffer("uint64_t[]", errs))
         results: list[int | DmaError] = codes.tolist()
         if codes.min() < 0:
             for i in np.flatnonzero(codes < 0).tolist():

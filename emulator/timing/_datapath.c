@@ -595,6 +595,23 @@ int64_t cxl_issue_batch(const cxl_dp *dp, cxl_desc *const *descs, uint64_t n, in
     return latest;
 }
 
+/* cxl_issue_batch over a contiguous array of descriptors (DescriptorArray's records, built
+ * with numpy: no pointer list to build). */
+int64_t cxl_issue_array(const cxl_dp *dp, const cxl_desc *descs, uint64_t n, int64_t now,
+                        int64_t *results, uint64_t *err_dpas)
+{
+    int64_t latest = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t err = 0;
+        int64_t rc = cxl_issue(dp, &descs[i], now, &err);
+        results[i] = rc;
+        err_dpas[i] = err;
+        if (rc > latest)
+            latest = rc;
+    }
+    return latest;
+}
+
 /* MLC-style dependent chase: each hop reads the u64 at dpa (through the timed path when
  * timed != 0; otherwise through the same path with timing off, the local baseline an
  * untimed device would give) and jumps to it.  While per-hop samples are taken (the first

@@ -88,6 +88,8 @@ int64_t cxl_write_untimed(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, ui
 int64_t cxl_issue(const cxl_dp *dp, const cxl_desc *d, int64_t now, uint64_t *err_dpa);
 int64_t cxl_issue_batch(const cxl_dp *dp, cxl_desc *const *descs, uint64_t n, int64_t now,
                         int64_t *results, uint64_t *err_dpas);
+int64_t cxl_issue_array(const cxl_dp *dp, const cxl_desc *descs, uint64_t n, int64_t now,
+                        int64_t *results, uint64_t *err_dpas);
 int64_t cxl_chase(const cxl_dp *dp, uint64_t dpa, uint64_t hops, int timed_hops,
                   int64_t *samples, uint64_t nsamples, uint64_t *end_dpa);
 #endif
