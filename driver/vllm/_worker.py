@@ -162,6 +162,7 @@ class CxlOffloadingWorker(OffloadingWorker):
         self._strides = np.array(self.strides, np.int64)
         self._offsets = np.array(self.offsets, np.int64)
         self._uniform = self.strides == self.pages
+        self._layer_index: dict[int, np.ndarray] = {}  # run count -> each descriptor's layer
         self.chunk_bytes = sum(self.pages)
         self.region_bytes = off
         if off > capacity:
@@ -181,8 +182,9 @@ class CxlOffloadingWorker(OffloadingWorker):
             b0, c0, n = kv.astype(np.int64), chunks.astype(np.int64), np.ones(len(kv), np.int64)
         else:
             b0, c0, n = runs(kv, chunks)
-        layers = len(self.hosts)
-        layer = np.repeat(np.arange(layers, dtype=np.int64), len(b0))
+        layer = self._layer_index.get(len(b0))
+        if layer is None:  # per run count, kept: jobs repeat their shapes
+            layer = self._layer_index[len(b0)] = np.repeat(np.arange(len(self.hosts), dtype=np.int64), len(b0))
         dpas = (self._offsets[:, None] + c0[None, :] * self._pages[:, None]).ravel()
         offs = (b0[None, :] * self._strides[:, None]).ravel()
         lens = (n[None, :] * self._pages[:, None]).ravel()
