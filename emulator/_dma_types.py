@@ -14,7 +14,7 @@ import enum
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from emulator.spec.errors import DmaError
 from emulator.timing import host_view
@@ -119,7 +119,7 @@ class DescriptorArray:
     Needs the C data path (``RuntimeError`` otherwise)."""
 
     # cxl_desc: int32 dir, 4 bytes of padding, uint64 dpa, uint8 *host, uint64 len (checked below)
-    _DTYPE = [("dir", "<i4"), ("pad", "<i4"), ("dpa", "<u8"), ("host", "<u8"), ("len", "<u8")]
+    _DTYPE: ClassVar = (("dir", "<i4"), ("pad", "<i4"), ("dpa", "<u8"), ("host", "<u8"), ("len", "<u8"))
     _DTYPE_NP: Any = None
 
     def __init__(self, direction: Direction | str, hosts: list[Any] | PinnedHosts, host_index: Any, dpas: Any,
@@ -131,8 +131,9 @@ class DescriptorArray:
 
             if ffi is None:
                 raise RuntimeError("DescriptorArray needs the C data path (build it: python -m emulator.timing._build)")
-            dt = np.dtype(self._DTYPE)
-            if dt.itemsize != ffi.sizeof("cxl_desc") or dt.fields["len"][1] != ffi.offsetof("cxl_desc", "len"):
+            dt = np.dtype(list(self._DTYPE))
+            if dt.itemsize != ffi.sizeof("cxl_desc") or dt.fields is None \
+                    or dt.fields["len"][1] != ffi.offsetof("cxl_desc", "len"):
                 raise RuntimeError("cxl_desc's layout differs from DescriptorArray's: rebuild the C data path")
             DescriptorArray._DTYPE_NP = dt
         self.direction = Direction(direction)

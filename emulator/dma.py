@@ -164,7 +164,7 @@ class DmaEngine:
         (the engine's equivalent of registering a memory region: only it can be written)."""
         return host_view(buffer, writable=True)
 
-    def submit(self, descriptors: Sequence[Descriptor] | Iterable[Descriptor], *,
+    def submit(self, descriptors: Sequence[Descriptor] | Iterable[Descriptor] | DescriptorArray, *,
                channel: int | None = None, timeout: float | None = None) -> DmaHandle:
         """Queue a scatter-gather list; returns at once unless the channel's submission
         queue is full (then it blocks up to ``timeout`` s and raises ``TimeoutError``).  A
@@ -172,8 +172,8 @@ class DmaEngine:
         # The inline path is the hot one (a small transfer from Python): no copy of a list it
         # consumes before returning, no Python lock (the channel is claimed by one CAS in C),
         # one C call for a single built descriptor, one per descriptor otherwise.
-        if descriptors.__class__ is DescriptorArray:
-            return self._submit_array(descriptors, channel, timeout)  # type: ignore[arg-type]
+        if isinstance(descriptors, DescriptorArray):
+            return self._submit_array(descriptors, channel, timeout)
         descs = descriptors if descriptors.__class__ is list else list(descriptors)
         k = self._channel_for(channel)
         ch = self._chans[k]
@@ -242,7 +242,7 @@ class DmaEngine:
         dp = self.datapath
         latest = lib.cxl_issue_array(dp._core.dp, arr.cdescs, n, -1 if dp.clock is None else int(dp.clock.now_ns()),
                                      ffi.from_buffer("int64_t[]", codes), ffi.from_buffer("uint64_t[]", errs))
-        results: list[int | DmaError] = codes.tolist()
+        results: list[int | DmaError] = list(codes.tolist())
         if codes.min() < 0:
             for i in np.flatnonzero(codes < 0).tolist():
                 results[i] = self._error(i, arr.descriptor(i), int(codes[i]), int(errs[i]))

@@ -22,12 +22,12 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]', see README)")
 
-from vllm import LLM, SamplingParams  # noqa: E402
-from vllm.inputs import TokensPrompt  # noqa: E402
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
 
-from driver.vllm._worker import live_worker  # noqa: E402
-from driver.vllm.testing import model_dir, random_prompts  # noqa: E402
-from emulator.device import DeviceConfig, serve  # noqa: E402
+from driver.vllm._worker import live_worker
+from driver.vllm.testing import model_dir, random_prompts
+from emulator.device import DeviceConfig, serve
 
 KV_BLOCKS = 10
 NEW_TOKENS = 12

@@ -48,10 +48,10 @@ logger = init_logger(__name__)
 
 LOAD_CHANNEL, STORE_CHANNEL = 0, 1
 
-_LIVE: dict[str, "CxlOffloadingWorker"] = {}
+_LIVE: dict[str, CxlOffloadingWorker] = {}
 
 
-def live_worker(device: str) -> "CxlOffloadingWorker | None":
+def live_worker(device: str) -> CxlOffloadingWorker | None:
     """The tier's worker on ``device`` in this process, while its engine runs (tests and tools
     reach the device layout through it)."""
     return _LIVE.get(device)
@@ -78,12 +78,11 @@ def runs(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
         return (np.array([s_[i] for i in starts], np.int64) if s_ else np.zeros(0, np.int64),
                 np.array([d_[i] for i in starts], np.int64) if s_ else np.zeros(0, np.int64),
                 np.array(lengths, np.int64))
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
-    brk = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
-    starts = np.concatenate(([0], brk))
-    lengths = np.diff(np.concatenate((starts, [len(src)])))
-    return src[starts], dst[starts], lengths
+    s64 = np.asarray(src, dtype=np.int64)
+    d64 = np.asarray(dst, dtype=np.int64)
+    brk = np.flatnonzero((np.diff(s64) != 1) | (np.diff(d64) != 1)) + 1
+    first = np.concatenate(([0], brk))
+    return s64[first], d64[first], np.diff(np.concatenate((first, [len(s64)])))
 
 
 @dataclass

@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         model = str(model_dir(tmp, layers=8, hidden=256, heads=8, kv_heads=4))
-        common = dict(model=model, enforce_eager=True, dtype="float32", max_model_len=1024, max_num_seqs=4,
-                      seed=0, num_gpu_blocks_override=12)
+        common: dict = {"model": model, "enforce_eager": True, "dtype": "float32", "max_model_len": 1024,
+                        "max_num_seqs": 4, "seed": 0, "num_gpu_blocks_override": 12}
         prompts = random_prompts(4 * args.rounds, 300, seed=5, prefix=128)
         sp = SamplingParams(max_tokens=16, temperature=0)
 

@@ -25,7 +25,11 @@ TARGET_US = 2.0
 
 def _worker(name: str, chunks: int, layers: int, page: int, blocks: int) -> tuple[Any, Any]:
     import torch
-    from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
+    from vllm.v1.kv_offload.base import (
+        CanonicalKVCacheRef,
+        CanonicalKVCaches,
+        CanonicalKVCacheTensor,
+    )
 
     from driver.vllm._config import TierConfig, reset_tier_stats, tier_stats
     from driver.vllm._worker import CxlOffloadingWorker
