@@ -138,8 +138,8 @@ class DescriptorArray:
             DescriptorArray._DTYPE_NP = dt
         self.direction = Direction(direction)
         writable = self.direction is Direction.READ
-        idx, dpa, off, length = (a if a.__class__ is np.ndarray and a.dtype == np.int64 else np.asarray(a, np.int64)
-                                 for a in (host_index, dpas, host_offsets, lengths))
+        idx, dpa, off, length = (np.asarray(host_index, np.int64), np.asarray(dpas, np.int64),
+                                 np.asarray(host_offsets, np.int64), np.asarray(lengths, np.int64))
         n = len(dpa)
         if not (len(idx) == len(off) == len(length) == n):
             raise ValueError(f"DescriptorArray: {n} DPAs, {len(idx)} host indices, {len(off)} offsets and "

@@ -23,7 +23,6 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -85,17 +84,18 @@ def runs(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return s64[first], d64[first], np.diff(np.concatenate((first, [len(s64)])))
 
 
-@dataclass
 class _Job:
-    job_id: int
-    is_load: bool
-    blocks: int
-    nbytes: int
-    start: float
-    handles: list[DmaHandle] = field(default_factory=list)
-    pending_layers: deque = field(default_factory=deque)  # layer-wise: (layer, descriptors) to issue
-    layer_handles: dict[int, DmaHandle] = field(default_factory=dict)
-    error: str | None = None
+    """One transfer job: its handles, and for a layer-wise load the layers still to issue."""
+
+    __slots__ = ("blocks", "error", "handles", "is_load", "job_id", "layer_handles", "nbytes",
+                 "pending_layers", "start")
+
+    def __init__(self, job_id: int, is_load: bool, blocks: int, nbytes: int, start: float) -> None:
+        self.job_id, self.is_load, self.blocks, self.nbytes, self.start = job_id, is_load, blocks, nbytes, start
+        self.handles: list[DmaHandle] = []
+        self.pending_layers: deque = deque()  # layer-wise: (layer, descriptors) to issue
+        self.layer_handles: dict[int, DmaHandle] = {}
+        self.error: str | None = None
 
 
 class CxlOffloadingWorker(OffloadingWorker):
