@@ -4,6 +4,7 @@ does. The device side is ``emulator.chmu``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +58,13 @@ class ChmuRegs:
 
     def __init__(self, region: memoryview) -> None:
         self.regs = ChmuRegView(region)
+
+    @classmethod
+    def of_bar(cls, bar: Any) -> "ChmuRegs":
+        """The CHMU of a device's BAR mapping (``MemDev.bar``, ``open_bar``)."""
+        from emulator.spec.chmu import CHMU_OFFSET, CHMU_SIZE
+
+        return cls(memoryview(bar)[CHMU_OFFSET:CHMU_OFFSET + CHMU_SIZE])
 
     def capabilities(self) -> dict[str, object]:
         c0, c1 = self.regs.q(CAP0), self.regs.q(CAP1)

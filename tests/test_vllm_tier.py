@@ -127,7 +127,7 @@ def test_hotness_is_fed_by_the_devices_chmu(model: str, reference: list[list[int
         again = generate(llm, RETURNING)
         manager = live_manager(device.name)
         worker = live_worker(device.name)
-        _read, chunk_of = manager._hotlist
+        chunk_of = manager._hotlist.chunk_of
         assert all(chunk_of(worker.chunk_dpa(c, t) + off) == c for c in (0, 1, worker.num_chunks - 1)
                    for t in range(len(worker.pages)) for off in (0, 4096, worker.pages[t] - 1))
         time.sleep(0.05)  # an epoch (10 ms) ends and the hotlist fills

@@ -13,7 +13,7 @@ from typing import Any
 from emulator.spec.errors import ConfigError
 from firmware_model.policies import POLICY_NAMES, resolve_policy
 
-__all__ = ["PREFETCH_MODES", "TierConfig", "TierStats", "chmu_regs", "chunk_of_dpa", "kv_transfer_config",
+__all__ = ["PREFETCH_MODES", "TierConfig", "TierStats", "chunk_of_dpa", "kv_transfer_config",
            "live_manager", "parse_extra_config", "tier_stats"]
 
 PREFETCH_MODES = ("forward", "layer")
@@ -149,13 +149,6 @@ def chunk_of_dpa(dpa: int, page: int, num_chunks: int) -> int:
     """The chunk a DPA of the tier's region belongs to, for equal pages of ``page`` bytes per
     layer (the worker's layer-major layout, driver/vllm/_worker.py)."""
     return (dpa // page) % num_chunks
-
-
-def chmu_regs(md: Any) -> Any:
-    from driver.chmu import ChmuRegs
-    from emulator.spec.registers import CHMU_OFFSET, CHMU_SIZE
-
-    return ChmuRegs(memoryview(md.bar)[CHMU_OFFSET:CHMU_OFFSET + CHMU_SIZE])
 
 
 

@@ -41,7 +41,6 @@ from driver.vllm._config import (
     _MANAGERS,
     TierConfig,
     TierStats,
-    chmu_regs,
     chunk_of_dpa,
     parse_extra_config,
     tier_stats,
@@ -49,7 +48,7 @@ from driver.vllm._config import (
 from emulator.spec.errors import ConfigError
 from firmware_model.policies import HotnessPolicy, NoVictimError, resolve_policy
 
-__all__ = ["CxlOffloadingManager", "CxlOffloadingSpec", "private_device_name"]
+__all__ = ["CxlOffloadingManager", "CxlOffloadingSpec", "DeviceHotlist", "private_device_name"]
 
 logger = init_logger(__name__)
 
@@ -158,8 +157,7 @@ class _FirmwarePolicy(CachePolicy):
                 key = self.policy.evict(skip)
             except NoVictimError:  # the policy disagrees with the count above: undo, say so
                 for k, chunk in out:
-                    self.insert(k, chunk)
-                    self._evictable.add(k)
+                    self.insert(k, chunk)  # evictable again: its ref_cnt is 0
                 logger.error("eviction policy %s found no victim among %d evictable chunks", self.spec,
                              len(self._evictable))
                 return None
@@ -184,17 +182,47 @@ class _FirmwarePolicy(CachePolicy):
         self._evictable.discard(key)
 
 
+class DeviceHotlist:
+    """The served device's CHMU, programmed to count the tier's accesses, read as blocks: its
+    hotlist's DPAs mapped to chunks by the worker's layer-major layout (equal pages of ``page``
+    bytes per layer). Holds a handle on the device until ``close``."""
+
+    def __init__(self, device: str, page: int, num_chunks: int) -> None:
+        from driver.chmu import ChmuRegs
+        from driver.memdev import MemDev
+
+        self.page, self.num_chunks = page, num_chunks
+        self._md = MemDev.open(device)
+        try:
+            self.regs = ChmuRegs.of_bar(self._md.bar)
+            self.regs.configure(unit_size=4096, threshold=1, mode="epoch", epoch_ns=10_000_000)
+        except BaseException:
+            self._md.close()
+            raise
+
+    def read(self) -> list[tuple[int, int]]:
+        """(DPA, count) entries since the last read."""
+        return self.regs.read_hotlist()
+
+    def chunk_of(self, dpa: int) -> int:
+        return chunk_of_dpa(dpa, self.page, self.num_chunks)
+
+    def close(self) -> None:
+        self._md.close()
+
+
 class CxlOffloadingManager(CPUOffloadingManager):
     """vLLM's chunk bookkeeping over the device's chunks, the firmware policy deciding eviction,
     counting lookups, hits and evictions into the tier's ``TierStats``."""
 
-    def __init__(self, num_chunks: int, tier: TierConfig, stats: TierStats, *,
-                 enable_events: bool = False, hotlist: Any = None) -> None:
+    def __init__(self, num_chunks: int, tier: TierConfig, stats: TierStats, device_name: str, *,
+                 enable_events: bool = False, hotlist: DeviceHotlist | None = None) -> None:
         super().__init__(num_chunks=num_chunks, cache_policy="lru", enable_events=enable_events)
         self._policy = _FirmwarePolicy(num_chunks, tier.policy)
         self.tier = tier
         self.stats = stats
-        self._hotlist = hotlist  # (read_hotlist() -> [(dpa, count)], dpa -> chunk) for "hotness"
+        self.device_name = device_name
+        self._hotlist = hotlist  # "hotness" on a served device: its CHMU
         self._steps = 0
 
     @override
@@ -226,11 +254,10 @@ class CxlOffloadingManager(CPUOffloadingManager):
         policy = self._policy.policy
         if self._hotlist is None or not isinstance(policy, HotnessPolicy):
             return 0
-        read, chunk_of = self._hotlist
         by_chunk = {c.chunk_id: k for k, c in self._policy.chunks.items()}
         used = 0
-        for dpa, count in read():
-            key = by_chunk.get(chunk_of(dpa))
+        for dpa, count in self._hotlist.read():
+            key = by_chunk.get(self._hotlist.chunk_of(dpa))
             if key is not None:
                 policy.hint_heat(key, count)
                 used += 1
@@ -259,8 +286,11 @@ class CxlOffloadingManager(CPUOffloadingManager):
 
     @override
     def shutdown(self) -> None:
-        if _MANAGERS.get(getattr(self, "device_name", "")) is self:
+        if _MANAGERS.get(self.device_name) is self:
             del _MANAGERS[self.device_name]
+        if self._hotlist is not None:
+            self._hotlist.close()
+            self._hotlist = None
         super().shutdown()
 
 
@@ -308,26 +338,14 @@ class CxlOffloadingSpec(OffloadingSpec):
     @override
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
-            self._manager = CxlOffloadingManager(self.num_chunks, self.tier, self.stats,
+            hotlist = None
+            if self.tier.policy == "hotness" and self.tier.device is not None and self.chunk_bytes:
+                hotlist = DeviceHotlist(self.tier.device, self.chunk_bytes // self.layers, self.num_chunks)
+            self._manager = CxlOffloadingManager(self.num_chunks, self.tier, self.stats, self.device_name,
                                                  enable_events=self.kv_events_config.enable_kv_cache_events,
-                                                 hotlist=self._hotlist_source())
-            self._manager.device_name = self.device_name
+                                                 hotlist=hotlist)
             _MANAGERS[self.device_name] = self._manager
         return self._manager
-
-    def _hotlist_source(self) -> Any:
-        """For "hotness" on a served device: the device's CHMU, configured to count this tier's
-        chunks, and how a DPA maps to a chunk (the worker's layout: ``_worker.chunk_of``)."""
-        if self.tier.policy != "hotness" or self.tier.device is None or not self.chunk_bytes:
-            return None
-        from driver.memdev import MemDev
-
-        md = MemDev.open(self.tier.device)
-        regs = chmu_regs(md)
-        regs.configure(unit_size=4096, threshold=1, mode="epoch", epoch_ns=10_000_000)
-        self._chmu_memdev = md  # kept open with the manager; closed by shutdown()
-        page = self.chunk_bytes // self.layers  # the worker's layer-major layout, equal pages
-        return regs.read_hotlist, lambda dpa: chunk_of_dpa(dpa, page, self.num_chunks)
 
     @override
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:

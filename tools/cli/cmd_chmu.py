@@ -58,7 +58,6 @@ def _positive_int(text: str) -> int:
 
 def _open(name: str):
     from driver.chmu import ChmuRegs
-    from emulator.spec.chmu import CHMU_OFFSET, CHMU_SIZE
     from emulator.device import open_bar
     from emulator.spec.errors import DeviceNotFound
 
@@ -66,7 +65,7 @@ def _open(name: str):
         bar = open_bar(name, writable=True)
     except DeviceNotFound as exc:
         raise CliError(str(exc)) from None
-    return bar, ChmuRegs(memoryview(bar)[CHMU_OFFSET:CHMU_OFFSET + CHMU_SIZE])
+    return bar, ChmuRegs.of_bar(bar)
 
 
 def _configure(regs: Any, args: argparse.Namespace) -> None:
