@@ -130,8 +130,7 @@ class CxlOffloadingWorker(OffloadingWorker):
         self._link = md.config.timing.link_params()
         self._layer_ns = 0.0  # compute per layer, measured between the forward's waits (EMA)
         self._last_wait: tuple[int, int] | None = None  # (layer, ns) of the last wait_layer
-        self._jobs: dict[int, _Job] = {}
-        self._order: deque[int] = deque()
+        self._jobs: dict[int, _Job] = {}  # in submission order
         self._lost = False
         self._telemetry = _Publisher(md, self)
         self._stack.callback(self._telemetry.close)
@@ -216,7 +215,6 @@ class CxlOffloadingWorker(OffloadingWorker):
             raise ValueError(f"job {job_id}: {len(kv)} KV blocks for {len(chunks)} device chunks")
         job = _Job(job_id, is_load, len(kv), len(kv) * self.chunk_bytes, time.perf_counter())
         self._jobs[job_id] = job
-        self._order.append(job_id)
         if self._lost:
             job.error = "device gone"
         elif len(kv):
@@ -339,11 +337,9 @@ class CxlOffloadingWorker(OffloadingWorker):
     def get_finished(self) -> list[TransferResult]:
         t0 = time.perf_counter_ns()
         out = []
-        for job_id in list(self._order):
-            job = self._jobs[job_id]
+        for job_id, job in list(self._jobs.items()):
             if self._finished(job):
                 out.append(self._result(job))
-                self._order.remove(job_id)
                 del self._jobs[job_id]
         self._telemetry.publish()
         self.stats.add(host_ns=time.perf_counter_ns() - t0)
