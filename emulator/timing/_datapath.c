@@ -580,18 +580,22 @@ int64_t cxl_issue(const cxl_dp *dp, const cxl_desc *d, int64_t now, uint64_t *er
 /* Issue a scatter-gather list in order without waiting: results[i] is descriptor i's
  * completion time or its error code (err_dpas[i] the poisoned line's DPA).  Returns the
  * latest completion, 0 if none. */
+/* Descriptor i of a list: its result and poisoned DPA stored, the latest completion kept. */
+static inline int64_t issue_into(const cxl_dp *dp, const cxl_desc *d, int64_t now, int64_t *result,
+                                 uint64_t *err_dpa, int64_t latest)
+{
+    *err_dpa = 0;
+    int64_t rc = cxl_issue(dp, d, now, err_dpa);
+    *result = rc;
+    return rc > latest ? rc : latest;
+}
+
 int64_t cxl_issue_batch(const cxl_dp *dp, cxl_desc *const *descs, uint64_t n, int64_t now,
                         int64_t *results, uint64_t *err_dpas)
 {
     int64_t latest = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t err = 0;
-        int64_t rc = cxl_issue(dp, descs[i], now, &err);
-        results[i] = rc;
-        err_dpas[i] = err;
-        if (rc > latest)
-            latest = rc;
-    }
+    for (uint64_t i = 0; i < n; i++)
+        latest = issue_into(dp, descs[i], now, &results[i], &err_dpas[i], latest);
     return latest;
 }
 
@@ -601,14 +605,8 @@ int64_t cxl_issue_array(const cxl_dp *dp, const cxl_desc *descs, uint64_t n, int
                         int64_t *results, uint64_t *err_dpas)
 {
     int64_t latest = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t err = 0;
-        int64_t rc = cxl_issue(dp, &descs[i], now, &err);
-        results[i] = rc;
-        err_dpas[i] = err;
-        if (rc > latest)
-            latest = rc;
-    }
+    for (uint64_t i = 0; i < n; i++)
+        latest = issue_into(dp, &descs[i], now, &results[i], &err_dpas[i], latest);
     return latest;
 }
 
