@@ -10,6 +10,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+from typing import Any
 
 from cffi import FFI  # type: ignore[import-untyped]
 
@@ -35,16 +36,23 @@ def make_builder(root: str = "") -> FFI:
 ffibuilder = make_builder()
 
 
-def build_in_place() -> pathlib.Path:
-    """Compile next to the sources; the library is renamed into place, never overwritten (a
-    process that has the old one loaded keeps its mapping)."""
+def compile_in_place(builder: Any, directory: pathlib.Path) -> pathlib.Path:
+    """Compile ``builder`` (a cffi FFI) and put the library into ``directory``: renamed into
+    place, never overwritten, so a process that has the old one loaded (a test run, a served
+    device) keeps its mapping instead of crashing on a truncated file. Shared with
+    ``emulator/timing/_build.py``."""
     with tempfile.TemporaryDirectory() as tmp:
-        built = pathlib.Path(make_builder(str(_ROOT)).compile(tmpdir=tmp, verbose=False))
-        target = _ROOT / "firmware_model" / built.name
+        built = pathlib.Path(builder.compile(tmpdir=tmp, verbose=False))
+        target = directory / built.name
         staged = target.with_name(f".{built.name}.{os.getpid()}.tmp")
         shutil.copy2(built, staged)
         os.replace(staged, target)
     return target
+
+
+def build_in_place() -> pathlib.Path:
+    """Compile next to the sources (a source checkout without ``pip install -e .``)."""
+    return compile_in_place(make_builder(str(_ROOT)), _ROOT / "firmware_model")
 
 
 if __name__ == "__main__":

@@ -9,11 +9,8 @@ engine's issue, channel claim word, handle fields and inline submission).
 """
 from __future__ import annotations
 
-import os
 import pathlib
 import re
-import shutil
-import tempfile
 
 from cffi import FFI
 
@@ -54,16 +51,13 @@ ffibuilder = make_builder()
 
 
 def build_in_place() -> pathlib.Path:
-    """Compile next to the sources (a source checkout without `pip install -e .`).  The
-    library is renamed into place, never overwritten: a process that has the old one loaded
-    (a test run, a served device) keeps its mapping instead of crashing on a truncated file."""
-    with tempfile.TemporaryDirectory() as tmp:
-        built = pathlib.Path(make_builder(str(_ROOT)).compile(tmpdir=tmp, verbose=False))
-        target = _ROOT / "emulator/timing" / built.name
-        staged = target.with_name(f".{built.name}.{os.getpid()}.tmp")
-        shutil.copy2(built, staged)
-        os.replace(staged, target)
-    return target
+    """Compile next to the sources (a source checkout without `pip install -e .`), renamed into
+    place as ``firmware_model._fast_build.compile_in_place`` does for the replay library."""
+    from firmware_model._fast_build import (
+        compile_in_place,  # the build helper both libraries use
+    )
+
+    return compile_in_place(make_builder(str(_ROOT)), _ROOT / "emulator/timing")
 
 
 if __name__ == "__main__":
