@@ -177,6 +177,41 @@ def _register_gen(sub: Any) -> None:
             k.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=default,
                            help=f"(default {default})")
         k.set_defaults(func=_cmd_gen)
+    _register_gen_sessions(kinds)
+
+
+def _register_gen_sessions(kinds: Any) -> None:
+    """`trace gen sessions`: not block accesses but the requests of multi-turn sessions, the
+    input of `cxlemu sim serve --workload trace`."""
+    k = kinds.add_parser("sessions", help="multi-turn chat sessions with shared system prompts: a request trace "
+                                          "for `cxlemu sim serve --workload trace` (JSON lines)")
+    k.add_argument("--out", "-o", default="-", help="output file (default stdout)")
+    for name, default in (("sessions", 1000), ("concurrency", 32), ("turns", 4), ("system_tokens", 1024),
+                          ("system_prompts", 4), ("user_tokens", 256), ("output_tokens", 128), ("seed", 0)):
+        k.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=default, help=f"(default {default})")
+    k.add_argument("--think-s", type=float, default=5.0, help="mean think time between turns, s (default 5)")
+    k.set_defaults(func=_cmd_gen_sessions)
+
+
+def _cmd_gen_sessions(args: argparse.Namespace) -> int:
+    from tools.sim.workload import sessions, write_trace
+
+    try:
+        scripts = sessions(sessions=args.sessions, concurrency=args.concurrency, turns=args.turns,
+                           system_tokens=args.system_tokens, system_prompts=args.system_prompts,
+                           user_tokens=args.user_tokens, output_tokens=args.output_tokens, think_s=args.think_s,
+                           seed=args.seed)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.out == "-":
+        write_trace(scripts, sys.stdout)
+        return 0
+    try:
+        with open(args.out, "w") as f:
+            write_trace(scripts, f)
+    except OSError as exc:
+        raise CliError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+    return 0
 
 
 def _cmd_gen(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ _MODULES = [
     "tools.cli.cmd_presets",
     "tools.cli.cmd_bench",
     "tools.cli.cmd_trace",
+    "tools.cli.cmd_sim",
     "tools.cli.cmd_chmu",
     "tools.cli.cmd_monitor",
     "tools.cli.cmd_device",

@@ -1,0 +1,252 @@
+"""The serving simulator's pieces on the simulated clock, with values worked out by hand."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from firmware_model.link import LinkParams
+from tools.sim import hardware as hw
+from tools.sim.engine import EngineConfig, SimEngine, TierConfig
+from tools.sim.run import Point, simulate
+from tools.sim.workload import (
+    ClientScript,
+    TraceError,
+    Turn,
+    fixed,
+    from_bench,
+    load_trace,
+    sessions,
+    write_trace,
+)
+
+MS = 1_000_000  # ns
+
+
+def const_cost(ms: float = 1.0) -> hw.LinearCost:
+    return hw.LinearCost(ms * MS, 0.0, 0.0, 0.0)
+
+
+# --- the roofline ------------------------------------------------------------------------------
+def test_llama_2_7b_shape_from_its_config():
+    m = hw.MODELS["llama-2-7b"]
+    # per layer: q,o 2 x 4096^2 + k,v 2 x 4096 x 4096 + MLP 3 x 4096 x 11008 + 2 norms x 4096
+    assert m.layer_params == 2 * 4096**2 + 2 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096 == 202_383_360
+    assert m.params == 32 * 202_383_360 + 4096 + 2 * 32000 * 4096 == 6_738_415_616
+    assert m.kv_bytes_per_token == 2 * 32 * 32 * 128 * 2 == 512 * 1024
+    assert hw.MODELS["llama-3-8b"].kv_bytes_per_token == 2 * 32 * 8 * 128 * 2  # GQA: 8 KV heads
+    assert hw.MODELS["llama-3-70b"].kv_bytes_per_token == 2 * 80 * 8 * 128 * 2
+
+
+def test_prefill_step_is_compute_bound_by_hand():
+    r = hw.Roofline(hw.MODELS["llama-2-7b"], hw.ACCELERATORS["a100-80gb"], mfu=0.5, mbu=0.8, overhead_us=2000)
+    b = hw.Batch()
+    b.add(4096, 0, True)  # a 4096-token prompt, first token sampled
+    assert (b.tokens, b.pairs, b.context, b.seqs, b.sampled) == (4096, 4096 * 4097 / 2, 4096, 1, 1)
+    flops = 2 * 6_476_271_616 * 4096 + 4 * 32 * 4096 * 8_390_656 + 2 * 4096 * 32000
+    assert r.flops(b) == flops == 57_452_999_475_200
+    # 57.45 TFLOP at 312 TFLOP/s x 0.5 = 368.29 ms, far above the bytes' 9.6 ms; + 2 ms overhead
+    assert r.step_ns(b) == pytest.approx(flops / 156e12 * 1e9 + 2 * MS, rel=1e-12)
+    assert r.step_ns(b) == pytest.approx(370_288_458.17, abs=0.01)
+
+
+def test_decode_step_is_memory_bound_by_hand():
+    r = hw.Roofline(hw.MODELS["llama-2-7b"], hw.ACCELERATORS["a100-80gb"], mfu=0.5, mbu=0.8, overhead_us=2000)
+    b = hw.Batch()
+    for _ in range(32):
+        b.add(1, 4000, True)
+    # weights 13,476,831,232 B + KV of 32 x 4001 tokens x 512 KiB, at 2039 GB/s x 0.8
+    nbytes = 13_476_831_232 + 32 * 4001 * 524_288
+    assert r.bytes(b) == nbytes == 80_602_472_448
+    assert r.step_ns(b) == pytest.approx(nbytes / 1631.2e9 * 1e9 + 2 * MS, rel=1e-12)
+    assert r.step_ns(hw.Batch()) == 0.0
+
+
+def test_kv_capacity_arithmetic():
+    cap = hw.kv_capacity(hw.MODELS["llama-2-7b"], hw.ACCELERATORS["a100-80gb"], max_num_batched_tokens=8192)
+    act = 8192 * (4 * 4096 + 2 * 11008) * 2 + 8192 * 32000 * 4 / 8
+    kv = 80e9 * 0.9 - 13_476_831_232 - act - (1 << 30)
+    assert cap["kv_bytes"] == pytest.approx(kv)
+    assert cap["kv_tokens"] == pytest.approx(kv / 524_288)
+    assert int(cap["kv_tokens"]) // 4096 == 26  # whole 4096-token sequences that fit
+
+
+def test_fit_linear_recovers_known_coefficients():
+    samples = []
+    for tokens, computed, seqs in ((1, 100, 1), (512, 0, 1), (8, 300, 8), (256, 128, 2), (64, 900, 4), (3, 0, 3)):
+        b = hw.Batch()
+        for _ in range(seqs):
+            b.add(tokens // seqs or 1, computed, True)
+        samples.append(((2e-3 + 1e-6 * b.tokens + 3e-9 * b.pairs + 5e-5 * b.seqs), b))
+    c = hw.fit_linear(samples)
+    assert (c.a_ns, c.b_ns_per_token, c.c_ns_per_pair, c.d_ns_per_seq) == pytest.approx((2e6, 1e3, 3.0, 5e4), rel=1e-6)
+    assert c.fit["median_abs_rel_error"] < 1e-9
+
+
+def test_fit_linear_keeps_coefficients_non_negative():
+    samples = []
+    for t in range(1, 9):
+        b = hw.Batch()
+        b.add(t, 0, True)
+        samples.append((1e-3 + (1e-6 * t if t % 2 else 0.0), b))  # noisy: an unconstrained fit goes negative
+    c = hw.fit_linear(samples)
+    assert min(c.a_ns, c.b_ns_per_token, c.c_ns_per_pair, c.d_ns_per_seq) >= 0
+    with pytest.raises(ValueError, match=">= 4 steps"):
+        hw.fit_linear(samples[:2])
+
+
+# --- the engine: a preemption sequence ---------------------------------------------------------
+def two_clients_engine(**tier_kw) -> SimEngine:
+    cfg = EngineConfig(block_tokens=4, kv_blocks=5, max_num_seqs=8, max_num_batched_tokens=64,
+                       enable_prefix_caching=not tier_kw)
+    tier = TierConfig(**tier_kw) if tier_kw else None
+    return SimEngine(fixed(clients=2, context=10, output_tokens=3, requests=1), const_cost(), cfg, tier=tier)
+
+
+def test_preemption_by_recompute_sequence():
+    """Two 7-token prompts, 3 output tokens each, 4-token blocks, 5 blocks, 1 ms a step:
+    step 1 prefills both (2 + 2 blocks), step 2 decodes both (8 tokens: still 2 blocks each),
+    step 3 needs a third block for each: request 0 takes the last one, request 1 (the last
+    running) is preempted; request 0 finishes at 3 ms; step 4 resumes request 1 from its two
+    cached blocks (8 prefix-hit tokens) and computes 1 token: it finishes at 4 ms."""
+    eng = two_clients_engine()
+    done = eng.run()
+    by = {r.client: r for r in done}
+    assert [r.client for r in done] == [0, 1]
+    assert (by[0].first_token, by[0].finish, by[0].preemptions) == (1 * MS, 3 * MS, 0)
+    assert (by[1].first_token, by[1].finish, by[1].preemptions) == (1 * MS, 4 * MS, 1)
+    assert (by[1].local_hit_tokens, by[1].generated) == (8, 3)
+    assert (eng.stats.steps, eng.stats.max_running, eng.stats.preemptions) == (4, 2, 1)
+    assert eng.env.now == 4 * MS
+
+
+def test_preemption_by_swap_pays_the_link_both_ways():
+    """As above without a prefix cache: request 1's two blocks (8 KiB) go to the host at 2 ms
+    (1 GB/s, 1 us latency: landed at 2 ms + 9.192 us) and come back before its step: the load
+    starts at 3 ms, lands at 3.009192 ms, and the 1-ms step ends at 4.009192 ms."""
+    link = LinkParams.from_rates(read_latency_ns=1000, write_latency_ns=1000, read_bandwidth_gbps=1,
+                                 write_bandwidth_gbps=1)
+    eng = two_clients_engine(link=link, capacity_blocks=100, block_bytes=4096, layers=1, store="preempted")
+    done = eng.run()
+    by = {r.client: r for r in done}
+    assert by[0].finish == 3 * MS
+    assert by[1].finish == 4 * MS + 9_192
+    assert (by[1].tier_hit_tokens, by[1].local_hit_tokens, by[1].preemptions) == (8, 0, 1)
+    c = eng.tier.counters()
+    assert (c["blocks_stored"], c["blocks_loaded"], c["bytes_stored"]) == (2, 2, 8192)
+
+
+def test_layerwise_load_overlaps_the_forward():
+    """A session's second turn finds its first 8 tokens in the tier (stored at 1 ms, landed
+    8.192 us later); it arrives at 2 ms and loads them layer by layer inside a 1-ms step of 2
+    layers: layer 0's 4 KiB lands at 2.004096 ms (the stall), layer 1's is issued when layer 0
+    starts and lands long before it is needed: the step ends at 3.004096 ms."""
+    segs = ((("s", 0), 1 << 62),)
+    script = ClientScript("s0", "session", (Turn(segs, 8, 1, 0.0), Turn(segs, 12, 1, 1e-3)))
+    link = LinkParams.from_rates(read_bandwidth_gbps=1, write_bandwidth_gbps=1)
+    cfg = EngineConfig(block_tokens=4, kv_blocks=8, enable_prefix_caching=False)
+    tier = TierConfig(link=link, capacity_blocks=100, block_bytes=4096, layers=2, prefetch="layer")
+    eng = SimEngine([script], const_cost(), cfg, tier=tier)
+    first, second = eng.run()
+    assert first.finish == 1 * MS
+    assert (second.arrival, second.first_token) == (2 * MS, 3 * MS + 4096)
+    assert second.tier_hit_tokens == 8
+    assert eng.tier.stall_ns == 4096
+
+
+def test_forward_load_waits_then_schedules():
+    """The same with loads before the forward: the load (8 KiB at 1 GB/s) lands 8.192 us after
+    2 ms, then the 1-ms step runs."""
+    segs = ((("s", 0), 1 << 62),)
+    script = ClientScript("s0", "session", (Turn(segs, 8, 1, 0.0), Turn(segs, 12, 1, 1e-3)))
+    link = LinkParams.from_rates(read_bandwidth_gbps=1, write_bandwidth_gbps=1)
+    cfg = EngineConfig(block_tokens=4, kv_blocks=8, enable_prefix_caching=False)
+    tier = TierConfig(link=link, capacity_blocks=100, block_bytes=4096, layers=2, prefetch="forward")
+    _, second = SimEngine([script], const_cost(), cfg, tier=tier).run()
+    assert second.first_token == 3 * MS + 8192
+
+
+def test_tier_evicts_by_its_policy():
+    """A 2-block LRU tier: three stores, the oldest block leaves."""
+    import simpy
+
+    from tools.sim.engine import Tier
+
+    env = simpy.Environment()
+    t = Tier(env, TierConfig(link=LinkParams(), capacity_blocks=2, block_bytes=64, layers=1))
+    for k in ("a", "b", "c"):
+        t.store([k])
+        env.run()
+    assert ("a" in t, "b" in t, "c" in t) == (False, True, True)
+    assert (t.evictions, t.blocks_stored) == (1, 3)
+
+
+def test_chunked_prefill_and_budget():
+    """A 20-token prompt under a 8-token budget takes three steps (8, 8, 4): TTFT 3 ms."""
+    cfg = EngineConfig(block_tokens=4, kv_blocks=16, max_num_batched_tokens=8)
+    (r,) = SimEngine(fixed(clients=1, context=21, output_tokens=1, requests=1), const_cost(), cfg).run()
+    assert (r.first_token, r.finish) == (3 * MS, 3 * MS)
+
+
+def test_prefix_cache_shares_a_system_prompt():
+    """Two sessions with one 8-token system prompt: the second one's prefill finds it."""
+    scripts = sessions(sessions=2, concurrency=2, turns=1, system_tokens=8, system_prompts=1, user_tokens=4,
+                       output_tokens=1, think_s=0.0)
+    cfg = EngineConfig(block_tokens=4, kv_blocks=16, max_num_batched_tokens=12)
+    done = SimEngine(scripts, const_cost(), cfg).run()
+    assert sorted(r.local_hit_tokens for r in done) == [0, 8]
+
+
+def test_request_larger_than_kv_space_is_refused():
+    with pytest.raises(ValueError, match="needs 3 KV blocks; the KV space holds 2"):
+        SimEngine(fixed(clients=1, context=12, output_tokens=1), const_cost(), EngineConfig(block_tokens=4, kv_blocks=2))
+
+
+# --- workloads ---------------------------------------------------------------------------------
+def test_trace_round_trip_and_errors():
+    scripts = sessions(sessions=5, concurrency=2, turns=3, seed=3)
+    f = io.StringIO()
+    assert write_trace(scripts, f) == 15
+    f.seek(0)
+    assert load_trace(f) == scripts
+    bad = io.StringIO('{"client": "a", "turn": 1, "prompt_tokens": 4, "output_tokens": 1, "segments": [["x", 9]]}\n')
+    with pytest.raises(TraceError, match="line 1: client a's turn 1 follows turn -1"):
+        load_trace(bad)
+    with pytest.raises(TraceError, match="line 2: not JSON"):
+        load_trace(io.StringIO(json.dumps({"client": "a", "turn": 0, "prompt_tokens": 4, "output_tokens": 1,
+                                           "segments": [["x", 9]]}) + "\n{oops\n"))
+    with pytest.raises(TraceError, match="needs client"):
+        load_trace(io.StringIO('{"turn": 0}\n'))
+
+
+def test_from_bench_matches_the_bench_clients():
+    from tools.bench._serve_workload import WorkloadConfig, clients
+
+    wc = WorkloadConfig()
+    scripts = from_bench(wc, 4, think_s=2.0)
+    real = clients(wc, 4)
+    assert [s.kind for s in scripts] == [c.kind for c in real] == ["session", "session", "session", "doc"]
+    outputs = [[0] * wc.output_tokens] * wc.turns
+    for s, c in zip(scripts, real, strict=True):
+        assert [t.prompt_tokens for t in s.turns] == [len(c.prompt(k, outputs)) for k in range(c.turns)]
+        assert [t.think_s for t in s.turns] == [c.arrival_after(k, 2.0) for k in range(c.turns)]
+
+
+def test_point_rejects_unknown_names():
+    with pytest.raises(ValueError, match="unknown mode 'x'"):
+        Point(mode="x")
+    with pytest.raises(ValueError, match="unknown accelerator 'tpu'"):
+        Point(accelerator="tpu")
+    with pytest.raises(ValueError, match="unknown model"):
+        Point(model="gpt")
+
+
+def test_simulate_a_small_point_end_to_end():
+    p = Point(mode="cxl-smart", concurrency=4, accelerator="h100",
+              workload={"kind": "sessions", "sessions": 8, "turns": 3, "system_tokens": 256, "system_prompts": 1,
+                        "user_tokens": 64, "output_tokens": 16, "think_s": 0.5})
+    r = simulate(p)
+    assert r["requests"] == 24 and r["output_tokens"] == 24 * 16
+    assert r["prefix_hit_tokens"] > 0 and r["output_tokens_per_s"] > 0
+    assert r["max_concurrency"] <= 4

@@ -1,0 +1,277 @@
+"""``cxlemu sim``: serving at datacenter scale by simulation (``tools.sim``).
+
+    cxlemu sim serve [--model M] [--accelerator A] [--workload fixed|sessions|trace] [--context N]
+                     [--offload none,host-lru,cxl-lru,cxl-smart] [--concurrency 1..32] [--json] ...
+    cxlemu sim sweep ...        models x accelerators x pools x policies x workloads on Dask
+    cxlemu sim validate FILE    the simulator against a `cxlemu bench serve --save FILE` run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import Any
+
+from tools.cli._common import ArgumentError, CliError
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("sim", help="simulate serving at datacenter scale: a vLLM-like engine, an "
+                                          "accelerator's roofline and the offload tier's firmware model")
+    sub = p.add_subparsers(dest="sim_command", metavar="ACTION", parser_class=type(p))
+    sub.required = True
+    _register_serve(sub)
+    from tools.sim.sweep import register_sweep
+    from tools.sim.validate import register_validate
+
+    register_sweep(sub)
+    register_validate(sub)
+
+
+def _choice(options: Any, what: str) -> Any:
+    def parse(text: str) -> str:
+        if text not in options:
+            raise ArgumentError(f"unknown {what} {text!r}: choose from {', '.join(options)}")
+        return text
+    return parse
+
+
+def _modes(text: str) -> list[str]:
+    from tools.sim.run import MODES
+
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ArgumentError(f"unknown mode {bad[0] if bad else text!r}: choose from {', '.join(MODES)}")
+    return modes
+
+
+def _levels(text: str) -> list[int]:
+    from tools.sim.sweep import parse_levels
+
+    return parse_levels(text)
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise ArgumentError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not v > 0 or (isinstance(v, float) and not math.isfinite(v)):
+            raise ArgumentError(f"must be > 0, got {text!r}")
+        return v
+    return parse
+
+
+def _fraction(text: str) -> float:
+    v = _positive(float)(text)
+    if v > 1:
+        raise ArgumentError(f"must be in (0, 1], got {text!r}")
+    return v
+
+
+def _register_serve(sub: Any) -> None:
+    from firmware_model.policies import ONLINE_POLICY_NAMES
+    from tools.sim import hardware as hw
+
+    s = sub.add_parser("serve", help="one model on one accelerator at rising concurrency, per offload mode",
+                       description="Simulate a vLLM-like engine (continuous batching, chunked prefill, paged KV "
+                                   "with a prefix cache, preemption) with an offload tier made of cxlemu's "
+                                   "firmware model, on an accelerator's roofline.")
+    s.add_argument("--model", default="llama-2-7b", type=_choice(hw.MODELS, "model"),
+                   help=f"{', '.join(hw.MODELS)} (default llama-2-7b)")
+    s.add_argument("--accelerator", default="h100", type=_choice(hw.ACCELERATORS, "accelerator"),
+                   help=f"{', '.join(hw.ACCELERATORS)} (default h100)")
+    s.add_argument("--workload", default="fixed", choices=("fixed", "sessions", "trace"),
+                   help="fixed: the seed's fixed-length sequences (default); sessions: multi-turn chat with "
+                        "shared system prompts; trace: --trace FILE")
+    s.add_argument("--context", type=_positive(int), default=4096, help="fixed: tokens per sequence (default 4096)")
+    s.add_argument("--output-tokens", type=_positive(int), default=128, help="output tokens per request (default 128)")
+    s.add_argument("--requests", type=_positive(int), default=8, help="fixed: sequences per client (default 8)")
+    s.add_argument("--sessions", type=_positive(int), default=256, help="sessions: how many (default 256)")
+    s.add_argument("--turns", type=_positive(int), default=4, help="sessions: turns each (default 4)")
+    s.add_argument("--system-tokens", type=_positive(int), default=1024, help="sessions: shared prompt (default 1024)")
+    s.add_argument("--system-prompts", type=_positive(int), default=4, help="sessions: distinct shared prompts (4)")
+    s.add_argument("--user-tokens", type=_positive(int), default=256, help="sessions: new tokens a turn (default 256)")
+    s.add_argument("--think-s", type=float, default=5.0, help="sessions: mean think time, s (default 5)")
+    s.add_argument("--trace", metavar="FILE", help="a session trace (cxlemu trace gen sessions)")
+    s.add_argument("--offload", type=_modes, default=None,
+                   help="modes, comma-separated: none, host-lru, cxl-lru, cxl-smart (default all)")
+    s.add_argument("--concurrency", type=_levels, default=[1, 2, 4, 8, 16, 24, 32],
+                   help="N, a list 1,2,4, or a range 1..32 (step: 1..32:4); default 1,2,4,8,16,24,32")
+    s.add_argument("--pool-gb", type=_positive(float), default=1024.0, help="CXL pool size, GB (default 1024)")
+    s.add_argument("--host-gb", type=_positive(float), default=256.0, help="host memory for host-lru, GB (256)")
+    s.add_argument("--host-link", default="pcie-host", type=_choice(("pcie-host", "pcie5-host"), "host link"),
+                   help="pcie-host (Gen4 x16, default) or pcie5-host")
+    s.add_argument("--smart-policy", default="arc", type=_choice(ONLINE_POLICY_NAMES, "policy"),
+                   help="cxl-smart's eviction policy (default arc)")
+    s.add_argument("--preemption", default="recompute", choices=("recompute", "swap"),
+                   help="none's preemption: recompute (vLLM v1) or swap to host over the host link")
+    s.add_argument("--block-tokens", type=_positive(int), default=16, help="KV block size (vLLM's default 16)")
+    s.add_argument("--max-num-seqs", type=_positive(int), default=256)
+    s.add_argument("--max-num-batched-tokens", type=_positive(int), default=8192)
+    s.add_argument("--memory-utilization", type=_fraction, default=0.9, help="vLLM's gpu_memory_utilization")
+    s.add_argument("--mfu", type=_fraction, default=None, help="fraction of peak FLOP/s reached (assumed 0.5)")
+    s.add_argument("--mbu", type=_fraction, default=None, help="fraction of HBM bandwidth reached (assumed 0.8)")
+    s.add_argument("--json", action="store_true", help="one JSON object per (mode, concurrency), one per line")
+    s.add_argument("--plot", metavar="PATH", help="also draw throughput and TTFT p99 against concurrency (PNG)")
+    s.set_defaults(func=cmd_serve)
+
+
+def _workload(args: argparse.Namespace) -> dict[str, Any]:
+    if args.workload == "fixed":
+        if args.output_tokens >= args.context:
+            raise CliError(f"--output-tokens ({args.output_tokens}) must be < --context ({args.context})")
+        return {"kind": "fixed", "context": args.context, "output_tokens": args.output_tokens,
+                "requests": args.requests}
+    if args.workload == "sessions":
+        if not args.think_s >= 0:
+            raise CliError(f"--think-s must be >= 0, got {args.think_s}")
+        return {"kind": "sessions", "sessions": args.sessions, "turns": args.turns,
+                "system_tokens": args.system_tokens, "system_prompts": args.system_prompts,
+                "user_tokens": args.user_tokens, "output_tokens": args.output_tokens, "think_s": args.think_s}
+    if not args.trace:
+        raise CliError("--workload trace needs --trace FILE (write one with `cxlemu trace gen sessions`)")
+    return {"kind": "trace", "path": args.trace}
+
+
+def base_point(args: argparse.Namespace) -> Any:
+    from tools.sim import hardware as hw
+    from tools.sim.run import Point
+
+    return Point(model=args.model, accelerator=args.accelerator, workload=_workload(args), pool_gb=args.pool_gb,
+                 host_gb=args.host_gb, host_link=args.host_link, smart_policy=args.smart_policy,
+                 preemption=args.preemption, block_tokens=args.block_tokens, max_num_seqs=args.max_num_seqs,
+                 max_num_batched_tokens=args.max_num_batched_tokens, memory_utilization=args.memory_utilization,
+                 mfu=args.mfu or hw.DEFAULT_MFU, mbu=args.mbu or hw.DEFAULT_MBU)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from tools.sim.run import MODES, build_scripts, simulate
+    from tools.sim.workload import TraceError
+
+    base = base_point(args)
+    modes = args.offload or list(MODES)
+    rows = []
+    t0 = time.perf_counter()
+    for c in args.concurrency:
+        try:
+            scripts = build_scripts(base.workload, c)
+        except OSError as exc:
+            raise CliError(f"cannot read trace {args.trace}: {exc.strerror or exc}") from None
+        except TraceError as exc:
+            raise CliError(f"trace {args.trace}: {exc}") from None
+        for mode in modes:
+            try:
+                row = simulate(replace(base, mode=mode, concurrency=c), scripts)
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
+            rows.append(row)
+            if args.json:
+                print(json.dumps(_clean(row)), flush=True)
+    wall = time.perf_counter() - t0
+    if args.plot:
+        plot_levels(rows, args.plot, f"cxlemu sim serve: {args.model} on {args.accelerator}, {args.workload}")
+    if not args.json:
+        _print(base, rows, wall, args)
+    return 0
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else (float(v) if hasattr(v, "dtype") else v))
+            for k, v in row.items()}
+
+
+def rule_max_concurrency(rows: list[dict[str, Any]], mode: str, key: str = "ttft_p99_ms",
+                         factor: float = 2.0) -> int:
+    """The highest concurrency whose ``key`` stays within ``factor`` x the lowest level's
+    (``cxlemu bench serve``'s rule, ``tools.bench._serve_workload.max_concurrency``)."""
+    from tools.bench._serve_workload import max_concurrency
+
+    return max_concurrency({r["concurrency"]: r[key] for r in rows if r["mode"] == mode}, factor)
+
+
+def _print(base: Any, rows: list[dict[str, Any]], wall: float, args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=None if sys.stdout.isatty() else 160)
+    shape = base.shape()
+    kv_blocks, cap = base.kv_space()
+    con.print(render_arithmetic(shape, base, kv_blocks, cap))
+    t = Table(title=f"sim serve: {shape.name} on {base.accelerator}, workload {args.workload}")
+    cols = ("mode", "c", "TTFT p50 ms", "TTFT p99 ms", "TPOT ms", "out tok/s", "preempt", "tier hit tok",
+            "prefix hit tok", "max running", "GB loaded", "stall s")
+    for col in cols:
+        t.add_column(col, justify="left" if col == "mode" else "right")
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        for r in (r for r in rows if r["mode"] == mode):
+            t.add_row(mode, str(r["concurrency"]), _f(r["ttft_p50_ms"]), _f(r["ttft_p99_ms"]), _f(r["tpot_ms"], 1),
+                      _f(r["output_tokens_per_s"]), str(r["preemptions"]), str(r["tier_hit_tokens"]),
+                      str(r["prefix_hit_tokens"]), str(r["max_concurrency"]), f"{r['bytes_loaded'] / 1e9:.1f}",
+                      f"{r['stall_s']:.2f}")
+        t.add_section()
+    con.print(t)
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    con.print("max concurrency (TTFT p99 within 2x of the lowest level's, bench serve's rule): "
+              + ", ".join(f"{m} {rule_max_concurrency(rows, m)}" for m in modes))
+    con.print(f"{len(rows)} points simulated in {wall:.1f} s")
+    if args.plot:
+        con.print(f"plot: {args.plot}")
+
+
+def _f(x: float, digits: int = 0) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def render_arithmetic(shape: Any, point: Any, kv_blocks: int, cap: dict[str, float] | None) -> str:
+    """The memory arithmetic behind the KV space: weights, KV per token and per request, what fits."""
+    gb = 1e9
+    lines = [(f"{shape.name}: {shape.params / 1e9:.2f} B parameters, {shape.weight_bytes / gb:.1f} GB of weights; "
+              f"KV {shape.kv_bytes_per_token / 1024:.0f} KiB/token (2 x {shape.layers} layers x {shape.kv_heads} KV "
+              f"heads x {shape.head_dim} x {shape.dtype_bytes} B)")]
+    if cap is not None:
+        lines.append(f"{point.accelerator}: {cap['memory_bytes'] / gb:.0f} GB x {cap['utilization']:.2f} = "
+                     f"{cap['budget_bytes'] / gb:.1f} GB - weights {cap['weight_bytes'] / gb:.1f} - activations "
+                     f"{cap['activation_bytes'] / gb:.1f} - reserve {cap['non_torch_bytes'] / gb:.1f} = KV "
+                     f"{cap['kv_bytes'] / gb:.1f} GB = {cap['kv_tokens']:,.0f} tokens")
+    wl = point.workload
+    if wl.get("kind") == "fixed":
+        per = wl["context"] * shape.kv_bytes_per_token
+        lines.append(f"a {wl['context']}-token sequence holds {per / gb:.2f} GB of KV: the KV space "
+                     f"({kv_blocks} blocks of {point.block_tokens}) holds {kv_blocks * point.block_tokens // wl['context']} "
+                     "whole sequences at once")
+    return "\n".join(lines)
+
+
+def plot_levels(rows: list[dict[str, Any]], path: str, title: str) -> None:
+    """Output tokens/s and TTFT p99 against concurrency, one line per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["concurrency"])
+        xs = [r["concurrency"] for r in rs]
+        a.plot(xs, [r["output_tokens_per_s"] for r in rs], marker="o", label=mode)
+        b.plot(xs, [r["ttft_p99_ms"] for r in rs], marker="o", label=mode)
+    a.set(xlabel="concurrency", ylabel="output tokens/s", title="throughput")
+    b.set(xlabel="concurrency", ylabel="TTFT p99 (ms)", title="time to first token, p99")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise CliError(f"cannot write plot {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)

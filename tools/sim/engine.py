@@ -1,0 +1,543 @@
+"""A vLLM-like serving engine as a discrete-event simulation on the firmware model's clock.
+
+One simpy environment (``firmware_model.clock.SimpyClock``; 1 time unit = 1 ns) runs:
+
+* the **engine loop**: schedule a step, advance the clock by the step's cost
+  (:mod:`tools.sim.hardware`), apply it; idle until an arrival or a load completes;
+* the **clients**: closed loops over their scripts (:mod:`tools.sim.workload`), each turn arriving
+  its think time after the previous one finished;
+* the **offload tier** (:class:`Tier`): the firmware model's eviction policy over the tier's
+  blocks and its DMA scheduler over the one link model; loads before the forward or layer by layer
+  (the window from ``firmware_model.prefetch.window_points``), stores as blocks fill.
+
+The scheduler is vLLM v1's (``vllm/v1/core/sched/scheduler.py``), step by step:
+
+1. running requests first, in order: each gets its remaining tokens (a decode: 1; a prefill:
+   what is left, at most ``long_prefill_token_threshold`` and the token budget); when its blocks
+   cannot be allocated, the last running request is preempted (by recompute: its blocks freed,
+   kept in the prefix cache until reused; by swap: also written to the host first), and so on
+   until it fits or it was preempted itself;
+2. then, if nothing was preempted in this step, waiting requests in order while the budget and
+   ``max_num_seqs`` allow: a new (or preempted) request first takes its local prefix-cache hits
+   (the KV block pool, ``firmware_model.block_pool.BlockPool``: vLLM's free queue with lazy
+   eviction of cached blocks), then the tier's hits after them (at most ``num_tokens - 1`` tokens
+   in all, as vLLM caps them); with tier hits and loads before the forward it allocates, starts
+   the load and waits (``WAITING_FOR_REMOTE_KVS``: skipped, put back in front), otherwise it is
+   scheduled with its hits counted computed; a request whose blocks cannot be allocated stops the
+   admission.
+
+A request that has computed its whole prompt samples a token at the end of the step (the first
+one is its TTFT); it finishes when it has ``output_tokens``. Full blocks are published to the
+prefix cache as they are computed and stored to the tier (``store="computed"``: vLLM's offload
+connector) or only on preemption (``store="preempted"``: swap).
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from firmware_model.block_pool import BlockPool
+from firmware_model.clock import SimpyClock
+from firmware_model.dma import DmaScheduler
+from firmware_model.hotness import HotnessConfig, HotnessUnit
+from firmware_model.link import READ, LinkParams
+from firmware_model.policies import HotnessPolicy, NoVictimError, make_policy
+from firmware_model.prefetch import window_points
+from tools.sim.hardware import Batch, StepCost
+from tools.sim.workload import ClientScript, Turn
+
+__all__ = ["EngineConfig", "Request", "SimEngine", "Tier", "TierConfig"]
+
+WAITING, LOADING, RUNNING, DONE = range(4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    block_tokens: int = 16
+    kv_blocks: int = 1024
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    long_prefill_token_threshold: int = 0  # 0: none
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        for k in ("block_tokens", "kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierConfig:
+    link: LinkParams
+    capacity_blocks: int
+    block_bytes: int
+    layers: int
+    policy: str = "lru"
+    prefetch: str = "forward"  # "forward": load, then schedule; "layer": load inside the step, layer by layer
+    store: str = "computed"  # "computed": every full block (offload); "preempted": a preempted request's (swap)
+    name: str = "tier"
+
+    def __post_init__(self) -> None:
+        if self.prefetch not in ("forward", "layer"):
+            raise ValueError(f"prefetch must be 'forward' or 'layer', got {self.prefetch!r}")
+        if self.store not in ("computed", "preempted"):
+            raise ValueError(f"store must be 'computed' or 'preempted', got {self.store!r}")
+        if self.capacity_blocks < 1 or self.block_bytes < 1 or self.layers < 1:
+            raise ValueError("capacity_blocks, block_bytes and layers must be >= 1")
+
+
+class Tier:
+    """The offload tier: which blocks it holds (a firmware_model policy decides who leaves), and
+    its transfers on one link (``DmaScheduler``: reads are loads, writes are stores)."""
+
+    def __init__(self, env: simpy.Environment, cfg: TierConfig) -> None:
+        self.env, self.cfg = env, cfg
+        self.policy = make_policy(cfg.policy, cfg.capacity_blocks)
+        self.dma = DmaScheduler(env, cfg.link, channels=64, queue_depth=1 << 30)
+        self.storing: set[Any] = set()
+        self.loading: dict[Any, int] = {}
+        self.blocks_loaded = self.blocks_stored = self.evictions = self.dropped_stores = 0
+        self.stall_ns = 0.0
+        self.chmu: _Chmu | None = None
+        if isinstance(self.policy, HotnessPolicy):  # the smart firmware's heat: the device's own CHMU
+            self.chmu = _Chmu(env, self.policy, cfg.capacity_blocks, cfg.block_bytes)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self.policy
+
+    def hits(self, keys: Sequence[Any]) -> int:
+        """Consecutive keys from the first that the tier holds (stored, not in flight)."""
+        n = 0
+        for k in keys:
+            if k not in self.policy:
+                break
+            n += 1
+        return n
+
+    def _pin(self, keys: Sequence[Any]) -> None:
+        now = int(self.env.now)
+        for k in keys:
+            self.loading[k] = self.loading.get(k, 0) + 1
+            self.policy.touch(k, now)
+        self.blocks_loaded += len(keys)
+        if self.chmu is not None:
+            self.chmu.access(keys, write=False)
+
+    def _unpin(self, keys: Sequence[Any]) -> None:
+        for k in keys:
+            left = self.loading[k] - 1
+            if left:
+                self.loading[k] = left
+            else:
+                del self.loading[k]
+
+    def load(self, keys: Sequence[Any]) -> simpy.Event:
+        """Load ``keys`` before the forward: one transfer; the event fires when it landed."""
+        self._pin(keys)
+        req = self.dma.submit("read", len(keys) * self.cfg.block_bytes, tag=tuple(keys))
+        pinned = tuple(keys)
+
+        def landed(_event: simpy.Event) -> None:
+            self._unpin(pinned)
+        req.done.callbacks.append(landed)
+        return req.done
+
+    def load_layerwise(self, keys: Sequence[Any], start: float, compute_ns: float) -> float:
+        """Load ``keys`` inside a forward of ``compute_ns`` starting at ``start``: layer l's share
+        is issued when layer l - w starts computing (w from ``window_points``), and layer l computes
+        once it landed. Returns the step's length; the stall is kept."""
+        layers = self.cfg.layers
+        per_layer = len(keys) * self.cfg.block_bytes // layers
+        self._pin(keys)
+        c = compute_ns / layers
+        w = window_points(self.cfg.link, per_layer, c, max_window=layers)
+        link = self.dma.link
+        starts: list[float] = []
+        end = start
+        for layer in range(layers):
+            issue = start if layer < w else starts[layer - w]
+            landed = link.transfer(READ, issue, per_layer)
+            begin = max(end, landed)
+            starts.append(begin)
+            end = begin + c
+        self.dma.bytes_done["read"] += per_layer * layers
+        self._unpin(keys)
+        length = end - start
+        self.stall_ns += length - compute_ns
+        return length
+
+    def store(self, keys: Sequence[Any]) -> None:
+        """Write the blocks of ``keys`` the tier lacks; each becomes a hit when the write lands."""
+        todo = tuple(k for k in keys if k not in self.policy and k not in self.storing)
+        if not todo:
+            return
+        self.storing.update(todo)
+        req = self.dma.submit("write", len(todo) * self.cfg.block_bytes, tag=todo)
+        req.done.callbacks.append(lambda _e: self._stored(todo))
+
+    def _stored(self, keys: tuple[Any, ...]) -> None:
+        now = int(self.env.now)
+        pol = self.policy
+        for k in keys:
+            self.storing.discard(k)
+            if k in pol:
+                continue
+            if len(pol) >= self.cfg.capacity_blocks:
+                try:
+                    victim = pol.evict(self.loading)
+                except NoVictimError:
+                    self.dropped_stores += 1
+                    continue
+                self.evictions += 1
+                if self.chmu is not None:
+                    self.chmu.release(victim)
+            pol.insert(k, now)
+            self.blocks_stored += 1
+        if self.chmu is not None:
+            self.chmu.access(keys, write=True)
+
+    def counters(self) -> dict[str, Any]:
+        return {"blocks_loaded": self.blocks_loaded, "blocks_stored": self.blocks_stored,
+                "bytes_loaded": self.blocks_loaded * self.cfg.block_bytes,
+                "bytes_stored": self.blocks_stored * self.cfg.block_bytes, "evictions": self.evictions,
+                "dropped_stores": self.dropped_stores, "stall_ns": self.stall_ns, "resident": len(self.policy)}
+
+
+class _Chmu:
+    """The tier's hotness monitoring unit (``firmware_model.hotness.HotnessUnit``, CXL 3.2 CHMU
+    semantics): each block the tier holds has a slot of DPA space; loads and stores are counted
+    there; at each epoch's end (100 ms) the hotlist is read, its units mapped back to blocks, and
+    their counts added to the hotness policy's heat (as the vLLM tier feeds a served device's)."""
+
+    def __init__(self, env: simpy.Environment, policy: HotnessPolicy, slots: int, block_bytes: int) -> None:
+        self.env, self.policy = env, policy
+        self.unit = 1 << max(8, (block_bytes - 1).bit_length())  # a power of two >= 256 B holding a block
+        self.unit_shift = self.unit.bit_length() - 1
+        self.hw = HotnessUnit(slots * self.unit, HotnessConfig(unit_size=self.unit, threshold=1, epoch_ns=100_000_000,
+                                                               hotlist_size=4096))
+        self.slot_of: dict[Any, int] = {}
+        self.key_at: dict[int, Any] = {}
+        self.free: list[int] = []
+        self.next_slot = 0
+        self.fed = 0
+
+    def _slot(self, key: Any) -> int:
+        slot = self.slot_of.get(key)
+        if slot is None:
+            slot = self.free.pop() if self.free else self.next_slot
+            self.next_slot += slot == self.next_slot
+            self.slot_of[key], self.key_at[slot] = slot, key
+        return slot
+
+    def release(self, key: Any) -> None:
+        slot = self.slot_of.pop(key, None)
+        if slot is not None:
+            del self.key_at[slot]
+            self.free.append(slot)
+
+    def access(self, keys: Sequence[Any], *, write: bool) -> None:
+        import numpy as np
+
+        dpas = np.array([self._slot(k) << self.unit_shift for k in keys if k in self.policy], dtype=np.uint64)
+        self.hw.record(dpas, is_write=write, now=self.env.now)
+        entries = self.hw.hotlist.consume()
+        if entries:
+            hot = [(self.key_at[u], c) for u, c in entries if u in self.key_at]
+            self.policy.feed_hotlist(hot)
+            self.fed += len(hot)
+
+
+class Request:
+    __slots__ = (
+        "arrival",
+        "blocks",
+        "cached",
+        "client",
+        "computed",
+        "finish",
+        "first_token",
+        "generated",
+        "keys",
+        "kind",
+        "load_event",
+        "local_hit_tokens",
+        "num_tokens",
+        "preemptions",
+        "script_index",
+        "spec",
+        "state",
+        "tier_hit_tokens",
+        "turn",
+    )
+
+    def __init__(self, client: int, kind: str, turn: int, spec: Turn, arrival: float) -> None:
+        self.client, self.kind, self.turn, self.spec, self.arrival = client, kind, turn, spec, arrival
+        self.num_tokens = spec.prompt_tokens
+        self.generated = self.computed = self.cached = 0
+        self.blocks: list[Any] = []
+        self.keys: list[Any] = []
+        self.first_token: float | None = None
+        self.finish: float | None = None
+        self.local_hit_tokens = self.tier_hit_tokens = self.preemptions = 0
+        self.state = WAITING
+        self.load_event: simpy.Event | None = None
+
+    def key(self, i: int, block_tokens: int) -> Any:
+        keys = self.keys
+        while len(keys) <= i:
+            j = len(keys)
+            keys.append((self.spec.owner_at((j + 1) * block_tokens - 1), j))
+        return keys[i]
+
+
+@dataclass
+class _Stats:
+    steps: int = 0
+    busy_ns: float = 0.0
+    max_running: int = 0
+    preemptions: int = 0
+    records: list[Request] = field(default_factory=list)
+
+
+class SimEngine:
+    """The engine, its clients and its tier on one simpy clock. ``run()`` serves every script to
+    its end and returns the finished requests (in completion order)."""
+
+    def __init__(self, scripts: Sequence[ClientScript], cost: StepCost, cfg: EngineConfig, *,
+                 tier: TierConfig | None = None, clock: SimpyClock | None = None) -> None:
+        self.clock = clock or SimpyClock()
+        self.env = self.clock.env
+        self.cost, self.cfg, self.scripts = cost, cfg, list(scripts)
+        self.pool = BlockPool(cfg.kv_blocks)
+        self.tier = Tier(self.env, tier) if tier is not None else None
+        self.running: list[Request] = []
+        self.waiting: deque[Request] = deque()
+        self.stats = _Stats()
+        self._wake: simpy.Event | None = None
+        self._open = len(self.scripts)
+        max_tokens = max((t.prompt_tokens + t.output_tokens for s in self.scripts for t in s.turns), default=0)
+        need = -(-max_tokens // cfg.block_tokens)
+        if need > cfg.kv_blocks:
+            raise ValueError(f"a request of {max_tokens} tokens needs {need} KV blocks; the KV space holds "
+                             f"{cfg.kv_blocks}: give a larger KV space or shorter requests")
+
+    # --- clients -------------------------------------------------------------------------------
+    def _arrive_later(self, client: int, turn: int) -> None:
+        script = self.scripts[client]
+        spec = script.turns[turn]
+        ev = self.env.timeout(spec.think_s * 1e9)
+        ev.callbacks.append(lambda _e: self._arrive(client, turn))
+
+    def _arrive(self, client: int, turn: int) -> None:
+        script = self.scripts[client]
+        self.waiting.append(Request(client, script.kind, turn, script.turns[turn], self.env.now))
+        self._kick()
+
+    def _kick(self, _e: object = None) -> None:
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _finished(self, req: Request) -> None:
+        req.state, req.finish = DONE, self.env.now
+        self.stats.records.append(req)
+        self.pool.free_blocks(reversed(req.blocks))
+        req.blocks = []
+        script = self.scripts[req.client]
+        if req.turn + 1 < len(script.turns):
+            self._arrive_later(req.client, req.turn + 1)
+        else:
+            self._open -= 1
+
+    # --- blocks --------------------------------------------------------------------------------
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.cfg.block_tokens)
+
+    def _grow(self, req: Request, tokens: int) -> bool:
+        """Give ``req`` the blocks for ``tokens`` tokens; False (nothing taken) when too few free."""
+        need = self._blocks_for(tokens) - len(req.blocks)
+        if need <= 0:
+            return True
+        if need > self.pool.get_num_free_blocks():
+            return False
+        req.blocks += self.pool.get_new_blocks(need)
+        return True
+
+    def _local_hits(self, req: Request, cap: int) -> list[Any]:
+        if not self.cfg.enable_prefix_caching:
+            return []
+        out = []
+        for i in range(cap):
+            blk = self.pool.get_cached_block(req.key(i, self.cfg.block_tokens))
+            if blk is None:
+                break
+            out.append(blk)
+        return out
+
+    def _publish(self, req: Request) -> None:
+        """Cache the blocks ``req`` has filled; store them to the tier if it takes computed blocks."""
+        full = min(req.computed // self.cfg.block_tokens, len(req.blocks))
+        if full <= req.cached:
+            return
+        bt = self.cfg.block_tokens
+        keys = [req.key(i, bt) for i in range(req.cached, full)]
+        if self.cfg.enable_prefix_caching:
+            for i, k in zip(range(req.cached, full), keys, strict=True):
+                self.pool.cache_full_block(req.blocks[i], k)
+        req.cached = full
+        if self.tier is not None and self.tier.cfg.store == "computed":
+            self.tier.store(keys)
+
+    def _preempt(self, req: Request) -> None:
+        if self.tier is not None and self.tier.cfg.store == "preempted":
+            bt = self.cfg.block_tokens
+            self.tier.store([req.key(i, bt) for i in range(min(req.computed // bt, len(req.blocks)))])
+        self.pool.free_blocks(reversed(req.blocks))
+        req.blocks, req.computed, req.cached = [], 0, 0
+        req.state = WAITING
+        req.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(req)
+
+    # --- one step ------------------------------------------------------------------------------
+    def _admit(self, req: Request, budget: int) -> tuple[str, int, list[Any]]:
+        """A new or preempted request's hits, then its blocks, all or nothing: ("full", 0, [])
+        when the KV space cannot take it (nothing taken); ("wait", 0, []) when its tier hits load
+        before the forward (blocks taken, load started); ("ok", new tokens, keys to load inside
+        the step)."""
+        bt = self.cfg.block_tokens
+        cap = (req.num_tokens - 1) // bt
+        local = self._local_hits(req, cap)
+        tier = self.tier
+        ext = tier.hits([req.key(i, bt) for i in range(len(local), cap)]) if tier is not None else 0
+        hits = len(local) + ext
+        forward = ext > 0 and tier is not None and tier.cfg.prefetch == "forward"
+        new = 0 if forward else self._chunk(req.num_tokens - hits * bt, budget)
+        evictable = sum(1 for b in local if b.ref_cnt == 0)
+        if evictable + self._blocks_for(hits * bt + new) - len(local) > self.pool.get_num_free_blocks():
+            return "full", 0, []
+        self.pool.touch(local)
+        req.blocks = local + self.pool.get_new_blocks(self._blocks_for(hits * bt + new) - len(local))
+        req.cached = len(local)
+        req.computed = hits * bt
+        req.local_hit_tokens += len(local) * bt
+        req.tier_hit_tokens += ext * bt
+        keys = [req.key(i, bt) for i in range(len(local), hits)]
+        if forward:
+            req.load_event = tier.load(keys)  # type: ignore[union-attr]
+            req.load_event.callbacks.append(self._kick)
+            req.state = LOADING
+            return "wait", 0, []
+        return "ok", new, keys
+
+    def _chunk(self, remaining: int, budget: int) -> int:
+        thr = self.cfg.long_prefill_token_threshold
+        return min(remaining, thr, budget) if thr else min(remaining, budget)
+
+    def _schedule(self) -> tuple[list[tuple[Request, int]], list[Any]]:
+        cfg = self.cfg
+        budget = cfg.max_num_batched_tokens
+        out: list[tuple[Request, int]] = []
+        layer_keys: list[Any] = []
+        preempted = False
+        i = 0
+        running = self.running
+        while i < len(running) and budget > 0:
+            req = running[i]
+            new = self._chunk(req.num_tokens - req.computed, budget)
+            while not self._grow(req, req.computed + new):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                out.append((req, new))
+                budget -= new
+                i += 1
+                continue
+            break
+        if not preempted:
+            skipped: list[Request] = []
+            waiting = self.waiting
+            while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+                req = waiting[0]
+                if req.state == LOADING and not req.load_event.triggered:  # type: ignore[union-attr]
+                    skipped.append(waiting.popleft())
+                    continue
+                if req.state == WAITING and not req.blocks:
+                    got, new, keys = self._admit(req, budget)
+                    if got == "full":
+                        break
+                    if got == "wait":
+                        skipped.append(waiting.popleft())
+                        continue
+                    layer_keys += keys
+                else:  # its load landed (or it holds blocks from an earlier try)
+                    new = self._chunk(req.num_tokens - req.computed, budget)
+                    if not self._grow(req, req.computed + new):
+                        break
+                waiting.popleft()
+                req.state = RUNNING
+                running.append(req)
+                out.append((req, new))
+                budget -= new
+            waiting.extendleft(reversed(skipped))
+        self.stats.max_running = max(self.stats.max_running, len(running))
+        return out, layer_keys
+
+    def _apply(self, batch: list[tuple[Request, int]]) -> None:
+        now = self.env.now
+        done = []
+        for req, new in batch:
+            req.computed += new
+            if req.computed >= req.num_tokens:
+                req.generated += 1
+                req.num_tokens += 1
+                if req.first_token is None:
+                    req.first_token = now
+                if req.generated >= req.spec.output_tokens:
+                    done.append(req)
+            self._publish(req)
+        if done:
+            gone = set(map(id, done))
+            self.running = [r for r in self.running if id(r) not in gone]
+            for req in done:
+                self._finished(req)
+
+    def _loop(self) -> Any:
+        env = self.env
+        stats = self.stats
+        while True:
+            batch, layer_keys = self._schedule()
+            if not batch:
+                if self._open == 0 and not self.waiting and not self.running:
+                    return
+                self._wake = env.event()
+                yield self._wake
+                continue
+            b = Batch()
+            for req, new in batch:
+                b.add(new, req.computed, req.computed + new >= req.num_tokens)
+            t = self.cost.step_ns(b)
+            if layer_keys:
+                t = self.tier.load_layerwise(layer_keys, env.now, t)  # type: ignore[union-attr]
+            stats.steps += 1
+            stats.busy_ns += t
+            yield env.timeout(t)
+            self._apply(batch)
+
+    def run(self, until_ns: float | None = None) -> list[Request]:
+        for i, script in enumerate(self.scripts):
+            if script.turns:
+                self._arrive_later(i, 0)
+            else:
+                self._open -= 1
+        proc = self.env.process(self._loop())
+        self.clock.run(until=proc if until_ns is None else until_ns)
+        return self.stats.records

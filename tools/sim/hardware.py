@@ -1,0 +1,276 @@
+"""The simulator's hardware facts: model shapes, accelerators, links, and what a step costs.
+
+Every published number names its source. Efficiencies (how much of a peak a serving engine
+reaches) are assumptions, named as such and overridable (``--mfu``, ``--mbu``).
+
+A step's cost is a function of the batch the scheduler made (:class:`Batch`):
+
+* :class:`Roofline` (an accelerator): ``max(FLOPs / (peak x mfu), bytes / (HBM x mbu)) +
+  overhead``, FLOPs and bytes from the model's shape (dense matmuls 2 x params per token, attention
+  4 x layers x q_dim per (query, key) pair, the LM head per sampled token; the weights read once a
+  step, the KV of every scheduled sequence read and the new KV written);
+* :class:`LinearCost` (measured hardware): ``a + b x tokens + c x attention pairs + d x seqs``,
+  the coefficients fitted from a real engine's step times (:func:`fit_linear`, used for vLLM-CPU
+  in ``cxlemu sim validate``).
+
+Links are the emulator's timing presets (``emulator/presets/*.toml``) through the one link model
+(``firmware_model.link.LinkParams``).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from firmware_model.link import LinkParams
+
+__all__ = ["ACCELERATORS", "LINKS", "MODELS", "Accelerator", "Batch", "LinearCost", "ModelShape", "Roofline",
+           "StepCost", "fit_linear", "kv_capacity", "link_params"]
+
+GB, GiB = 10**9, 1 << 30
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """A decoder-only transformer (Llama family): its published config's shape."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    dtype_bytes: int = 2
+    tied_embeddings: bool = False
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for k in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "dtype_bytes"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"model {self.name}: {k} must be >= 1, got {getattr(self, k)}")
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ValueError(f"model {self.name}: hidden must divide by heads and heads by kv_heads")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def layer_params(self) -> int:
+        """Q and O (hidden x hidden each), K and V (hidden x kv_heads x head_dim each), the gated
+        MLP (3 x hidden x intermediate), two RMS norms."""
+        kv_dim = self.kv_heads * self.head_dim
+        return 2 * self.hidden * self.hidden + 2 * self.hidden * kv_dim + 3 * self.hidden * self.intermediate \
+            + 2 * self.hidden
+
+    @property
+    def dense_params(self) -> int:
+        """The parameters a token's forward multiplies by (every layer's; no embedding look-up)."""
+        return self.layers * self.layer_params + self.hidden
+
+    @property
+    def params(self) -> int:
+        embed = self.vocab * self.hidden
+        return self.dense_params + embed * (1 if self.tied_embeddings else 2)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer: 2 x layers x kv_heads x head_dim x dtype bytes (GQA included)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "params": self.params, "weight_bytes": self.weight_bytes,
+                "kv_bytes_per_token": self.kv_bytes_per_token}
+
+
+_HF = "https://huggingface.co/{}/blob/main/config.json"
+MODELS: dict[str, ModelShape] = {m.name: m for m in (
+    ModelShape(name="llama-2-7b", layers=32, hidden=4096, heads=32, kv_heads=32, intermediate=11008, vocab=32000,
+               source=_HF.format("meta-llama/Llama-2-7b-hf")),
+    ModelShape(name="llama-2-13b", layers=40, hidden=5120, heads=40, kv_heads=40, intermediate=13824, vocab=32000,
+               source=_HF.format("meta-llama/Llama-2-13b-hf")),
+    ModelShape(name="llama-3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=128256,
+               source=_HF.format("meta-llama/Meta-Llama-3-8B")),
+    ModelShape(name="llama-3-70b", layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672,
+               vocab=128256, source=_HF.format("meta-llama/Meta-Llama-3-70B")),
+)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Accelerator:
+    """Published peak figures (dense BF16/FP16 tensor FLOP/s, HBM bandwidth and capacity)."""
+
+    name: str
+    tflops: float
+    hbm_gbps: float
+    memory_gb: float
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
+    Accelerator(name="a100-80gb", tflops=312.0, hbm_gbps=2039.0, memory_gb=80.0,
+                source="NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): BF16 312 TFLOPS dense, "
+                       "HBM2e 2,039 GB/s, 80 GB"),
+    Accelerator(name="h100", tflops=989.0, hbm_gbps=3350.0, memory_gb=80.0,
+                source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS with sparsity, "
+                       "989 dense; HBM3 3.35 TB/s, 80 GB"),
+    Accelerator(name="h200", tflops=989.0, hbm_gbps=4800.0, memory_gb=141.0,
+                source="NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity, "
+                       "989 dense; HBM3e 4.8 TB/s, 141 GB"),
+)}
+
+#: Assumed fractions of the peaks a serving engine's steps reach (overridable). Prefill GEMMs
+#: of thousands of tokens run at roughly half of the tensor peak; decode streams weights and KV
+#: at most of the HBM bandwidth.
+DEFAULT_MFU = 0.5
+DEFAULT_MBU = 0.8
+DEFAULT_OVERHEAD_US = 2000.0  # per step: the scheduler, input preparation, sampling, launch gaps
+DEFAULT_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization default
+NON_TORCH_GIB = 1.0  # CUDA context, NCCL and allocator slack vLLM's profile reserves (estimate)
+
+#: The links a tier sits behind, by emulator preset.
+LINKS = ("pcie-host", "pcie5-host", "leo-x16")
+
+
+def link_params(preset: str, time_scale: float = 1.0) -> LinkParams:
+    """The link model of an emulator timing preset, at ``time_scale``."""
+    from emulator import presets
+
+    t = presets.load(preset).timing
+    return LinkParams.from_rates(read_latency_ns=t.read_latency_ns or 0, write_latency_ns=t.write_latency_ns or 0,
+                                 read_bandwidth_gbps=t.read_bandwidth_gbps or 0,
+                                 write_bandwidth_gbps=t.write_bandwidth_gbps or 0, time_scale=time_scale,
+                                 txn_bytes=t.transaction_bytes or 64)
+
+
+def kv_capacity(model: ModelShape, acc: Accelerator, *, max_num_batched_tokens: int,
+                memory_utilization: float = DEFAULT_MEMORY_UTILIZATION) -> dict[str, float]:
+    """The arithmetic of the KV space: what vLLM leaves for KV on ``acc`` after the weights, the
+    peak activations of one ``max_num_batched_tokens`` step and the non-torch reserve."""
+    budget = acc.memory_gb * GB * memory_utilization
+    act = max_num_batched_tokens * (4 * model.hidden + 2 * model.intermediate) * model.dtype_bytes \
+        + max_num_batched_tokens * model.vocab * 4 / 8  # logits of a few rows kept in fp32: an estimate
+    kv = budget - model.weight_bytes - act - NON_TORCH_GIB * GiB
+    return {"memory_bytes": acc.memory_gb * GB, "utilization": memory_utilization, "budget_bytes": budget,
+            "weight_bytes": model.weight_bytes, "activation_bytes": act, "non_torch_bytes": NON_TORCH_GIB * GiB,
+            "kv_bytes": max(0.0, kv), "kv_tokens": max(0.0, kv) / model.kv_bytes_per_token}
+
+
+# --- the cost of one step ---------------------------------------------------------------------
+@dataclass(slots=True)
+class Batch:
+    """What one step computes, summed over its sequences: new tokens, attention (query, key)
+    pairs, KV tokens read, sequences, sequences that sample a token."""
+
+    tokens: int = 0
+    pairs: float = 0.0
+    context: int = 0
+    seqs: int = 0
+    sampled: int = 0
+
+    def add(self, new: int, computed: int, samples: bool) -> None:
+        """One sequence with ``new`` tokens on top of ``computed`` already in its KV."""
+        self.tokens += new
+        self.pairs += new * (computed + (new + 1) / 2)
+        self.context += computed + new
+        self.seqs += 1
+        self.sampled += samples
+
+
+class StepCost(Protocol):
+    def step_ns(self, batch: Batch) -> float: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Roofline:
+    model: ModelShape
+    acc: Accelerator
+    mfu: float = DEFAULT_MFU
+    mbu: float = DEFAULT_MBU
+    overhead_us: float = DEFAULT_OVERHEAD_US
+
+    def __post_init__(self) -> None:
+        for k in ("mfu", "mbu"):
+            if not 0 < getattr(self, k) <= 1:
+                raise ValueError(f"{k} must be in (0, 1], got {getattr(self, k)}")
+        if self.overhead_us < 0:
+            raise ValueError(f"overhead_us must be >= 0, got {self.overhead_us}")
+
+    def flops(self, b: Batch) -> float:
+        m = self.model
+        return (2.0 * m.dense_params * b.tokens + 4.0 * m.layers * m.hidden * b.pairs
+                + 2.0 * m.hidden * m.vocab * b.sampled)
+
+    def bytes(self, b: Batch) -> float:
+        return float(self.model.weight_bytes + self.model.kv_bytes_per_token * b.context)
+
+    def step_ns(self, b: Batch) -> float:
+        if b.seqs == 0:
+            return 0.0
+        compute = self.flops(b) / (self.acc.tflops * 1e12 * self.mfu)
+        memory = self.bytes(b) / (self.acc.hbm_gbps * 1e9 * self.mbu)
+        return max(compute, memory) * 1e9 + self.overhead_us * 1e3
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "roofline", "accelerator": self.acc.to_dict(), "mfu": self.mfu, "mbu": self.mbu,
+                "overhead_us": self.overhead_us}
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """``a + b x tokens + c x pairs + d x seqs`` nanoseconds (a step that computes nothing is 0)."""
+
+    a_ns: float
+    b_ns_per_token: float
+    c_ns_per_pair: float
+    d_ns_per_seq: float
+    source: str = ""
+    fit: dict[str, Any] = field(default_factory=dict)
+
+    def step_ns(self, b: Batch) -> float:
+        if b.seqs == 0:
+            return 0.0
+        return self.a_ns + self.b_ns_per_token * b.tokens + self.c_ns_per_pair * b.pairs + self.d_ns_per_seq * b.seqs
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "linear", "a_ns": self.a_ns, "b_ns_per_token": self.b_ns_per_token,
+                "c_ns_per_pair": self.c_ns_per_pair, "d_ns_per_seq": self.d_ns_per_seq, "source": self.source,
+                "fit": self.fit}
+
+
+def fit_linear(samples: Sequence[tuple[float, Batch]], source: str = "") -> LinearCost:
+    """Least squares of step seconds on (1, tokens, pairs, seqs), every coefficient kept >= 0
+    (a negative one is dropped and the rest refitted: active-set NNLS on four columns)."""
+    import numpy as np
+
+    rows = [(1.0, b.tokens, b.pairs, b.seqs) for _, b in samples if b.seqs]
+    y = np.array([dt for dt, b in samples if b.seqs], dtype=float)
+    if len(rows) < 4:
+        raise ValueError(f"fitting a step cost needs >= 4 steps that computed something, got {len(rows)}")
+    x = np.array(rows, dtype=float)
+    active = [0, 1, 2, 3]
+    coef = np.zeros(4)
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[:] = 0
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    pred = x @ coef
+    rel = np.abs(pred - y) / np.maximum(y, 1e-12)
+    fit = {"steps": len(y), "median_abs_rel_error": float(np.median(rel)),
+           "p90_abs_rel_error": float(np.percentile(rel, 90)),
+           "total_time_ratio": float(pred.sum() / y.sum()) if y.sum() else math.nan}
+    return LinearCost(coef[0] * 1e9, coef[1] * 1e9, coef[2] * 1e9, coef[3] * 1e9, source=source, fit=fit)

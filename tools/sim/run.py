@@ -1,0 +1,205 @@
+"""One simulated point — (model, accelerator, workload, mode, concurrency) — from plain data.
+
+:class:`Point` is what ``cxlemu sim serve`` and every task of ``cxlemu sim sweep`` run: all plain
+values (it pickles to a Dask worker), :func:`simulate` builds the engine and returns the metrics
+of :func:`summarize` (the same definitions as ``cxlemu bench serve``'s).
+
+Modes (``cxlemu bench serve``'s):
+
+* ``none``      the accelerator's KV space alone; preemption by recompute (``--preemption swap``:
+                a preempted request's blocks go to host memory over the host link and come back);
+* ``host-lru``  + host memory over PCIe (``pcie-host``: Gen4 x16; ``pcie5-host``), LRU, loads
+                before the forward (vLLM's CPU offload);
+* ``cxl-lru``   + a CXL pool on a Leo-class x16 link (``leo-x16``), LRU, before the forward;
+* ``cxl-smart`` the same pool and link, the smart firmware: ARC (or ``--smart-policy``), loads
+                layer by layer inside the forward (the window from the prefetch model).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from tools.sim import hardware as hw
+from tools.sim.engine import EngineConfig, Request, SimEngine, TierConfig
+from tools.sim.workload import ClientScript
+
+__all__ = ["MODES", "Point", "build_scripts", "simulate", "summarize"]
+
+MODES = ("none", "host-lru", "cxl-lru", "cxl-smart")
+GB = 10**9
+
+
+@dataclass(frozen=True, kw_only=True)
+class Point:
+    mode: str = "none"
+    concurrency: int = 1
+    model: str = "llama-2-7b"
+    accelerator: str = "h100"
+    workload: dict[str, Any] = field(default_factory=lambda: {"kind": "fixed", "context": 4096,
+                                                              "output_tokens": 128, "requests": 4})
+    pool_gb: float = 1024.0  # the CXL pool (cxl-* modes)
+    host_gb: float = 256.0  # host memory the offload may use (host-lru)
+    host_link: str = "pcie-host"
+    cxl_link: str = "leo-x16"
+    smart_policy: str = "arc"
+    preemption: str = "recompute"
+    block_tokens: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    long_prefill_token_threshold: int = 0
+    memory_utilization: float = hw.DEFAULT_MEMORY_UTILIZATION
+    kv_blocks: int = 0  # 0: derived from the accelerator's memory (hardware.kv_capacity)
+    mfu: float = hw.DEFAULT_MFU
+    mbu: float = hw.DEFAULT_MBU
+    overhead_us: float = hw.DEFAULT_OVERHEAD_US
+    time_scale: float = 1.0  # multiplies link times (the bench's k)
+    policy: str = ""  # the tier's eviction policy instead of the mode's
+    prefetch: str = ""  # "forward" or "layer" instead of the mode's
+    tier_blocks: int = 0  # the tier's size in blocks instead of pool_gb / host_gb
+    step_cost: dict[str, float] | None = None  # a fitted LinearCost instead of the roofline
+    model_shape: dict[str, Any] | None = None  # a shape of one's own instead of ``model``'s
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}: choose from {', '.join(MODES)}")
+        if self.preemption not in ("recompute", "swap"):
+            raise ValueError(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.model_shape is None and self.model not in hw.MODELS:
+            raise ValueError(f"unknown model {self.model!r}: choose from {', '.join(hw.MODELS)}")
+        if self.step_cost is None and self.accelerator not in hw.ACCELERATORS:
+            raise ValueError(f"unknown accelerator {self.accelerator!r}: choose from {', '.join(hw.ACCELERATORS)}")
+        for k in ("pool_gb", "host_gb"):
+            if not getattr(self, k) > 0:
+                raise ValueError(f"{k} must be > 0, got {getattr(self, k)}")
+
+    def shape(self) -> hw.ModelShape:
+        return hw.ModelShape(**self.model_shape) if self.model_shape is not None else hw.MODELS[self.model]
+
+    def cost(self) -> hw.StepCost:
+        if self.step_cost is not None:
+            c = self.step_cost
+            return hw.LinearCost(c["a_ns"], c["b_ns_per_token"], c["c_ns_per_pair"], c["d_ns_per_seq"])
+        return hw.Roofline(self.shape(), hw.ACCELERATORS[self.accelerator], self.mfu, self.mbu, self.overhead_us)
+
+    def kv_space(self) -> tuple[int, dict[str, float] | None]:
+        if self.kv_blocks:
+            return self.kv_blocks, None
+        cap = hw.kv_capacity(self.shape(), hw.ACCELERATORS[self.accelerator],
+                             max_num_batched_tokens=self.max_num_batched_tokens,
+                             memory_utilization=self.memory_utilization)
+        return int(cap["kv_tokens"] // self.block_tokens), cap
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build_scripts(workload: dict[str, Any], concurrency: int) -> list[ClientScript]:
+    from tools.sim import workload as wl
+
+    spec = dict(workload)
+    kind = spec.pop("kind", None)
+    if kind == "fixed":
+        return wl.fixed(clients=concurrency, **spec)
+    if kind == "sessions":
+        return wl.sessions(concurrency=concurrency, **spec)
+    if kind == "trace":
+        with open(spec["path"]) as f:
+            return wl.load_trace(f)
+    if kind == "bench":
+        from tools.bench._serve_workload import WorkloadConfig
+
+        return wl.from_bench(WorkloadConfig(**spec["config"]), concurrency, spec["think_s"])
+    raise ValueError(f"unknown workload kind {kind!r}: fixed, sessions, trace or bench")
+
+
+def tier_config(p: Point, shape: hw.ModelShape) -> TierConfig | None:
+    block_bytes = p.block_tokens * shape.kv_bytes_per_token
+    if p.mode == "none":
+        if p.preemption != "swap":
+            return None
+        return TierConfig(link=hw.link_params(p.host_link, p.time_scale), capacity_blocks=1 << 40,
+                          block_bytes=block_bytes, layers=shape.layers, store="preempted", name="swap")
+    link, size, policy, prefetch = {
+        "host-lru": (p.host_link, p.host_gb, "lru", "forward"),
+        "cxl-lru": (p.cxl_link, p.pool_gb, "lru", "forward"),
+        "cxl-smart": (p.cxl_link, p.pool_gb, p.smart_policy, "layer"),
+    }[p.mode]
+    policy, prefetch = p.policy or policy, p.prefetch or prefetch
+    blocks = p.tier_blocks or int(size * GB // block_bytes)
+    if blocks < 1:
+        raise ValueError(f"a tier of {size} GB holds no {block_bytes}-byte block")
+    return TierConfig(link=hw.link_params(link, p.time_scale), capacity_blocks=blocks, block_bytes=block_bytes,
+                      layers=shape.layers, policy=policy, prefetch=prefetch, name=p.mode)
+
+
+def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, Any]:
+    """Run one point to the end of its workload; its metrics (``summarize``) and its setup."""
+    import time
+
+    shape = p.shape()
+    kv_blocks, capacity = p.kv_space()
+    if kv_blocks < 1:
+        raise ValueError(f"{shape.name} leaves no KV space on {p.accelerator} "
+                         f"({(capacity or {}).get('kv_bytes', 0) / GB:.1f} GB)")
+    cfg = EngineConfig(block_tokens=p.block_tokens, kv_blocks=kv_blocks, max_num_seqs=p.max_num_seqs,
+                       max_num_batched_tokens=p.max_num_batched_tokens,
+                       long_prefill_token_threshold=p.long_prefill_token_threshold)
+    scripts = build_scripts(p.workload, p.concurrency) if scripts is None else scripts
+    tier = tier_config(p, shape)
+    t0 = time.perf_counter()
+    engine = SimEngine(scripts, p.cost(), cfg, tier=tier)
+    records = engine.run()
+    wall = time.perf_counter() - t0
+    out = summarize(records, p.block_tokens)
+    out.update(mode=p.mode, concurrency=p.concurrency, model=shape.name, accelerator=p.accelerator,
+               max_concurrency=engine.stats.max_running, steps=engine.stats.steps,
+               kv_blocks=kv_blocks, kv_tokens=kv_blocks * p.block_tokens,
+               sim_s=engine.env.now / 1e9, busy_s=engine.stats.busy_ns / 1e9, wall_s=wall)
+    if engine.tier is not None:
+        c = engine.tier.counters()
+        out.update(tier_blocks=engine.tier.cfg.capacity_blocks, bytes_loaded=c["bytes_loaded"],
+                   bytes_stored=c["bytes_stored"], tier_evictions=c["evictions"], stall_s=c["stall_ns"] / 1e9)
+    else:
+        out.update(tier_blocks=0, bytes_loaded=0, bytes_stored=0, tier_evictions=0, stall_s=0.0)
+    return out
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q)) if len(x) else math.nan
+
+
+def summarize(records: list[Request], block_tokens: int) -> dict[str, Any]:
+    """``cxlemu bench serve``'s per-level metrics (``LevelResult.summary``), in ms where timed:
+    TTFT p50/p99 over every request, returning sessions' TTFT p50, later turns' TTFT p99, time per
+    output token p50, output tokens over the span from the first arrival to the last finish."""
+    n = len(records)
+    if not n:
+        return {"requests": 0}
+    arr = np.array([r.arrival for r in records])
+    first = np.array([r.first_token for r in records], dtype=float)
+    fin = np.array([r.finish for r in records], dtype=float)
+    gen = np.array([r.generated for r in records])
+    turn = np.array([r.turn for r in records])
+    session = np.array([r.kind == "session" for r in records])
+    ttft = (first - arr) / 1e6
+    tpot_mask = gen >= 2
+    tpot = (fin - first)[tpot_mask] / (gen[tpot_mask] - 1) / 1e6
+    span = (fin.max() - arr.min()) / 1e9
+    out_tokens = int(gen.sum())
+    return {"requests": n, "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
+            "ttft_mean_ms": float(ttft.mean()),
+            "returning_ttft_p50_ms": _pct(ttft[session & (turn > 0)], 50),
+            "warm_ttft_p99_ms": _pct(ttft[turn > 0], 99), "tpot_ms": _pct(tpot, 50),
+            "output_tokens": out_tokens, "output_tokens_per_s": out_tokens / span if span > 0 else math.nan,
+            "span_s": span, "preemptions": int(sum(r.preemptions for r in records)),
+            "prefix_hit_tokens": int(sum(r.local_hit_tokens for r in records)),
+            "tier_hit_tokens": int(sum(r.tier_hit_tokens for r in records))}
+
+
+def points(base: Point, modes: list[str], levels: list[int]) -> list[Point]:
+    return [replace(base, mode=m, concurrency=c) for m in modes for c in levels]

