@@ -21,6 +21,7 @@ BENCH_MODULES = [
     "tools.bench.tier",
     "tools.trace.bench",
     "tools.bench.serve",
+    "tools.bench.sim",
 ]
 
 
