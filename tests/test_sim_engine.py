@@ -250,3 +250,19 @@ def test_simulate_a_small_point_end_to_end():
     assert r["requests"] == 24 and r["output_tokens"] == 24 * 16
     assert r["prefix_hit_tokens"] > 0 and r["output_tokens_per_s"] > 0
     assert r["max_concurrency"] <= 4
+
+
+def test_fixed_clients_are_staggered_over_a_request_lifetime():
+    from tools.sim.run import build_scripts, request_lifetime_s
+
+    # a 7-token prompt in 4-token chunks (2 steps) and 3 decode steps, 1 ms each
+    assert request_lifetime_s(const_cost(), context=10, output_tokens=3, concurrency=4,
+                              max_num_batched_tokens=4) == pytest.approx(5e-3)
+    scripts = fixed(clients=4, context=10, output_tokens=3, requests=2, stagger_s=1.0)
+    assert [s.turns[0].think_s for s in scripts] == [0.0, 0.25, 0.5, 0.75]
+    assert {s.turns[1].think_s for s in scripts} == {0.0}
+    p = Point(concurrency=4, step_cost={"a_ns": 1e6, "b_ns_per_token": 0, "c_ns_per_pair": 0, "d_ns_per_seq": 0},
+              max_num_batched_tokens=4, workload={"kind": "fixed", "context": 10, "output_tokens": 3, "requests": 1})
+    assert [s.turns[0].think_s for s in build_scripts(p.workload, 4, p)] == pytest.approx([0, 1.25e-3, 2.5e-3, 3.75e-3])
+    with pytest.raises(ValueError, match="stagger_s must be >= 0"):
+        fixed(clients=1, context=10, output_tokens=3, stagger_s=-1)

@@ -161,7 +161,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     for c in args.concurrency:
         try:
-            scripts = build_scripts(base.workload, c)
+            scripts = build_scripts(base.workload, c, replace(base, concurrency=c))
         except OSError as exc:
             raise CliError(f"cannot read trace {args.trace}: {exc.strerror or exc}") from None
         except TraceError as exc:

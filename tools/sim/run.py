@@ -98,13 +98,40 @@ class Point:
         return asdict(self)
 
 
-def build_scripts(workload: dict[str, Any], concurrency: int) -> list[ClientScript]:
+def request_lifetime_s(cost: hw.StepCost, *, context: int, output_tokens: int, concurrency: int,
+                       max_num_batched_tokens: int) -> float:
+    """About how long one fixed request lives at ``concurrency``: its prompt's prefill (in
+    ``max_num_batched_tokens`` chunks) and ``output_tokens`` decode steps of ``concurrency``
+    sequences at half their context. The stagger of the clients' starts (``workload.fixed``)."""
+    prompt = context - output_tokens
+    t = 0.0
+    done = 0
+    while done < prompt:
+        b = hw.Batch()
+        new = min(max_num_batched_tokens, prompt - done)
+        b.add(new, done, done + new >= prompt)
+        t += cost.step_ns(b)
+        done += new
+    b = hw.Batch()
+    for _ in range(concurrency):
+        b.add(1, context // 2, True)
+    return (t + output_tokens * cost.step_ns(b)) / 1e9
+
+
+def build_scripts(workload: dict[str, Any], concurrency: int, point: Point | None = None) -> list[ClientScript]:
+    """The clients of ``workload`` at ``concurrency``; a fixed workload with ``stagger: "auto"``
+    (the default) spreads its clients' starts over one request's lifetime on ``point``'s cost."""
     from tools.sim import workload as wl
 
     spec = dict(workload)
     kind = spec.pop("kind", None)
     if kind == "fixed":
-        return wl.fixed(clients=concurrency, **spec)
+        stagger = spec.pop("stagger", "auto")
+        if stagger == "auto":
+            stagger = 0.0 if point is None else request_lifetime_s(
+                point.cost(), context=spec["context"], output_tokens=spec["output_tokens"],
+                concurrency=concurrency, max_num_batched_tokens=point.max_num_batched_tokens)
+        return wl.fixed(clients=concurrency, stagger_s=float(stagger), **spec)
     if kind == "sessions":
         return wl.sessions(concurrency=concurrency, **spec)
     if kind == "trace":
@@ -149,7 +176,7 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
     cfg = EngineConfig(block_tokens=p.block_tokens, kv_blocks=kv_blocks, max_num_seqs=p.max_num_seqs,
                        max_num_batched_tokens=p.max_num_batched_tokens,
                        long_prefill_token_threshold=p.long_prefill_token_threshold)
-    scripts = build_scripts(p.workload, p.concurrency) if scripts is None else scripts
+    scripts = build_scripts(p.workload, p.concurrency, p) if scripts is None else scripts
     tier = tier_config(p, shape)
     t0 = time.perf_counter()
     engine = SimEngine(scripts, p.cost(), cfg, tier=tier)

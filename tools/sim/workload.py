@@ -62,14 +62,21 @@ def _check(**values: int) -> None:
             raise ValueError(f"{k} must be >= 1, got {v}")
 
 
-def fixed(*, clients: int, context: int, output_tokens: int, requests: int = 4) -> list[ClientScript]:
+def fixed(*, clients: int, context: int, output_tokens: int, requests: int = 4,
+          stagger_s: float = 0.0) -> list[ClientScript]:
     """``clients`` clients, each ``requests`` fresh sequences of ``context`` tokens (``context -
-    output_tokens`` prompt), no think time: the seed's experiment."""
+    output_tokens`` prompt) back to back: the seed's experiment. Client ``i``'s first request
+    arrives at ``i x stagger_s / clients``: a stagger of one request's lifetime spreads the
+    clients over it as a long-running benchmark's are (identical clients started together stay in
+    lock step: all prefill, then all decode)."""
     _check(clients=clients, context=context, output_tokens=output_tokens, requests=requests)
     if output_tokens >= context:
         raise ValueError(f"output_tokens ({output_tokens}) must be < context ({context})")
+    if not stagger_s >= 0:
+        raise ValueError(f"stagger_s must be >= 0, got {stagger_s}")
     prompt = context - output_tokens
-    return [ClientScript(f"c{i}", "fixed", tuple(Turn(((("r", i, k), 1 << 62),), prompt, output_tokens, 0.0)
+    return [ClientScript(f"c{i}", "fixed", tuple(Turn(((("r", i, k), 1 << 62),), prompt, output_tokens,
+                                                      i * stagger_s / clients if k == 0 else 0.0)
                                                  for k in range(requests)))
             for i in range(clients)]
 
