@@ -208,3 +208,52 @@ def test_pcie_host_preset_cites_its_numbers():
     p = presets.load("pcie-host")
     assert (p.timing.read_bandwidth_gbps, p.timing.read_latency_ns) == (25, 8000)
     assert "PCIe 4.0 x16" in p.source and "cudaMemcpyAsync" in p.source
+
+
+def test_scheduled_batch_reads_a_scheduler_output():
+    """New requests' and running requests' computed-before counts, in num_scheduled_tokens' order;
+    an id in neither list gets -1; the name mapping applies to the ids only."""
+    from types import SimpleNamespace as NS
+
+    from tools.bench._serve_engine import scheduled_batch
+
+    out = NS(num_scheduled_tokens={"a-1": 1, "b-2": 48, "c-3": 16, "d-4": 2},
+             scheduled_new_reqs=[NS(req_id="b-2", num_computed_tokens=32)],
+             scheduled_cached_reqs=NS(req_ids=["a-1", "c-3"], num_computed_tokens=[90, 64]))
+    assert scheduled_batch(out) == [["a-1", 1, 90], ["b-2", 48, 32], ["c-3", 16, 64], ["d-4", 2, -1]]
+    assert scheduled_batch(out, lambda rid: rid.split("-")[0]) == [["a", 1, 90], ["b", 48, 32], ["c", 16, 64],
+                                                                   ["d", 2, -1]]
+    empty = NS(num_scheduled_tokens={}, scheduled_new_reqs=[], scheduled_cached_reqs=NS(req_ids=[],
+                                                                                         num_computed_tokens=[]))
+    assert scheduled_batch(empty) == []
+
+
+def test_step_recorder_wraps_and_restores_schedule():
+    """The wrapper hands each schedule()'s batch to take() once, with the external id or else the id
+    less vLLM's "-<random>" suffix, and close() puts the class's schedule back."""
+    from types import SimpleNamespace as NS
+
+    from tools.bench._serve_engine import StepRecorder
+
+    class Sched:
+        def __init__(self):
+            self.requests = {"r0-x": NS(external_req_id="r0"), "r1-y": NS(external_req_id=None)}
+
+        def schedule(self, throttle=False):
+            return NS(num_scheduled_tokens={"r0-x": 5, "r1-y": 1}, scheduled_new_reqs=[NS(req_id="r0-x",
+                                                                                        num_computed_tokens=16)],
+                      scheduled_cached_reqs=NS(req_ids=["r1-y"], num_computed_tokens=[40]))
+
+    sched = Sched()
+    engine = NS(engine_core=NS(engine_core=NS(scheduler=sched)))
+    rec = StepRecorder(engine)
+    assert rec.take() == []
+    out = sched.schedule(True)
+    assert out.num_scheduled_tokens == {"r0-x": 5, "r1-y": 1}
+    assert rec.take() == [["r0", 5, 16], ["r1", 1, 40]]
+    assert rec.take() == []
+    rec.close()
+    assert "schedule" not in vars(sched)
+    sched.schedule()
+    assert rec.take() == []
+    assert StepRecorder(NS()).take() == []

@@ -122,11 +122,73 @@ class PreemptionWatch:
                 self.counts[ext] = max(self.counts.get(ext, 0), req.num_preemptions)
 
 
+def scheduled_batch(out: Any, name: Any = None) -> list[list[Any]]:
+    """What one ``SchedulerOutput`` scheduled: ``[[request id, new tokens, computed before], ...]``
+    in the order of ``num_scheduled_tokens``. "Computed before" is the request's
+    ``num_computed_tokens`` as the scheduler left it for this step (a new request's counts its
+    prefix-cache and connector hits); -1 where the output does not say. ``name`` maps vLLM's
+    internal request id to the one to record (default: kept)."""
+    before: dict[str, int] = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+    cached = out.scheduled_cached_reqs
+    before.update(zip(cached.req_ids, cached.num_computed_tokens))
+    return [[rid if name is None else name(rid), n, before.get(rid, -1)]
+            for rid, n in out.num_scheduled_tokens.items()]
+
+
+class StepRecorder:
+    """Wraps the in-process scheduler's ``schedule()`` on the instance (undone by ``close``) and
+    keeps what each call scheduled, for ``take`` to hand over per ``engine.step()``: the batch of
+    every ``schedule()`` since the last ``take`` (one per step; none when the step had no requests),
+    request ids as the bench gave them (vLLM's with its "-<random>" suffix cut off)."""
+
+    def __init__(self, engine: Any) -> None:
+        core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
+        self.scheduler = getattr(core, "scheduler", None)
+        self.pending: list[list[Any]] = []
+        if self.scheduler is None:
+            return
+        original = self.scheduler.schedule
+        requests = self.scheduler.requests
+
+        def name(rid: str) -> str:  # as PreemptionWatch: vLLM appends "-<random>" to the bench's id
+            ext = getattr(requests.get(rid), "external_req_id", None)
+            return rid.rsplit("-", 1)[0] if ext is None else ext
+
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            self.pending.extend(scheduled_batch(out, name))
+            return out
+
+        self.scheduler.schedule = schedule
+
+    def take(self) -> list[list[Any]]:
+        batch, self.pending = self.pending, []
+        return batch
+
+    def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.__dict__.pop("schedule", None)
+
+
 def run_level(engine: Any, level_clients: list[Client], output_tokens: int,
-              think_s: float) -> list[RequestRecord]:
+              think_s: float, steps: list[list[Any]] | None = None) -> list[RequestRecord]:
     """The closed loop of one level: each client's turns in order, each arriving its think time
     after its predecessor's end. A request's arrival is when it came due (the engine may be inside
-    a step then: that wait is part of its TTFT, as on a server)."""
+    a step then: that wait is part of its TTFT, as on a server).
+
+    With ``steps`` given, each ``engine.step()`` appends ``[t0, dt, batch]`` to it: its start (s
+    from the level's start), its wall seconds, and what the scheduler scheduled in it
+    (``scheduled_batch``; empty when it scheduled nothing)."""
+    recorder = StepRecorder(engine) if steps is not None else None
+    try:
+        return _run_level(engine, level_clients, output_tokens, think_s, steps, recorder)
+    finally:
+        if recorder is not None:
+            recorder.close()
+
+
+def _run_level(engine: Any, level_clients: list[Client], output_tokens: int, think_s: float,
+               steps: list[list[Any]] | None, recorder: StepRecorder | None) -> list[RequestRecord]:
     from vllm.inputs import TokensPrompt
 
     params = _sampling(output_tokens)
@@ -148,8 +210,12 @@ def run_level(engine: Any, level_clients: list[Client], output_tokens: int,
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, due[0][0] - (time.perf_counter() - t0)))
             continue
+        before = time.perf_counter()
         outs = engine.step()
-        now = time.perf_counter() - t0
+        after = time.perf_counter()
+        now = after - t0
+        if recorder is not None:
+            steps.append([before - t0, after - before, recorder.take()])
         watch.scan()
         for out in outs:
             rec = records[out.request_id]
@@ -168,6 +234,24 @@ def run_level(engine: Any, level_clients: list[Client], output_tokens: int,
                 due.append((now + client.arrival_after(rec.turn + 1, think_s), rec.client, rec.turn + 1))
                 due.sort()
     return sorted(records.values(), key=lambda r: (r.client, r.turn))
+
+
+def scheduler_info(config: Any) -> dict[str, Any]:
+    """The scheduler's settings a simulator of it needs, read from a ``VllmConfig`` (a field this
+    vLLM lacks is left out), and vLLM's version."""
+    import vllm
+
+    sched, cache = config.scheduler_config, config.cache_config
+    info: dict[str, Any] = {"vllm_version": vllm.__version__}
+    for key in ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "long_prefill_token_threshold",
+                "long_prefill_token_threshold_adaptive", "max_num_partial_prefills", "max_long_partial_prefills",
+                "async_scheduling", "policy"):
+        if hasattr(sched, key):
+            info[key] = getattr(sched, key)
+    for key in ("block_size", "num_gpu_blocks", "enable_prefix_caching"):
+        if hasattr(cache, key):
+            info[key] = getattr(cache, key)
+    return {k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v) for k, v in info.items()}
 
 
 def _generate_timed(engine: Any, ids: list[int], rid: str) -> float:
@@ -248,6 +332,7 @@ def serve_mode(mode: ModeSpec, *, model_dir: str, model: ModelSpec, workload: Wo
         block = engine.vllm_config.cache_config.block_size
         info["block_tokens"] = block
         info["num_gpu_blocks"] = engine.vllm_config.cache_config.num_gpu_blocks
+        info["scheduler"] = scheduler_info(engine.vllm_config)
         _generate_timed(engine, list(range(4, 4 + min(block, workload.vocab - 4))), "warmup")
         if measure:
             send(("progress", f"{mode.name}: measuring prefill cost per token"))
@@ -262,10 +347,12 @@ def serve_mode(mode: ModeSpec, *, model_dir: str, model: ModelSpec, workload: Wo
             reset_ok = llm.reset_prefix_cache(reset_connector=True)
             before = _tier_counters(device)
             t = time.perf_counter()
-            records = run_level(engine, clients(workload, level), workload.output_tokens, think_s)
+            steps: list[list[Any]] = []
+            records = run_level(engine, clients(workload, level), workload.output_tokens, think_s, steps)
             wall = time.perf_counter() - t
             after = _tier_counters(device)
             send(("level", level, {"records": [r.to_dict() for r in records], "wall_s": wall, "reset_ok": reset_ok,
+                                   "steps": steps,
                                    "tier": {k: after[k] - before.get(k, 0) for k in after}}))
         totals = _tier_counters(device)
         engine.engine_core.shutdown()
