@@ -114,6 +114,9 @@ def _register_serve(sub: Any) -> None:
     s.add_argument("--max-num-seqs", type=_positive(int), default=256)
     s.add_argument("--max-num-batched-tokens", type=_positive(int), default=8192)
     s.add_argument("--memory-utilization", type=_fraction, default=0.9, help="vLLM's gpu_memory_utilization")
+    s.add_argument("--kv-blocks", type=_positive(int), default=0,
+                   help="the KV space in blocks instead of what the accelerator's memory leaves (e.g. a huge "
+                        "one: the all-resident reference)")
     s.add_argument("--mfu", type=_fraction, default=None, help="fraction of peak FLOP/s reached (assumed 0.5)")
     s.add_argument("--mbu", type=_fraction, default=None, help="fraction of HBM bandwidth reached (assumed 0.8)")
     s.add_argument("--json", action="store_true", help="one JSON object per (mode, concurrency), one per line")
@@ -146,6 +149,7 @@ def base_point(args: argparse.Namespace) -> Any:
                  host_gb=args.host_gb, host_link=args.host_link, smart_policy=args.smart_policy,
                  preemption=args.preemption, block_tokens=args.block_tokens, max_num_seqs=args.max_num_seqs,
                  max_num_batched_tokens=args.max_num_batched_tokens, memory_utilization=args.memory_utilization,
+                 kv_blocks=args.kv_blocks,
                  mfu=args.mfu or hw.DEFAULT_MFU, mbu=args.mbu or hw.DEFAULT_MBU)
 
 

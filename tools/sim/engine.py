@@ -303,6 +303,7 @@ class _Stats:
     max_running: int = 0
     preemptions: int = 0
     records: list[Request] = field(default_factory=list)
+    log: list[tuple[float, float, list[tuple[Request, int, int]]]] | None = None  # (t0 ns, dt ns, batch)
 
 
 class SimEngine:
@@ -310,7 +311,9 @@ class SimEngine:
     its end and returns the finished requests (in completion order)."""
 
     def __init__(self, scripts: Sequence[ClientScript], cost: StepCost, cfg: EngineConfig, *,
-                 tier: TierConfig | None = None, clock: SimpyClock | None = None) -> None:
+                 tier: TierConfig | None = None, clock: SimpyClock | None = None, log_steps: bool = False) -> None:
+        """``log_steps``: keep every step as (start ns, length ns, [(request, new tokens, computed
+        before)]), the shape ``cxlemu bench serve`` records vLLM's steps in."""
         self.clock = clock or SimpyClock()
         self.env = self.clock.env
         self.cost, self.cfg, self.scripts = cost, cfg, list(scripts)
@@ -318,7 +321,7 @@ class SimEngine:
         self.tier = Tier(self.env, tier) if tier is not None else None
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
-        self.stats = _Stats()
+        self.stats = _Stats(log=[] if log_steps else None)
         self._wake: simpy.Event | None = None
         self._open = len(self.scripts)
         max_tokens = max((t.prompt_tokens + t.output_tokens for s in self.scripts for t in s.turns), default=0)
@@ -529,6 +532,8 @@ class SimEngine:
                 t = self.tier.load_layerwise(layer_keys, env.now, t)  # type: ignore[union-attr]
             stats.steps += 1
             stats.busy_ns += t
+            if stats.log is not None:
+                stats.log.append((env.now, t, [(req, new, req.computed) for req, new in batch]))
             yield env.timeout(t)
             self._apply(batch)
 
