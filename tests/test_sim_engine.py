@@ -72,16 +72,29 @@ def test_kv_capacity_arithmetic():
     assert int(cap["kv_tokens"]) // 4096 == 26  # whole 4096-token sequences that fit
 
 
+def test_padded_pairs_tile_prefills_to_the_longest():
+    b = hw.Batch()
+    b.add(696, 0, True)  # a document prompt
+    b.add(120, 256, True)  # a session's new turn after a 256-token hit
+    b.add(1, 500, True)  # a decode: not a prefill
+    assert (b.prefills, b.max_query, b.max_context) == (2, 696, 696)
+    assert b.padded_pairs == 2 * 696 * 696
+    assert b.pairs == 696 * 697 / 2 + 120 * (256 + 121 / 2) + 1 * (500 + 1)
+
+
 def test_fit_linear_recovers_known_coefficients():
     samples = []
-    for tokens, computed, seqs in ((1, 100, 1), (512, 0, 1), (8, 300, 8), (256, 128, 2), (64, 900, 4), (3, 0, 3)):
+    shapes = [[(1, 100)], [(512, 0)], [(1, 300)] * 8, [(128, 128), (128, 0)], [(16, 900)] * 4, [(1, 0)] * 3,
+              [(696, 0), (120, 256)], [(376, 0), (120, 256), (120, 256)], [(1, 50), (300, 0)]]
+    for seqs in shapes:
         b = hw.Batch()
-        for _ in range(seqs):
-            b.add(tokens // seqs or 1, computed, True)
-        samples.append(((2e-3 + 1e-6 * b.tokens + 3e-9 * b.pairs + 5e-5 * b.seqs), b))
+        for new, computed in seqs:
+            b.add(new, computed, True)
+        samples.append(((2e-3 + 1e-6 * b.tokens + 3e-9 * b.pairs + 5e-5 * b.seqs + 1e-10 * b.padded_pairs), b))
     c = hw.fit_linear(samples)
-    assert (c.a_ns, c.b_ns_per_token, c.c_ns_per_pair, c.d_ns_per_seq) == pytest.approx((2e6, 1e3, 3.0, 5e4), rel=1e-6)
-    assert c.fit["median_abs_rel_error"] < 1e-9
+    assert (c.a_ns, c.b_ns_per_token, c.c_ns_per_pair, c.d_ns_per_seq, c.e_ns_per_padded_pair) == \
+        pytest.approx((2e6, 1e3, 3.0, 5e4, 0.1), rel=1e-6)
+    assert c.fit["median_abs_rel_error"] < 1e-9 and c.fit["rel_sigma"] < 1e-9
 
 
 def test_fit_linear_keeps_coefficients_non_negative():
@@ -91,8 +104,8 @@ def test_fit_linear_keeps_coefficients_non_negative():
         b.add(t, 0, True)
         samples.append((1e-3 + (1e-6 * t if t % 2 else 0.0), b))  # noisy: an unconstrained fit goes negative
     c = hw.fit_linear(samples)
-    assert min(c.a_ns, c.b_ns_per_token, c.c_ns_per_pair, c.d_ns_per_seq) >= 0
-    with pytest.raises(ValueError, match=">= 4 steps"):
+    assert min(c.coefficients().values()) >= 0
+    with pytest.raises(ValueError, match=">= 5 steps"):
         hw.fit_linear(samples[:2])
 
 
@@ -266,3 +279,18 @@ def test_fixed_clients_are_staggered_over_a_request_lifetime():
     assert [s.turns[0].think_s for s in build_scripts(p.workload, 4, p)] == pytest.approx([0, 1.25e-3, 2.5e-3, 3.75e-3])
     with pytest.raises(ValueError, match="stagger_s must be >= 0"):
         fixed(clients=1, context=10, output_tokens=3, stagger_s=-1)
+
+
+def test_jitter_scatters_steps_around_the_cost_and_repeats_by_seed():
+    def run(jitter, seed):
+        cfg = EngineConfig(block_tokens=4, kv_blocks=64, jitter=jitter, seed=seed)
+        eng = SimEngine(fixed(clients=4, context=40, output_tokens=30, requests=5), const_cost(), cfg)
+        eng.run()
+        return eng.stats.busy_ns / eng.stats.steps
+
+    assert run(0.0, 0) == 1 * MS
+    a, b = run(0.1, 1), run(0.1, 2)
+    assert a == run(0.1, 1) and a != b  # the same seed repeats, another one differs
+    assert a == pytest.approx(1 * MS, rel=0.05) and b == pytest.approx(1 * MS, rel=0.05)  # mean-one noise
+    with pytest.raises(ValueError, match="jitter must be in"):
+        EngineConfig(jitter=1.5)

@@ -33,6 +33,8 @@ connector) or only on preemption (``store="preempted"``: swap).
 """
 from __future__ import annotations
 
+import math
+import random
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -63,11 +65,18 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     long_prefill_token_threshold: int = 0  # 0: none
     enable_prefix_caching: bool = True
+    #: relative noise on each step's cost (a mean-one lognormal of this sigma, seeded): a measured
+    #: engine's steps scatter around any cost model, and a closed loop turns that scatter into
+    #: different orders of arrival and eviction; 0 = the cost model exactly
+    jitter: float = 0.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         for k in ("block_tokens", "kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
 
@@ -258,6 +267,7 @@ class Request:
         "arrival",
         "blocks",
         "cached",
+        "stored",
         "client",
         "computed",
         "finish",
@@ -279,7 +289,7 @@ class Request:
     def __init__(self, client: int, kind: str, turn: int, spec: Turn, arrival: float) -> None:
         self.client, self.kind, self.turn, self.spec, self.arrival = client, kind, turn, spec, arrival
         self.num_tokens = spec.prompt_tokens
-        self.generated = self.computed = self.cached = 0
+        self.generated = self.computed = self.cached = self.stored = 0
         self.blocks: list[Any] = []
         self.keys: list[Any] = []
         self.first_token: float | None = None
@@ -382,26 +392,36 @@ class SimEngine:
             out.append(blk)
         return out
 
-    def _publish(self, req: Request) -> None:
-        """Cache the blocks ``req`` has filled; store them to the tier if it takes computed blocks."""
-        full = min(req.computed // self.cfg.block_tokens, len(req.blocks))
-        if full <= req.cached:
+    def _cache(self, req: Request, tokens: int) -> None:
+        """Publish the blocks that are full once ``req`` has ``tokens`` computed, when its step is
+        scheduled (vLLM's ``allocate_slots`` caches them then: a request scheduled later in the same
+        step already hits them, the forward writing each layer's KV before its attention)."""
+        if not self.cfg.enable_prefix_caching:
             return
         bt = self.cfg.block_tokens
-        keys = [req.key(i, bt) for i in range(req.cached, full)]
-        if self.cfg.enable_prefix_caching:
-            for i, k in zip(range(req.cached, full), keys, strict=True):
-                self.pool.cache_full_block(req.blocks[i], k)
-        req.cached = full
-        if self.tier is not None and self.tier.cfg.store == "computed":
-            self.tier.store(keys)
+        full = min(tokens // bt, len(req.blocks))
+        for i in range(req.cached, full):
+            self.pool.cache_full_block(req.blocks[i], req.key(i, bt))
+        req.cached = max(req.cached, full)
+
+    def _store(self, req: Request) -> None:
+        """After a step: the blocks ``req`` has filled go to the tier (vLLM's offload connector
+        stores computed blocks; the tier skips those it holds or is writing)."""
+        tier = self.tier
+        if tier is None or tier.cfg.store != "computed":
+            return
+        bt = self.cfg.block_tokens
+        full = min(req.computed // bt, len(req.blocks))
+        if full > req.stored:
+            tier.store([req.key(i, bt) for i in range(req.stored, full)])
+            req.stored = full
 
     def _preempt(self, req: Request) -> None:
         if self.tier is not None and self.tier.cfg.store == "preempted":
             bt = self.cfg.block_tokens
             self.tier.store([req.key(i, bt) for i in range(min(req.computed // bt, len(req.blocks)))])
         self.pool.free_blocks(reversed(req.blocks))
-        req.blocks, req.computed, req.cached = [], 0, 0
+        req.blocks, req.computed, req.cached, req.stored = [], 0, 0, 0
         req.state = WAITING
         req.preemptions += 1
         self.stats.preemptions += 1
@@ -461,6 +481,7 @@ class SimEngine:
                     break
             else:
                 out.append((req, new))
+                self._cache(req, req.computed + new)
                 budget -= new
                 i += 1
                 continue
@@ -489,6 +510,7 @@ class SimEngine:
                 req.state = RUNNING
                 running.append(req)
                 out.append((req, new))
+                self._cache(req, req.computed + new)
                 budget -= new
             waiting.extendleft(reversed(skipped))
         self.stats.max_running = max(self.stats.max_running, len(running))
@@ -506,7 +528,7 @@ class SimEngine:
                     req.first_token = now
                 if req.generated >= req.spec.output_tokens:
                     done.append(req)
-            self._publish(req)
+            self._store(req)
         if done:
             gone = set(map(id, done))
             self.running = [r for r in self.running if id(r) not in gone]
@@ -516,6 +538,8 @@ class SimEngine:
     def _loop(self) -> Any:
         env = self.env
         stats = self.stats
+        jitter = self.cfg.jitter
+        rng = random.Random(f"steps:{self.cfg.seed}")
         while True:
             batch, layer_keys = self._schedule()
             if not batch:
@@ -528,6 +552,8 @@ class SimEngine:
             for req, new in batch:
                 b.add(new, req.computed, req.computed + new >= req.num_tokens)
             t = self.cost.step_ns(b)
+            if jitter:
+                t *= math.exp(rng.gauss(-jitter * jitter / 2, jitter))
             if layer_keys:
                 t = self.tier.load_layerwise(layer_keys, env.now, t)  # type: ignore[union-attr]
             stats.steps += 1

