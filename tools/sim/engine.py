@@ -267,7 +267,6 @@ class Request:
         "arrival",
         "blocks",
         "cached",
-        "stored",
         "client",
         "computed",
         "finish",
@@ -282,6 +281,7 @@ class Request:
         "script_index",
         "spec",
         "state",
+        "stored",
         "tier_hit_tokens",
         "turn",
     )

@@ -297,4 +297,5 @@ def fit_linear(samples: Sequence[tuple[float, Batch]], source: str = "") -> Line
            "rel_sigma": float(1.4826 * np.median(np.abs(logs - np.median(logs)))),
            "p90_abs_rel_error": float(np.percentile(rel, 90)),
            "total_time_ratio": float(pred.sum() / y.sum()) if y.sum() else math.nan}
-    return LinearCost(*(float(c) * 1e9 for c in coef), source=source, fit=fit)
+    a, b, c, d, e = (float(v) * 1e9 for v in coef)
+    return LinearCost(a, b, c, d, e, source=source, fit=fit)
