@@ -135,6 +135,17 @@ class FreeBlockQueue:
         block.next_free, self._tail.prev_free = self._tail, block
         self.num_free_blocks += 1
 
+    def prepend(self, blocks: Sequence[KVBlock]) -> None:
+        """Put ``blocks`` at the head, in the order given (the first is the next victim)."""
+        for block in reversed(blocks):
+            if block.prev_free is not None or block.next_free is not None:
+                raise ValueError(f"{block!r} is already in the free queue")
+            first = self._head.next_free
+            assert first is not None
+            self._head.next_free, block.prev_free = block, self._head
+            block.next_free, first.prev_free = first, block
+            self.num_free_blocks += 1
+
     def get_all_free_blocks(self) -> list[KVBlock]:
         """Every free block in queue order (creating the pending ones)."""
         if self._pending:
@@ -180,12 +191,18 @@ class _Blocks(Sequence[KVBlock]):
 
 
 class BlockPool:
-    """Fixed set of blocks; ref counts, prefix cache by chained hash, pins with leases."""
+    """Fixed set of blocks; ref counts, prefix cache by chained hash, pins with leases.
 
-    def __init__(self, num_blocks: int) -> None:
+    ``uncached_first``: a freed block that holds no hash (a partial last block, one never
+    published) goes to the head of the free queue, to be reused before any cached block is evicted,
+    as vLLM's block pool does since v0.11 (``free_blocks``: "LIFO reuse of non-cached blocks");
+    without it every freed block joins the tail (the earlier v1 behaviour)."""
+
+    def __init__(self, num_blocks: int, *, uncached_first: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self._num_blocks = num_blocks
+        self.uncached_first = uncached_first
         self.blocks = _Blocks(num_blocks)
         self.free_block_queue = self.blocks._queue
         self.cached_block_hash_to_block: dict[BlockHash, KVBlock] = {}
@@ -240,16 +257,23 @@ class BlockPool:
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVBlock]) -> None:
-        """Drop one reference from each; blocks reaching 0 join the queue tail in the order given.
+        """Drop one reference from each; blocks reaching 0 join the queue tail in the order given
+        (with ``uncached_first``, those without a hash join the head instead, in that order).
 
         Pass a sequence's blocks tail first, so its last blocks (least likely shared) go first.
         """
+        first: list[KVBlock] = []
         for block in ordered_blocks:
             if block.ref_cnt <= 0:
                 raise ValueError(f"{block!r} freed more often than referenced")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_block_queue.append(block)
+                if self.uncached_first and block.block_hash is None:
+                    first.append(block)
+                else:
+                    self.free_block_queue.append(block)
+        if first:
+            self.free_block_queue.prepend(first)
 
     def pin(self, block: KVBlock, until_ns: float) -> None:
         """Hold ``block`` until ``until_ns`` (or :meth:`unpin`): it cannot be reused or evicted."""

@@ -261,3 +261,20 @@ def test_a_large_pool_creates_blocks_only_as_they_are_used() -> None:
     small.get_new_blocks(1)[0]
     small.free_blocks([small.blocks[0]])
     assert _ids(small) == [1, 2, 3, 0]
+
+
+def test_uncached_blocks_are_reused_first_when_asked():
+    """vLLM >= 0.11: freed blocks without a hash go to the head, cached ones to the tail."""
+    pool = BlockPool(6, uncached_first=True)
+    a = pool.get_new_blocks(3)
+    pool.cache_full_block(a[0], hash_block_tokens(None, [1, 2]))
+    pool.cache_full_block(a[1], hash_block_tokens(a[0].block_hash, [3, 4]))
+    pool.free_blocks(reversed(a))  # a[2] holds no hash: the next to be reused
+    assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == [2, 3, 4, 5, 1, 0]
+    assert pool.get_new_blocks(1)[0].block_id == 2
+    assert pool.get_cached_block(a[0].block_hash) is a[0]
+    plain = BlockPool(6)
+    b = plain.get_new_blocks(3)
+    plain.cache_full_block(b[0], hash_block_tokens(None, [1, 2]))
+    plain.free_blocks(reversed(b))
+    assert [x.block_id for x in plain.free_block_queue.get_all_free_blocks()] == [3, 4, 5, 2, 1, 0]

@@ -84,7 +84,7 @@ def test_sim_validate_refuses_what_is_not_a_bench_report(capsys, tmp_path):
     assert code == 2 and "is not a `cxlemu bench serve --save` report" in err
     f.write_text("{nope")
     assert run(capsys, "sim", "validate", str(f))[0] == 2
-    f.write_text(json.dumps({"modes": {"none": {"levels": {}}}, "summary": {}}))
+    f.write_text(json.dumps({"config": {}, "modes": {"none": {"levels": {}}}, "summary": {}}))
     code, _, err = run(capsys, "sim", "validate", str(f))
     assert code == 2 and "holds no recorded steps" in err
 
@@ -97,3 +97,12 @@ def test_bench_sim_small_sizes(capsys):
     assert [r["requests"] for r in doc["rows"]] == [80, 240]
     assert doc["checks"] == []  # no 10,000-session size asked for
     assert run(capsys, "bench", "sim", "--sessions", "x")[0] == 2
+
+
+def test_sim_validate_refuses_runs_of_different_experiments(capsys, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"config": {"c0": 4}, "modes": {}, "summary": {}}))
+    b.write_text(json.dumps({"config": {"c0": 2}, "modes": {}, "summary": {}}))
+    code, _, err = run(capsys, "sim", "validate", str(a), str(b))
+    assert code == 2 and "report 2 is another experiment than report 1: its c0 differ" in err
+    assert run(capsys, "sim", "validate", str(a), "--runs", "0")[0] == 2

@@ -111,14 +111,15 @@ def test_fit_linear_keeps_coefficients_non_negative():
 
 # --- the engine: a preemption sequence ---------------------------------------------------------
 def two_clients_engine(**tier_kw) -> SimEngine:
-    cfg = EngineConfig(block_tokens=4, kv_blocks=5, max_num_seqs=8, max_num_batched_tokens=64,
+    cfg = EngineConfig(block_tokens=4, kv_blocks=6, max_num_seqs=8, max_num_batched_tokens=64,
                        enable_prefix_caching=not tier_kw)
     tier = TierConfig(**tier_kw) if tier_kw else None
     return SimEngine(fixed(clients=2, context=10, output_tokens=3, requests=1), const_cost(), cfg, tier=tier)
 
 
 def test_preemption_by_recompute_sequence():
-    """Two 7-token prompts, 3 output tokens each, 4-token blocks, 5 blocks, 1 ms a step:
+    """Two 7-token prompts, 3 output tokens each, 4-token blocks, 5 blocks (and vLLM's null
+    block), 1 ms a step:
     step 1 prefills both (2 + 2 blocks), step 2 decodes both (8 tokens: still 2 blocks each),
     step 3 needs a third block for each: request 0 takes the last one, request 1 (the last
     running) is preempted; request 0 finishes at 3 ms; step 4 resumes request 1 from its two
@@ -212,8 +213,10 @@ def test_prefix_cache_shares_a_system_prompt():
 
 
 def test_request_larger_than_kv_space_is_refused():
-    with pytest.raises(ValueError, match="needs 3 KV blocks; the KV space holds 2"):
-        SimEngine(fixed(clients=1, context=12, output_tokens=1), const_cost(), EngineConfig(block_tokens=4, kv_blocks=2))
+    with pytest.raises(ValueError, match=r"needs 3 KV blocks; the KV space holds 2 \(and vLLM's null block\)"):
+        SimEngine(fixed(clients=1, context=12, output_tokens=1), const_cost(), EngineConfig(block_tokens=4, kv_blocks=3))
+    with pytest.raises(ValueError, match="kv_blocks must be >= 2"):
+        EngineConfig(kv_blocks=1)
 
 
 # --- workloads ---------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,9 +46,9 @@ from firmware_model.block_pool import BlockPool
 from firmware_model.clock import SimpyClock
 from firmware_model.dma import DmaScheduler
 from firmware_model.hotness import HotnessConfig, HotnessUnit
-from firmware_model.link import READ, LinkParams
+from firmware_model.link import LinkParams
 from firmware_model.policies import HotnessPolicy, NoVictimError, make_policy
-from firmware_model.prefetch import window_points
+from firmware_model.prefetch import PrefetchQueue, window_points
 from tools.sim.hardware import Batch, StepCost
 from tools.sim.workload import ClientScript, Turn
 
@@ -60,7 +60,7 @@ WAITING, LOADING, RUNNING, DONE = range(4)
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     block_tokens: int = 16
-    kv_blocks: int = 1024
+    kv_blocks: int = 1024  # vLLM's num_gpu_blocks: one of them is its null block
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     long_prefill_token_threshold: int = 0  # 0: none
@@ -72,9 +72,11 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for k in ("block_tokens", "kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
+        for k in ("block_tokens", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+        if self.kv_blocks < 2:
+            raise ValueError(f"kv_blocks must be >= 2 (one is vLLM's null block), got {self.kv_blocks}")
         if not 0 <= self.jitter < 1:
             raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
         if self.long_prefill_token_threshold < 0:
@@ -90,6 +92,9 @@ class TierConfig:
     policy: str = "lru"
     prefetch: str = "forward"  # "forward": load, then schedule; "layer": load inside the step, layer by layer
     store: str = "computed"  # "computed": every full block (offload); "preempted": a preempted request's (swap)
+    #: store only blocks of the prompt, not those decode fills: vLLM's offload default
+    #: (``offload_prompt_only``, vllm/v1/kv_offload/base.py), so a turn's answer is recomputed
+    prompt_only: bool = True
     name: str = "tier"
 
     def __post_init__(self) -> None:
@@ -113,6 +118,8 @@ class Tier:
         self.loading: dict[Any, int] = {}
         self.blocks_loaded = self.blocks_stored = self.evictions = self.dropped_stores = 0
         self.stall_ns = 0.0
+        self.prefetch_late = 0
+        self._layer_steps = 0
         self.chmu: _Chmu | None = None
         if isinstance(self.policy, HotnessPolicy):  # the smart firmware's heat: the device's own CHMU
             self.chmu = _Chmu(env, self.policy, cfg.capacity_blocks, cfg.block_bytes)
@@ -157,29 +164,38 @@ class Tier:
         req.done.callbacks.append(landed)
         return req.done
 
-    def load_layerwise(self, keys: Sequence[Any], start: float, compute_ns: float) -> float:
-        """Load ``keys`` inside a forward of ``compute_ns`` starting at ``start``: layer l's share
-        is issued when layer l - w starts computing (w from ``window_points``), and layer l computes
-        once it landed. Returns the step's length; the stall is kept."""
+    def load_layerwise(self, keys: Sequence[Any], compute_ns: float) -> Generator[simpy.Event, Any, None]:
+        """Load ``keys`` inside a forward of ``compute_ns`` (a simpy process): the firmware's
+        prefetch queue (``firmware_model.prefetch.PrefetchQueue``) is hinted each layer's share of
+        the blocks (one transfer a layer, as the tier's worker issues one descriptor array a
+        layer), issues the first ``w`` layers at once (w from ``window_points``: the link time of
+        a layer's share over its compute) and layer l + w when layer l starts computing; a layer
+        computes once its share landed (a late one is the stall)."""
+        env = self.env
         layers = self.cfg.layers
-        per_layer = len(keys) * self.cfg.block_bytes // layers
-        self._pin(keys)
+        per_layer = max(1, len(keys) * self.cfg.block_bytes // layers)
         c = compute_ns / layers
         w = window_points(self.cfg.link, per_layer, c, max_window=layers)
-        link = self.dma.link
-        starts: list[float] = []
-        end = start
+        self._pin(keys)
+        self._layer_steps += 1
+        seq = self._layer_steps
+        pq = PrefetchQueue(self.dma, block_bytes=per_layer, window=w, layers=layers,
+                           is_resident=lambda _k: False, on_arrival=lambda _k: True)
         for layer in range(layers):
-            issue = start if layer < w else starts[layer - w]
-            landed = link.transfer(READ, issue, per_layer)
-            begin = max(end, landed)
-            starts.append(begin)
-            end = begin + c
-        self.dma.bytes_done["read"] += per_layer * layers
-        self._unpin(keys)
-        length = end - start
-        self.stall_ns += length - compute_ns
-        return length
+            pq.hint(seq, 0, layer, [(seq, layer)])
+        start = env.now
+        try:
+            for layer in range(layers):
+                late = pq.demand((seq, layer))
+                if late is not None:
+                    yield late.done
+                pq.progress(seq, 0, layer)
+                yield env.timeout(c)
+        finally:
+            pq.end_sequence(seq)
+            self._unpin(keys)
+        self.stall_ns += env.now - start - compute_ns
+        self.prefetch_late += pq.stats.late
 
     def store(self, keys: Sequence[Any]) -> None:
         """Write the blocks of ``keys`` the tier lacks; each becomes a hit when the write lands."""
@@ -215,6 +231,7 @@ class Tier:
         return {"blocks_loaded": self.blocks_loaded, "blocks_stored": self.blocks_stored,
                 "bytes_loaded": self.blocks_loaded * self.cfg.block_bytes,
                 "bytes_stored": self.blocks_stored * self.cfg.block_bytes, "evictions": self.evictions,
+                "prefetch_late": self.prefetch_late,
                 "dropped_stores": self.dropped_stores, "stall_ns": self.stall_ns, "resident": len(self.policy)}
 
 
@@ -327,7 +344,8 @@ class SimEngine:
         self.clock = clock or SimpyClock()
         self.env = self.clock.env
         self.cost, self.cfg, self.scripts = cost, cfg, list(scripts)
-        self.pool = BlockPool(cfg.kv_blocks)
+        self.pool = BlockPool(cfg.kv_blocks, uncached_first=True)  # vLLM 0.11+'s free queue
+        self.pool.get_new_blocks(1)  # vLLM's null block: taken at start, never used for KV
         self.tier = Tier(self.env, tier) if tier is not None else None
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
@@ -336,9 +354,10 @@ class SimEngine:
         self._open = len(self.scripts)
         max_tokens = max((t.prompt_tokens + t.output_tokens for s in self.scripts for t in s.turns), default=0)
         need = -(-max_tokens // cfg.block_tokens)
-        if need > cfg.kv_blocks:
+        if need > cfg.kv_blocks - 1:
             raise ValueError(f"a request of {max_tokens} tokens needs {need} KV blocks; the KV space holds "
-                             f"{cfg.kv_blocks}: give a larger KV space or shorter requests")
+                             f"{cfg.kv_blocks - 1} (and vLLM's null block): give a larger KV space or shorter "
+                             "requests")
 
     # --- clients -------------------------------------------------------------------------------
     def _arrive_later(self, client: int, turn: int) -> None:
@@ -411,7 +430,8 @@ class SimEngine:
         if tier is None or tier.cfg.store != "computed":
             return
         bt = self.cfg.block_tokens
-        full = min(req.computed // bt, len(req.blocks))
+        done = min(req.computed, req.spec.prompt_tokens) if tier.cfg.prompt_only else req.computed
+        full = min(done // bt, len(req.blocks))
         if full > req.stored:
             tier.store([req.key(i, bt) for i in range(req.stored, full)])
             req.stored = full
@@ -554,13 +574,18 @@ class SimEngine:
             t = self.cost.step_ns(b)
             if jitter:
                 t *= math.exp(rng.gauss(-jitter * jitter / 2, jitter))
+            start = env.now
+            if stats.log is not None:
+                stats.log.append((start, t, [(req, new, req.computed) for req, new in batch]))
             if layer_keys:
-                t = self.tier.load_layerwise(layer_keys, env.now, t)  # type: ignore[union-attr]
+                yield from self.tier.load_layerwise(layer_keys, t)  # type: ignore[union-attr]
+            else:
+                yield env.timeout(t)
+            t = env.now - start
+            if stats.log is not None:
+                stats.log[-1] = (start, t, stats.log[-1][2])
             stats.steps += 1
             stats.busy_ns += t
-            if stats.log is not None:
-                stats.log.append((env.now, t, [(req, new, req.computed) for req, new in batch]))
-            yield env.timeout(t)
             self._apply(batch)
 
     def run(self, until_ns: float | None = None) -> list[Request]:

@@ -281,8 +281,9 @@ def fit_linear(samples: Sequence[tuple[float, Batch]], source: str = "") -> Line
     x = np.array(rows, dtype=float)
     active = [0, 1, 2, 3, 4]
     coef = np.zeros(5)
+    w = 1.0 / np.maximum(y, 1e-12)  # relative errors: the many short decode steps count as much as the long prefills
     while active:
-        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        sol, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
         if (sol >= 0).all():
             coef[:] = 0
             coef[active] = sol

@@ -61,6 +61,7 @@ class Point:
     policy: str = ""  # the tier's eviction policy instead of the mode's
     prefetch: str = ""  # "forward" or "layer" instead of the mode's
     tier_blocks: int = 0  # the tier's size in blocks instead of pool_gb / host_gb
+    offload_prompt_only: bool = True  # vLLM's default: decode-filled blocks are not stored
     step_cost: dict[str, float] | None = None  # a fitted LinearCost instead of the roofline
     model_shape: dict[str, Any] | None = None  # a shape of one's own instead of ``model``'s
 
@@ -164,7 +165,8 @@ def tier_config(p: Point, shape: hw.ModelShape) -> TierConfig | None:
     if blocks < 1:
         raise ValueError(f"a tier of {size} GB holds no {block_bytes}-byte block")
     return TierConfig(link=hw.link_params(link, p.time_scale), capacity_blocks=blocks, block_bytes=block_bytes,
-                      layers=shape.layers, policy=policy, prefetch=prefetch, name=p.mode)
+                      layers=shape.layers, policy=policy, prefetch=prefetch, prompt_only=p.offload_prompt_only,
+                      name=p.mode)
 
 
 def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, Any]:
