@@ -136,19 +136,40 @@ def test_preemption_by_recompute_sequence():
 
 
 def test_preemption_by_swap_pays_the_link_both_ways():
-    """As above without a prefix cache: request 1's two blocks (8 KiB) go to the host at 2 ms
-    (1 GB/s, 1 us latency: landed at 2 ms + 9.192 us) and come back before its step: the load
-    starts at 3 ms, lands at 3.009192 ms, and the 1-ms step ends at 4.009192 ms."""
+    """As above without a prefix cache: request 1's two blocks (8 KiB) go to the host when it is
+    preempted at 2 ms (1 GB/s, 1 us latency: landed 9.192 us later), and the step waits for that
+    write before it runs, as vLLM's offload worker flushes a preempted request's stores; so
+    request 0 finishes at 3.009192 ms. Request 1's blocks come back before its step: the load
+    starts then, lands 9.192 us later, and the 1-ms step ends at 4.018384 ms."""
     link = LinkParams.from_rates(read_latency_ns=1000, write_latency_ns=1000, read_bandwidth_gbps=1,
                                  write_bandwidth_gbps=1)
     eng = two_clients_engine(link=link, capacity_blocks=100, block_bytes=4096, layers=1, store="preempted")
     done = eng.run()
     by = {r.client: r for r in done}
-    assert by[0].finish == 3 * MS
-    assert by[1].finish == 4 * MS + 9_192
+    assert by[0].finish == 3 * MS + 9_192
+    assert by[1].finish == 4 * MS + 2 * 9_192
     assert (by[1].tier_hit_tokens, by[1].local_hit_tokens, by[1].preemptions) == (8, 0, 1)
+    assert eng.stats.fence_ns == 9_192
     c = eng.tier.counters()
     assert (c["blocks_stored"], c["blocks_loaded"], c["bytes_stored"]) == (2, 2, 8192)
+
+
+def test_a_step_reusing_a_block_waits_for_its_store():
+    """A 2-block prompt stored at 1 GB/s with 1 ms of write latency: the request finishes at
+    1 ms (its write lands at 2.008192 ms); the next client's prompt takes the freed blocks at
+    1 ms (no prefix cache, the tier's copy not landed), so its step waits for the write: its
+    first token comes at 3.008192 ms, not 2 ms."""
+    link = LinkParams.from_rates(write_latency_ns=1_000_000, read_bandwidth_gbps=1, write_bandwidth_gbps=1)
+    segs0, segs1 = ((("a", 0), 1 << 62),), ((("b", 0), 1 << 62),)
+    scripts = [ClientScript("a", "fixed", (Turn(segs0, 8, 1, 0.0),)),
+               ClientScript("b", "fixed", (Turn(segs1, 8, 1, 0.5e-3),))]
+    cfg = EngineConfig(block_tokens=4, kv_blocks=4, enable_prefix_caching=False)  # 3 blocks + the null one
+    tier = TierConfig(link=link, capacity_blocks=100, block_bytes=4096, layers=1)
+    eng = SimEngine(scripts, const_cost(), cfg, tier=tier)
+    a, b = eng.run()
+    assert a.finish == 1 * MS
+    assert b.first_token == 3 * MS + 8192
+    assert eng.stats.fence_ns == 1 * MS + 8192
 
 
 def test_layerwise_load_overlaps_the_forward():

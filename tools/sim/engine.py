@@ -197,14 +197,16 @@ class Tier:
         self.stall_ns += env.now - start - compute_ns
         self.prefetch_late += pq.stats.late
 
-    def store(self, keys: Sequence[Any]) -> None:
-        """Write the blocks of ``keys`` the tier lacks; each becomes a hit when the write lands."""
+    def store(self, keys: Sequence[Any]) -> tuple[simpy.Event | None, tuple[Any, ...]]:
+        """Write the blocks of ``keys`` the tier lacks; each becomes a hit when the write lands.
+        Returns the write's completion and the keys it carries (None, () when nothing to write)."""
         todo = tuple(k for k in keys if k not in self.policy and k not in self.storing)
         if not todo:
-            return
+            return None, ()
         self.storing.update(todo)
         req = self.dma.submit("write", len(todo) * self.cfg.block_bytes, tag=todo)
         req.done.callbacks.append(lambda _e: self._stored(todo))
+        return req.done, todo
 
     def _stored(self, keys: tuple[Any, ...]) -> None:
         now = int(self.env.now)
@@ -329,6 +331,7 @@ class _Stats:
     busy_ns: float = 0.0
     max_running: int = 0
     preemptions: int = 0
+    fence_ns: float = 0.0  # steps held until tier writes of reallocated blocks landed
     records: list[Request] = field(default_factory=list)
     log: list[tuple[float, float, list[tuple[Request, int, int]]]] | None = None  # (t0 ns, dt ns, batch)
 
@@ -346,6 +349,11 @@ class SimEngine:
         self.cost, self.cfg, self.scripts = cost, cfg, list(scripts)
         self.pool = BlockPool(cfg.kv_blocks, uncached_first=True)  # vLLM 0.11+'s free queue
         self.pool.get_new_blocks(1)  # vLLM's null block: taken at start, never used for KV
+        #: block id -> the tier write still reading it; a step that reallocates the block (or
+        #: preempts its request) first waits for that write, as vLLM's offload worker does
+        #: (``jobs_to_flush``: ``worker.wait`` before the forward)
+        self._storing_blocks: dict[int, simpy.Event] = {}
+        self._fence: list[simpy.Event] = []
         self.tier = Tier(self.env, tier) if tier is not None else None
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
@@ -397,8 +405,34 @@ class SimEngine:
             return True
         if need > self.pool.get_num_free_blocks():
             return False
-        req.blocks += self.pool.get_new_blocks(need)
+        req.blocks += self._take(need)
         return True
+
+    def _take(self, n: int) -> list[Any]:
+        """``n`` blocks from the free queue; a block a tier write still reads fences this step."""
+        blocks = self.pool.get_new_blocks(n)
+        if self._storing_blocks:
+            for b in blocks:
+                ev = self._storing_blocks.pop(b.block_id, None)
+                if ev is not None and not ev.triggered:
+                    self._fence.append(ev)
+        return blocks
+
+    def _track_store(self, req: Request, first: int, written: tuple[Any, ...], done: simpy.Event | None) -> None:
+        """Remember which of ``req``'s blocks (from ``first``) the write ``done`` reads."""
+        if done is None:
+            return
+        bt = self.cfg.block_tokens
+        wanted = set(written)
+        ids = [req.blocks[i].block_id for i in range(first, len(req.blocks)) if req.key(i, bt) in wanted]
+        for bid in ids:
+            self._storing_blocks[bid] = done
+
+        def landed(_e: simpy.Event, ids: list[int] = ids) -> None:
+            for bid in ids:
+                if self._storing_blocks.get(bid) is done:
+                    del self._storing_blocks[bid]
+        done.callbacks.append(landed)
 
     def _local_hits(self, req: Request, cap: int) -> list[Any]:
         if not self.cfg.enable_prefix_caching:
@@ -433,13 +467,19 @@ class SimEngine:
         done = min(req.computed, req.spec.prompt_tokens) if tier.cfg.prompt_only else req.computed
         full = min(done // bt, len(req.blocks))
         if full > req.stored:
-            tier.store([req.key(i, bt) for i in range(req.stored, full)])
+            done, written = tier.store([req.key(i, bt) for i in range(req.stored, full)])
+            self._track_store(req, req.stored, written, done)
             req.stored = full
 
     def _preempt(self, req: Request) -> None:
         if self.tier is not None and self.tier.cfg.store == "preempted":
             bt = self.cfg.block_tokens
-            self.tier.store([req.key(i, bt) for i in range(min(req.computed // bt, len(req.blocks)))])
+            done, written = self.tier.store([req.key(i, bt) for i in range(min(req.computed // bt, len(req.blocks)))])
+            self._track_store(req, 0, written, done)
+        for b in req.blocks:  # vLLM flushes a preempted request's pending writes before the step
+            ev = self._storing_blocks.get(b.block_id)
+            if ev is not None and not ev.triggered:
+                self._fence.append(ev)
         self.pool.free_blocks(reversed(req.blocks))
         req.blocks, req.computed, req.cached, req.stored = [], 0, 0, 0
         req.state = WAITING
@@ -465,7 +505,7 @@ class SimEngine:
         if evictable + self._blocks_for(hits * bt + new) - len(local) > self.pool.get_num_free_blocks():
             return "full", 0, []
         self.pool.touch(local)
-        req.blocks = local + self.pool.get_new_blocks(self._blocks_for(hits * bt + new) - len(local))
+        req.blocks = local + self._take(self._blocks_for(hits * bt + new) - len(local))
         req.cached = len(local)
         req.computed = hits * bt
         req.local_hit_tokens += len(local) * bt
@@ -575,6 +615,10 @@ class SimEngine:
             if jitter:
                 t *= math.exp(rng.gauss(-jitter * jitter / 2, jitter))
             start = env.now
+            if self._fence:
+                fence, self._fence = self._fence, []
+                yield simpy.AllOf(env, fence)
+                stats.fence_ns += env.now - start
             if stats.log is not None:
                 stats.log.append((start, t, [(req, new, req.computed) for req, new in batch]))
             if layer_keys:
