@@ -464,11 +464,11 @@ class SimEngine:
         if tier is None or tier.cfg.store != "computed":
             return
         bt = self.cfg.block_tokens
-        done = min(req.computed, req.spec.prompt_tokens) if tier.cfg.prompt_only else req.computed
-        full = min(done // bt, len(req.blocks))
+        computed = min(req.computed, req.spec.prompt_tokens) if tier.cfg.prompt_only else req.computed
+        full = min(computed // bt, len(req.blocks))
         if full > req.stored:
-            done, written = tier.store([req.key(i, bt) for i in range(req.stored, full)])
-            self._track_store(req, req.stored, written, done)
+            landed, written = tier.store([req.key(i, bt) for i in range(req.stored, full)])
+            self._track_store(req, req.stored, written, landed)
             req.stored = full
 
     def _preempt(self, req: Request) -> None:
