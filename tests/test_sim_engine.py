@@ -77,7 +77,7 @@ def test_padded_pairs_tile_prefills_to_the_longest():
     b.add(696, 0, True)  # a document prompt
     b.add(120, 256, True)  # a session's new turn after a 256-token hit
     b.add(1, 500, True)  # a decode: not a prefill
-    assert (b.prefills, b.max_query, b.max_context) == (2, 696, 696)
+    assert (b.prefills, b.max_query, b.max_context, b.decode_context) == (2, 696, 696, 501)
     assert b.padded_pairs == 2 * 696 * 696
     assert b.pairs == 696 * 697 / 2 + 120 * (256 + 121 / 2) + 1 * (500 + 1)
 
@@ -90,10 +90,11 @@ def test_fit_linear_recovers_known_coefficients():
         b = hw.Batch()
         for new, computed in seqs:
             b.add(new, computed, True)
-        samples.append(((2e-3 + 1e-6 * b.tokens + 3e-9 * b.pairs + 5e-5 * b.seqs + 1e-10 * b.padded_pairs), b))
+        samples.append(((2e-3 + 1e-6 * b.tokens + 3e-9 * b.pairs + 5e-5 * b.seqs + 1e-10 * b.padded_pairs
+                         + 2e-8 * b.decode_context), b))
     c = hw.fit_linear(samples)
-    assert (c.a_ns, c.b_ns_per_token, c.c_ns_per_pair, c.d_ns_per_seq, c.e_ns_per_padded_pair) == \
-        pytest.approx((2e6, 1e3, 3.0, 5e4, 0.1), rel=1e-6)
+    assert (c.a_ns, c.b_ns_per_token, c.c_ns_per_pair, c.d_ns_per_seq, c.e_ns_per_padded_pair,
+            c.f_ns_per_decode_context) == pytest.approx((2e6, 1e3, 3.0, 5e4, 0.1, 20.0), rel=1e-6)
     assert c.fit["median_abs_rel_error"] < 1e-9 and c.fit["rel_sigma"] < 1e-9
 
 
@@ -105,7 +106,7 @@ def test_fit_linear_keeps_coefficients_non_negative():
         samples.append((1e-3 + (1e-6 * t if t % 2 else 0.0), b))  # noisy: an unconstrained fit goes negative
     c = hw.fit_linear(samples)
     assert min(c.coefficients().values()) >= 0
-    with pytest.raises(ValueError, match=">= 5 steps"):
+    with pytest.raises(ValueError, match=">= 6 steps"):
         hw.fit_linear(samples[:2])
 
 

@@ -169,8 +169,9 @@ def kv_capacity(model: ModelShape, acc: Accelerator, *, max_num_batched_tokens: 
 @dataclass(slots=True)
 class Batch:
     """What one step computes, summed over its sequences: new tokens, attention (query, key)
-    pairs, KV tokens read, sequences, sequences that sample a token; and of the sequences with
-    more than one new token (prefills), how many, the longest query and the longest context."""
+    pairs, KV tokens read, sequences, sequences that sample a token; of the sequences with more
+    than one new token (prefills), how many, the longest query and the longest context; and the
+    KV tokens the decoding sequences read."""
 
     tokens: int = 0
     pairs: float = 0.0
@@ -180,6 +181,7 @@ class Batch:
     prefills: int = 0
     max_query: int = 0
     max_context: int = 0
+    decode_context: int = 0  # KV tokens the single-token (decode) sequences read
 
     def add(self, new: int, computed: int, samples: bool) -> None:
         """One sequence with ``new`` tokens on top of ``computed`` already in its KV."""
@@ -192,6 +194,8 @@ class Batch:
             self.prefills += 1
             self.max_query = max(self.max_query, new)
             self.max_context = max(self.max_context, computed + new)
+        else:
+            self.decode_context += computed + new
 
     @property
     def padded_pairs(self) -> int:
@@ -243,15 +247,18 @@ class Roofline:
 
 @dataclass(frozen=True)
 class LinearCost:
-    """``a + b x tokens + c x pairs + d x seqs + e x padded pairs`` nanoseconds (a step that
-    computes nothing is 0). ``e`` is for kernels that tile a step's prefills to its longest one,
-    as vLLM-CPU's attention measurably does (``cxlemu sim validate`` fits it)."""
+    """``a + b x tokens + c x pairs + d x seqs + e x padded pairs + f x decode context``
+    nanoseconds (a step that computes nothing is 0). ``e`` is for kernels that tile a step's
+    prefills to its longest one, as vLLM-CPU's attention measurably does; ``f`` for decode
+    attention, which reads each decoding sequence's whole KV (memory-bound: it costs more per
+    token than a prefill's pair). ``cxlemu sim validate`` fits all six."""
 
     a_ns: float
     b_ns_per_token: float
     c_ns_per_pair: float
     d_ns_per_seq: float
     e_ns_per_padded_pair: float = 0.0
+    f_ns_per_decode_context: float = 0.0
     source: str = ""
     fit: dict[str, Any] = field(default_factory=dict)
 
@@ -259,28 +266,31 @@ class LinearCost:
         if b.seqs == 0:
             return 0.0
         return (self.a_ns + self.b_ns_per_token * b.tokens + self.c_ns_per_pair * b.pairs
-                + self.d_ns_per_seq * b.seqs + self.e_ns_per_padded_pair * b.padded_pairs)
+                + self.d_ns_per_seq * b.seqs + self.e_ns_per_padded_pair * b.padded_pairs
+                + self.f_ns_per_decode_context * b.decode_context)
 
     def coefficients(self) -> dict[str, float]:
         return {"a_ns": self.a_ns, "b_ns_per_token": self.b_ns_per_token, "c_ns_per_pair": self.c_ns_per_pair,
-                "d_ns_per_seq": self.d_ns_per_seq, "e_ns_per_padded_pair": self.e_ns_per_padded_pair}
+                "d_ns_per_seq": self.d_ns_per_seq, "e_ns_per_padded_pair": self.e_ns_per_padded_pair,
+                "f_ns_per_decode_context": self.f_ns_per_decode_context}
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "linear", **self.coefficients(), "source": self.source, "fit": self.fit}
 
 
 def fit_linear(samples: Sequence[tuple[float, Batch]], source: str = "") -> LinearCost:
-    """Least squares of step seconds on (1, tokens, pairs, seqs, padded pairs), every coefficient
-    kept >= 0 (the most negative one is dropped and the rest refitted: active-set NNLS)."""
+    """Least squares of step seconds on (1, tokens, pairs, seqs, padded pairs, decode context),
+    relative errors, every coefficient kept >= 0 (the most negative one is dropped and the rest
+    refitted: active-set NNLS)."""
     import numpy as np
 
-    rows = [(1.0, b.tokens, b.pairs, b.seqs, b.padded_pairs) for _, b in samples if b.seqs]
+    rows = [(1.0, b.tokens, b.pairs, b.seqs, b.padded_pairs, b.decode_context) for _, b in samples if b.seqs]
     y = np.array([dt for dt, b in samples if b.seqs], dtype=float)
-    if len(rows) < 5:
-        raise ValueError(f"fitting a step cost needs >= 5 steps that computed something, got {len(rows)}")
+    if len(rows) < 6:
+        raise ValueError(f"fitting a step cost needs >= 6 steps that computed something, got {len(rows)}")
     x = np.array(rows, dtype=float)
-    active = [0, 1, 2, 3, 4]
-    coef = np.zeros(5)
+    active = [0, 1, 2, 3, 4, 5]
+    coef = np.zeros(6)
     w = 1.0 / np.maximum(y, 1e-12)  # relative errors: the many short decode steps count as much as the long prefills
     while active:
         sol, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
@@ -298,5 +308,5 @@ def fit_linear(samples: Sequence[tuple[float, Batch]], source: str = "") -> Line
            "rel_sigma": float(1.4826 * np.median(np.abs(logs - np.median(logs)))),
            "p90_abs_rel_error": float(np.percentile(rel, 90)),
            "total_time_ratio": float(pred.sum() / y.sum()) if y.sum() else math.nan}
-    a, b, c, d, e = (float(v) * 1e9 for v in coef)
-    return LinearCost(a, b, c, d, e, source=source, fit=fit)
+    a, b, c, d, e, f = (float(v) * 1e9 for v in coef)
+    return LinearCost(a, b, c, d, e, f, source=source, fit=fit)

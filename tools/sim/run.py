@@ -87,7 +87,7 @@ class Point:
         if self.step_cost is not None:
             c = self.step_cost
             return hw.LinearCost(c["a_ns"], c["b_ns_per_token"], c["c_ns_per_pair"], c["d_ns_per_seq"],
-                                 c.get("e_ns_per_padded_pair", 0.0))
+                                 c.get("e_ns_per_padded_pair", 0.0), c.get("f_ns_per_decode_context", 0.0))
         return hw.Roofline(self.shape(), hw.ACCELERATORS[self.accelerator], self.mfu, self.mbu, self.overhead_us)
 
     def kv_space(self) -> tuple[int, dict[str, float] | None]:

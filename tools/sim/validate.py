@@ -203,7 +203,8 @@ def _print(out: dict[str, Any]) -> None:
     c = out["step_cost"]
     con.print(f"step cost fitted ({c['source']}): {c['a_ns'] / 1e6:.2f} ms + {c['b_ns_per_token'] / 1e3:.1f} us/token "
               f"+ {c['c_ns_per_pair']:.2f} ns/pair + {c['d_ns_per_seq'] / 1e3:.1f} us/seq + "
-              f"{c['e_ns_per_padded_pair']:.2f} ns/padded pair; median step error "
+              f"{c['e_ns_per_padded_pair']:.2f} ns/padded pair + {c['f_ns_per_decode_context']:.0f} ns/decode context "
+              f"token; median step error "
               f"{c['fit']['median_abs_rel_error']:.1%}, total time ratio {c['fit']['total_time_ratio']:.3f}")
     con.print(f"bench: the mean of {out['bench_runs']} run(s); each (mode, level) simulated {out['runs']} times, every step's cost scattered by a lognormal of "
               f"sigma {out['jitter']:.3f} (the measured steps' robust scatter around the fit); sim = the median")
