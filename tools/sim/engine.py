@@ -8,7 +8,8 @@ One simpy environment (``firmware_model.clock.SimpyClock``; 1 time unit = 1 ns) 
   its think time after the previous one finished;
 * the **offload tier** (:class:`Tier`): the firmware model's eviction policy over the tier's
   blocks and its DMA scheduler over the one link model; loads before the forward or layer by layer
-  (the window from ``firmware_model.prefetch.window_points``), stores as blocks fill.
+  (through ``firmware_model.prefetch.PrefetchQueue``, its window from ``window_points``), stores
+  of the prompt's blocks as they fill (vLLM's ``offload_prompt_only``).
 
 The scheduler is vLLM v1's (``vllm/v1/core/sched/scheduler.py``), step by step:
 
@@ -19,8 +20,9 @@ The scheduler is vLLM v1's (``vllm/v1/core/sched/scheduler.py``), step by step:
    until it fits or it was preempted itself;
 2. then, if nothing was preempted in this step, waiting requests in order while the budget and
    ``max_num_seqs`` allow: a new (or preempted) request first takes its local prefix-cache hits
-   (the KV block pool, ``firmware_model.block_pool.BlockPool``: vLLM's free queue with lazy
-   eviction of cached blocks), then the tier's hits after them (at most ``num_tokens - 1`` tokens
+   (the KV block pool, ``firmware_model.block_pool.BlockPool``: vLLM 0.32's free queue, lazy
+   eviction of cached blocks, uncached blocks reused first, one null block), then the tier's hits
+   after them (at most ``num_tokens - 1`` tokens
    in all, as vLLM caps them); with tier hits and loads before the forward it allocates, starts
    the load and waits (``WAITING_FOR_REMOTE_KVS``: skipped, put back in front), otherwise it is
    scheduled with its hits counted computed; a request whose blocks cannot be allocated stops the
@@ -28,8 +30,10 @@ The scheduler is vLLM v1's (``vllm/v1/core/sched/scheduler.py``), step by step:
 
 A request that has computed its whole prompt samples a token at the end of the step (the first
 one is its TTFT); it finishes when it has ``output_tokens``. Full blocks are published to the
-prefix cache as they are computed and stored to the tier (``store="computed"``: vLLM's offload
-connector) or only on preemption (``store="preempted"``: swap).
+prefix cache when their step is scheduled (vLLM's ``allocate_slots``) and stored to the tier after
+it (``store="computed"``: vLLM's offload connector) or only on preemption (``store="preempted"``:
+swap). A step that reuses a block a tier write still reads, or preempts a request with writes in
+flight, first waits for those writes (vLLM's offload worker: ``jobs_to_flush``).
 """
 from __future__ import annotations
 
