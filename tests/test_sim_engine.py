@@ -319,3 +319,27 @@ def test_jitter_scatters_steps_around_the_cost_and_repeats_by_seed():
     assert a == pytest.approx(1 * MS, rel=0.05) and b == pytest.approx(1 * MS, rel=0.05)  # mean-one noise
     with pytest.raises(ValueError, match="jitter must be in"):
         EngineConfig(jitter=1.5)
+
+
+def test_hotness_tier_is_fed_by_its_chmu():
+    """policy "hotness": the tier's CHMU counts loads and stores per block slot; at the 100-ms
+    epoch's end its hotlist adds those counts to the policy's heat, so a block loaded three times
+    is hotter than one only stored."""
+    import simpy
+
+    from tools.sim.engine import Tier
+
+    env = simpy.Environment()
+    t = Tier(env, TierConfig(link=LinkParams(), capacity_blocks=4, block_bytes=4096, layers=1, policy="hotness"))
+    for k in ("a", "b"):
+        t.store([k])
+    env.run()
+    for _ in range(3):
+        t.load(["a"])
+        env.run()
+    assert t.chmu is not None and t.chmu.fed == 0  # the epoch has not ended
+    env.run(until=150_000_000)
+    t.load(["b"])  # the first access after the epoch's end publishes its hotlist
+    env.run()
+    assert t.chmu.fed == 2
+    assert t.policy.heat("a") > t.policy.heat("b") > 0
