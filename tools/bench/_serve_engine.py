@@ -103,14 +103,25 @@ def _sampling(n: int) -> Any:
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
 
 
+def _scheduler(engine: Any) -> Any:
+    """The scheduler of an in-process engine (None where there is none to reach)."""
+    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
+    return getattr(core, "scheduler", None)
+
+
+def _bench_id(rid: str, req: Any) -> str:
+    """The request id the bench gave, from vLLM's internal one (vLLM appends "-<random>")."""
+    ext = getattr(req, "external_req_id", None)
+    return rid.rsplit("-", 1)[0] if ext is None else ext
+
+
 class PreemptionWatch:
     """Preemptions per request, read from the in-process scheduler after each step (vLLM's
     ``RequestOutput.metrics.num_preemptions`` exists only with log stats on). A preempted request
     is rescheduled and runs on for at least a prefill and a decode step, so it is seen alive."""
 
     def __init__(self, engine: Any) -> None:
-        core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
-        self.scheduler = getattr(core, "scheduler", None)
+        self.scheduler = _scheduler(engine)
         self.counts: dict[str, int] = {}
 
     def scan(self) -> None:
@@ -118,7 +129,7 @@ class PreemptionWatch:
             return
         for rid, req in self.scheduler.requests.items():
             if req.num_preemptions:
-                ext = rid.rsplit("-", 1)[0] if getattr(req, "external_req_id", None) is None else req.external_req_id
+                ext = _bench_id(rid, req)
                 self.counts[ext] = max(self.counts.get(ext, 0), req.num_preemptions)
 
 
@@ -142,17 +153,15 @@ class StepRecorder:
     request ids as the bench gave them (vLLM's with its "-<random>" suffix cut off)."""
 
     def __init__(self, engine: Any) -> None:
-        core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
-        self.scheduler = getattr(core, "scheduler", None)
+        self.scheduler = _scheduler(engine)
         self.pending: list[list[Any]] = []
         if self.scheduler is None:
             return
         original = self.scheduler.schedule
         requests = self.scheduler.requests
 
-        def name(rid: str) -> str:  # as PreemptionWatch: vLLM appends "-<random>" to the bench's id
-            ext = getattr(requests.get(rid), "external_req_id", None)
-            return rid.rsplit("-", 1)[0] if ext is None else ext
+        def name(rid: str) -> str:
+            return _bench_id(rid, requests.get(rid))
 
         def schedule(*args: Any, **kwargs: Any) -> Any:
             out = original(*args, **kwargs)
