@@ -44,6 +44,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import simpy
 
 from firmware_model.block_pool import BlockPool
@@ -159,9 +160,9 @@ class Tier:
 
     def load(self, keys: Sequence[Any]) -> simpy.Event:
         """Load ``keys`` before the forward: one transfer; the event fires when it landed."""
-        self._pin(keys)
-        req = self.dma.submit("read", len(keys) * self.cfg.block_bytes, tag=tuple(keys))
         pinned = tuple(keys)
+        self._pin(pinned)
+        req = self.dma.submit("read", len(pinned) * self.cfg.block_bytes, tag=pinned)
 
         def landed(_event: simpy.Event) -> None:
             self._unpin(pinned)
@@ -274,8 +275,6 @@ class _Chmu:
             self.free.append(slot)
 
     def access(self, keys: Sequence[Any], *, write: bool) -> None:
-        import numpy as np
-
         dpas = np.array([self._slot(k) << self.unit_shift for k in keys if k in self.policy], dtype=np.uint64)
         self.hw.record(dpas, is_write=write, now=self.env.now)
         entries = self.hw.hotlist.consume()
@@ -301,7 +300,6 @@ class Request:
         "local_hit_tokens",
         "num_tokens",
         "preemptions",
-        "script_index",
         "spec",
         "state",
         "stored",
@@ -365,7 +363,7 @@ class SimEngine:
         self._wake: simpy.Event | None = None
         self._open = len(self.scripts)
         max_tokens = max((t.prompt_tokens + t.output_tokens for s in self.scripts for t in s.turns), default=0)
-        need = -(-max_tokens // cfg.block_tokens)
+        need = self._blocks_for(max_tokens)
         if need > cfg.kv_blocks - 1:
             raise ValueError(f"a request of {max_tokens} tokens needs {need} KV blocks; the KV space holds "
                              f"{cfg.kv_blocks - 1} (and vLLM's null block): give a larger KV space or shorter "
@@ -417,10 +415,15 @@ class SimEngine:
         blocks = self.pool.get_new_blocks(n)
         if self._storing_blocks:
             for b in blocks:
-                ev = self._storing_blocks.pop(b.block_id, None)
-                if ev is not None and not ev.triggered:
-                    self._fence.append(ev)
+                self._fence_on(b.block_id, reused=True)
         return blocks
+
+    def _fence_on(self, block_id: int, *, reused: bool) -> None:
+        """This step waits for the tier write still reading ``block_id`` (if any); a reused
+        block's write is forgotten here, its landing no longer concerns the block."""
+        ev = self._storing_blocks.pop(block_id, None) if reused else self._storing_blocks.get(block_id)
+        if ev is not None and not ev.triggered:
+            self._fence.append(ev)
 
     def _track_store(self, req: Request, first: int, written: tuple[Any, ...], done: simpy.Event | None) -> None:
         """Remember which of ``req``'s blocks (from ``first``) the write ``done`` reads."""
@@ -481,9 +484,7 @@ class SimEngine:
             done, written = self.tier.store([req.key(i, bt) for i in range(min(req.computed // bt, len(req.blocks)))])
             self._track_store(req, 0, written, done)
         for b in req.blocks:  # vLLM flushes a preempted request's pending writes before the step
-            ev = self._storing_blocks.get(b.block_id)
-            if ev is not None and not ev.triggered:
-                self._fence.append(ev)
+            self._fence_on(b.block_id, reused=False)
         self.pool.free_blocks(reversed(req.blocks))
         req.blocks, req.computed, req.cached, req.stored = [], 0, 0, 0
         req.state = WAITING
@@ -623,15 +624,13 @@ class SimEngine:
                 fence, self._fence = self._fence, []
                 yield simpy.AllOf(env, fence)
                 stats.fence_ns += env.now - start
-            if stats.log is not None:
-                stats.log.append((start, t, [(req, new, req.computed) for req, new in batch]))
             if layer_keys:
                 yield from self.tier.load_layerwise(layer_keys, t)  # type: ignore[union-attr]
             else:
                 yield env.timeout(t)
             t = env.now - start
-            if stats.log is not None:
-                stats.log[-1] = (start, t, stats.log[-1][2])
+            if stats.log is not None:  # nothing moves a scheduled request's count until _apply
+                stats.log.append((start, t, [(req, new, req.computed) for req, new in batch]))
             stats.steps += 1
             stats.busy_ns += t
             self._apply(batch)

@@ -17,7 +17,7 @@ Modes (``cxlemu bench serve``'s):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -175,7 +175,7 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
 
     shape = p.shape()
     kv_blocks, capacity = p.kv_space()
-    if kv_blocks < 1:
+    if kv_blocks < 2:  # one is vLLM's null block
         raise ValueError(f"{shape.name} leaves no KV space on {p.accelerator} "
                          f"({(capacity or {}).get('kv_bytes', 0) / GB:.1f} GB)")
     cfg = EngineConfig(block_tokens=p.block_tokens, kv_blocks=kv_blocks, max_num_seqs=p.max_num_seqs,
@@ -187,7 +187,7 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
     engine = SimEngine(scripts, p.cost(), cfg, tier=tier)
     records = engine.run()
     wall = time.perf_counter() - t0
-    out = summarize(records, p.block_tokens)
+    out = summarize(records)
     out.update(mode=p.mode, concurrency=p.concurrency, model=shape.name, accelerator=p.accelerator,
                max_concurrency=engine.stats.max_running, steps=engine.stats.steps,
                kv_blocks=kv_blocks, kv_tokens=kv_blocks * p.block_tokens,
@@ -205,7 +205,7 @@ def _pct(x: np.ndarray, q: float) -> float:
     return float(np.percentile(x, q)) if len(x) else math.nan
 
 
-def summarize(records: list[Request], block_tokens: int) -> dict[str, Any]:
+def summarize(records: list[Request]) -> dict[str, Any]:
     """``cxlemu bench serve``'s per-level metrics (``LevelResult.summary``), in ms where timed:
     TTFT p50/p99 over every request, returning sessions' TTFT p50, later turns' TTFT p99, time per
     output token p50, output tokens over the span from the first arrival to the last finish."""
@@ -233,5 +233,3 @@ def summarize(records: list[Request], block_tokens: int) -> dict[str, Any]:
             "tier_hit_tokens": int(sum(r.tier_hit_tokens for r in records))}
 
 
-def points(base: Point, modes: list[str], levels: list[int]) -> list[Point]:
-    return [replace(base, mode=m, concurrency=c) for m in modes for c in levels]
