@@ -11,6 +11,7 @@ from tools.sim import hardware as hw
 from tools.sim.engine import EngineConfig, SimEngine, TierConfig
 from tools.sim.run import Point, simulate
 from tools.sim.workload import (
+    REST,
     ClientScript,
     TraceError,
     Turn,
@@ -161,7 +162,7 @@ def test_a_step_reusing_a_block_waits_for_its_store():
     1 ms (no prefix cache, the tier's copy not landed), so its step waits for the write: its
     first token comes at 3.008192 ms, not 2 ms."""
     link = LinkParams.from_rates(write_latency_ns=1_000_000, read_bandwidth_gbps=1, write_bandwidth_gbps=1)
-    segs0, segs1 = ((("a", 0), 1 << 62),), ((("b", 0), 1 << 62),)
+    segs0, segs1 = ((("a", 0), REST),), ((("b", 0), REST),)
     scripts = [ClientScript("a", "fixed", (Turn(segs0, 8, 1, 0.0),)),
                ClientScript("b", "fixed", (Turn(segs1, 8, 1, 0.5e-3),))]
     cfg = EngineConfig(block_tokens=4, kv_blocks=4, enable_prefix_caching=False)  # 3 blocks + the null one
@@ -178,7 +179,7 @@ def test_layerwise_load_overlaps_the_forward():
     8.192 us later); it arrives at 2 ms and loads them layer by layer inside a 1-ms step of 2
     layers: layer 0's 4 KiB lands at 2.004096 ms (the stall), layer 1's is issued when layer 0
     starts and lands long before it is needed: the step ends at 3.004096 ms."""
-    segs = ((("s", 0), 1 << 62),)
+    segs = ((("s", 0), REST),)
     script = ClientScript("s0", "session", (Turn(segs, 8, 1, 0.0), Turn(segs, 12, 1, 1e-3)))
     link = LinkParams.from_rates(read_bandwidth_gbps=1, write_bandwidth_gbps=1)
     cfg = EngineConfig(block_tokens=4, kv_blocks=8, enable_prefix_caching=False)
@@ -194,7 +195,7 @@ def test_layerwise_load_overlaps_the_forward():
 def test_forward_load_waits_then_schedules():
     """The same with loads before the forward: the load (8 KiB at 1 GB/s) lands 8.192 us after
     2 ms, then the 1-ms step runs."""
-    segs = ((("s", 0), 1 << 62),)
+    segs = ((("s", 0), REST),)
     script = ClientScript("s0", "session", (Turn(segs, 8, 1, 0.0), Turn(segs, 12, 1, 1e-3)))
     link = LinkParams.from_rates(read_bandwidth_gbps=1, write_bandwidth_gbps=1)
     cfg = EngineConfig(block_tokens=4, kv_blocks=8, enable_prefix_caching=False)

@@ -43,8 +43,7 @@ def _batches(level: dict[str, Any]) -> list[tuple[float, hw.Batch]]:
     for _t0, dt, reqs in level.get("steps", []):
         b = hw.Batch()
         for rid, new, computed in reqs:
-            n = prompt.get(rid) or prompt.get(rid.rsplit("-", 1)[0], 0)  # vLLM suffixes the ids it is given
-            b.add(new, computed, computed + new >= n)
+            b.add(new, computed, computed + new >= prompt[rid])
         out.append((dt, b))
     return out
 
@@ -131,8 +130,7 @@ def compare(reports: dict[str, Any] | list[dict[str, Any]], runs: int = RUNS) ->
     rows = []
     for name, level, p in points_from_report(bench, cost):
         sims = [simulate(replace(p, jitter=sigma, seed=seed)) for seed in range(runs)]
-        reals = [r["summary"][name].get(str(level)) or r["summary"][name][level] for r in bench
-                 if name in r["summary"] and (str(level) in r["summary"][name] or level in r["summary"][name])]
+        reals = [r["summary"][name][str(level)] for r in bench if str(level) in r["summary"].get(name, {})]
         row: dict[str, Any] = {"mode": name, "level": level, "bench_runs": len(reals)}
         for key, sim_key, scale in (("ttft_p50_s", "ttft_p50_ms", 1e-3), ("output_tokens_per_s", "output_tokens_per_s", 1.0),
                                     ("ttft_p99_s", "ttft_p99_ms", 1e-3), ("tpot_s", "tpot_ms", 1e-3)):

@@ -28,7 +28,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-__all__ = ["ClientScript", "Turn", "fixed", "from_bench", "load_trace", "sessions", "write_trace"]
+__all__ = ["REST", "ClientScript", "Turn", "fixed", "from_bench", "load_trace", "sessions", "write_trace"]
+
+
+#: the ``upto`` of a last segment: its owner owns every later position
+REST = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +79,7 @@ def fixed(*, clients: int, context: int, output_tokens: int, requests: int = 4,
     if not stagger_s >= 0:
         raise ValueError(f"stagger_s must be >= 0, got {stagger_s}")
     prompt = context - output_tokens
-    return [ClientScript(f"c{i}", "fixed", tuple(Turn(((("r", i, k), 1 << 62),), prompt, output_tokens,
+    return [ClientScript(f"c{i}", "fixed", tuple(Turn(((("r", i, k), REST),), prompt, output_tokens,
                                                       i * stagger_s / clients if k == 0 else 0.0)
                                                  for k in range(requests)))
             for i in range(clients)]
@@ -86,7 +90,7 @@ def _session_turns(sid: Any, system: Any, *, system_tokens: int, user_tokens: in
     out = []
     for k in range(turns):
         prompt = system_tokens + k * (user_tokens + output_tokens) + user_tokens
-        out.append(Turn(((system, system_tokens), (sid, 1 << 62)), prompt, output_tokens, think[k]))
+        out.append(Turn(((system, system_tokens), (sid, REST)), prompt, output_tokens, think[k]))
     return tuple(out)
 
 
@@ -119,19 +123,16 @@ def from_bench(workload: Any, level: int, think_s: float) -> list[ClientScript]:
 
     out = []
     for c in clients(workload, level):
-        turns = []
-        for k in range(c.turns):
-            think = c.arrival_after(k, think_s)
-            if c.kind == "doc":
-                segs: tuple[tuple[Any, int], ...] = ((("doc", level, c.index), workload.doc_tokens),
-                                                     (("q", level, c.index, k), 1 << 62))
-                prompt = workload.doc_tokens + workload.user_tokens
-            else:
-                segs = (("sys", 0), workload.system_tokens), (("s", level, c.index), 1 << 62)
-                prompt = workload.system_tokens + k * (workload.user_tokens + workload.output_tokens) \
-                    + workload.user_tokens
-            turns.append(Turn(segs, prompt, workload.output_tokens, think))
-        out.append(ClientScript(f"k{c.index}", c.kind, tuple(turns)))
+        think = [c.arrival_after(k, think_s) for k in range(c.turns)]
+        if c.kind == "doc":
+            turns = tuple(Turn(((("doc", level, c.index), workload.doc_tokens), (("q", level, c.index, k), REST)),
+                               workload.doc_tokens + workload.user_tokens, workload.output_tokens, think[k])
+                          for k in range(c.turns))
+        else:
+            turns = _session_turns(("s", level, c.index), ("sys", 0), system_tokens=workload.system_tokens,
+                                   user_tokens=workload.user_tokens, output_tokens=workload.output_tokens,
+                                   turns=c.turns, think=think)
+        out.append(ClientScript(f"k{c.index}", c.kind, turns))
     return out
 
 
