@@ -38,7 +38,8 @@ def _choice(options: Any, what: str) -> Any:
     return parse
 
 
-def _modes(text: str) -> list[str]:
+def parse_modes(text: str) -> list[str]:
+    """Comma-separated offload modes (an argparse ``type=``: ArgumentError names the known ones)."""
     from tools.sim.run import MODES
 
     modes = [m.strip() for m in text.split(",") if m.strip()]
@@ -98,7 +99,7 @@ def _register_serve(sub: Any) -> None:
     s.add_argument("--user-tokens", type=_positive(int), default=256, help="sessions: new tokens a turn (default 256)")
     s.add_argument("--think-s", type=float, default=5.0, help="sessions: mean think time, s (default 5)")
     s.add_argument("--trace", metavar="FILE", help="a session trace (cxlemu trace gen sessions)")
-    s.add_argument("--offload", type=_modes, default=None,
+    s.add_argument("--offload", type=parse_modes, default=None,
                    help="modes, comma-separated: none, host-lru, cxl-lru, cxl-smart (default all)")
     s.add_argument("--concurrency", type=_levels, default=[1, 2, 4, 8, 16, 24, 32],
                    help="N, a list 1,2,4, or a range 1..32 (step: 1..32:4); default 1,2,4,8,16,24,32")
