@@ -142,14 +142,13 @@ LINKS = ("pcie-host", "pcie5-host", "leo-x16")
 
 
 def link_params(preset: str, time_scale: float = 1.0) -> LinkParams:
-    """The link model of an emulator timing preset, at ``time_scale``."""
+    """The link model of an emulator timing preset, at ``time_scale`` (the preset's own
+    ``TimingConfig.link_params``, as the served device's data path takes it)."""
+    from dataclasses import replace
+
     from emulator import presets
 
-    t = presets.load(preset).timing
-    return LinkParams.from_rates(read_latency_ns=t.read_latency_ns or 0, write_latency_ns=t.write_latency_ns or 0,
-                                 read_bandwidth_gbps=t.read_bandwidth_gbps or 0,
-                                 write_bandwidth_gbps=t.write_bandwidth_gbps or 0, time_scale=time_scale,
-                                 txn_bytes=t.transaction_bytes or 64)
+    return replace(presets.load(preset).timing, time_scale=time_scale).link_params()
 
 
 def kv_capacity(model: ModelShape, acc: Accelerator, *, max_num_batched_tokens: int,
