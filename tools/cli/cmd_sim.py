@@ -158,6 +158,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from tools.sim.run import MODES, build_scripts, simulate
+    from tools.sim.sweep import json_rows
     from tools.sim.workload import TraceError
 
     base = base_point(args)
@@ -178,18 +179,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 raise CliError(str(exc)) from None
             rows.append(row)
             if args.json:
-                print(json.dumps(_clean(row)), flush=True)
+                print(json.dumps(json_rows([row])[0]), flush=True)
     wall = time.perf_counter() - t0
     if args.plot:
         plot_levels(rows, args.plot, f"cxlemu sim serve: {args.model} on {args.accelerator}, {args.workload}")
     if not args.json:
         _print(base, rows, wall, args)
     return 0
-
-
-def _clean(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (None if isinstance(v, float) and math.isnan(v) else (float(v) if hasattr(v, "dtype") else v))
-            for k, v in row.items()}
 
 
 def rule_max_concurrency(rows: list[dict[str, Any]], mode: str, key: str = "ttft_p99_ms",
