@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,8 +132,9 @@ class Tier:
     def __contains__(self, key: Any) -> bool:
         return key in self.policy
 
-    def hits(self, keys: Sequence[Any]) -> int:
-        """Consecutive keys from the first that the tier holds (stored, not in flight)."""
+    def hits(self, keys: Iterable[Any]) -> int:
+        """Consecutive keys from the first that the tier holds (stored, not in flight); reads
+        ``keys`` only up to the first miss."""
         n = 0
         for k in keys:
             if k not in self.policy:
@@ -502,7 +503,7 @@ class SimEngine:
         cap = (req.num_tokens - 1) // bt
         local = self._local_hits(req, cap)
         tier = self.tier
-        ext = tier.hits([req.key(i, bt) for i in range(len(local), cap)]) if tier is not None else 0
+        ext = tier.hits(req.key(i, bt) for i in range(len(local), cap)) if tier is not None else 0
         hits = len(local) + ext
         forward = ext > 0 and tier is not None and tier.cfg.prefetch == "forward"
         new = 0 if forward else self._chunk(req.num_tokens - hits * bt, budget)
