@@ -256,6 +256,10 @@ class DmaEngine:
             out.append(self._cq.popleft())
         return out
 
+    def now_ns(self) -> int:
+        """Now on the link's clock: the clock of the completion times ``DmaHandle.wait()`` gives."""
+        return self._now_ns()
+
     def pending(self) -> int:
         """Handles queued or in flight on all channels (a gauge: a handle just completed may
         count until its channel's thread lets the channel go, a moment later)."""

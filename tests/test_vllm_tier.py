@@ -99,21 +99,45 @@ def test_evicted_prompts_come_back_from_the_device_with_vllms_tokens(model: str,
 
 
 def test_the_tier_publishes_to_the_telemetry_page(model: str, device: Any) -> None:
-    """What ``cxlemu monitor`` and the exporter read: hits, blocks each way, chunk size."""
+    """What ``cxlemu monitor`` and the exporter read: hits, blocks each way, chunk size; and the
+    worker's job log (what ``cxlemu bench serve`` records per level) agrees with them."""
     from driver.memdev import MemDev
     from emulator.telemetry import TelemetryReader
 
     cfg = kv_transfer_config(device=device.name, policy="lru", cxl_bytes_to_use=64 << 20)
     with engine(model, cfg) as llm:
+        worker = live_worker(device.name)
+        worker.job_log = []
         generate(llm, PROMPTS)
         generate(llm, RETURNING)
-        chunk_bytes = live_worker(device.name).chunk_bytes
+        chunk_bytes = worker.chunk_bytes
+        log, worker.job_log = worker.job_log, None
+    assert sum(b for _, kind, b, *_ in log if kind == "load") == 4
+    assert sum(b for _, kind, b, *_ in log if kind == "store") == 12
+    # this device's link is untimed: no completion times, so no link-done moment
+    assert all(sub <= seen and done is None and ok for sub, _, _, done, seen, ok in log)
     with MemDev.open(device.name) as md:
         host = TelemetryReader(md.bar).snapshot().host
     stats = tier_stats(device.name).as_dict()
     assert (host.hits, host.loads, host.offloads) == (stats["hits"], 4, stats["blocks_stored"])
     assert host.misses == stats["lookups"] - stats["hits"] and host.offloads == 12
     assert host.chunk_bytes == chunk_bytes and host.blocks_total == (64 << 20) // chunk_bytes
+
+
+def test_a_jobs_link_done_is_its_last_completion_on_the_links_clock() -> None:
+    """Completion times are on the link's clock (ns); the job log wants perf_counter seconds:
+    the last one, 1 s before the link's now of 6e9 ns, is 1 s before perf_counter's now."""
+    from types import SimpleNamespace
+
+    from driver.vllm._worker import _link_done
+    from emulator.spec.errors import DmaError
+
+    def job(*results: list) -> Any:
+        return SimpleNamespace(handles=[SimpleNamespace(wait=lambda r=r: r) for r in results])
+
+    assert _link_done(job([4_000_000_000, 5_000_000_000], [3_000_000_000]), 100.0, 6_000_000_000) == 99.0
+    assert _link_done(job([0, 0]), 100.0, 6_000_000_000) is None  # an untimed link
+    assert _link_done(job([DmaError(0, "poisoned")]), 100.0, 6_000_000_000) is None
 
 
 def test_hotness_is_fed_by_the_devices_chmu(model: str, reference: list[list[int]], device: Any) -> None:

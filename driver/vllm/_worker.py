@@ -98,6 +98,14 @@ class _Job:
         self.error: str | None = None
 
 
+def _link_done(job: _Job, now: float, link_now_ns: int) -> float | None:
+    """When the job's last descriptor completed on the link, in ``perf_counter`` seconds
+    (``now`` there is ``link_now_ns`` on the link's clock); None where no descriptor reported a
+    completion time (an untimed link reports 0; a failed descriptor, its error)."""
+    last = max((r for h in job.handles for r in h.wait() if isinstance(r, int) and r > 0), default=None)
+    return None if last is None else now - (link_now_ns - last) / 1e9
+
+
 class CxlOffloadingWorker(OffloadingWorker):
     """The tier's worker: one per engine worker process (see the module doc)."""
 
@@ -132,6 +140,11 @@ class CxlOffloadingWorker(OffloadingWorker):
         self._last_wait: tuple[int, int] | None = None  # (layer, ns) of the last wait_layer
         self._jobs: dict[int, _Job] = {}  # in submission order
         self._lost = False
+        #: when a list: one entry per finished job (``get_finished``), for benchmarks that set
+        #: it: [submitted, "load" | "store", blocks, link done, reported, ok], times in
+        #: ``time.perf_counter()`` seconds; link done is the last descriptor's completion on a
+        #: timed link, else None
+        self.job_log: list[list[Any]] | None = None
         self._telemetry = _Publisher(md, self)
         self._stack.callback(self._telemetry.close)
         _LIVE[spec.device_name] = self
@@ -315,7 +328,11 @@ class CxlOffloadingWorker(OffloadingWorker):
                     failed = str(exc)
                 if failed:
                     break
-        elapsed = time.perf_counter() - job.start
+        now = time.perf_counter()
+        elapsed = now - job.start
+        if self.job_log is not None:
+            self.job_log.append([job.start, "load" if job.is_load else "store", job.blocks,
+                                 _link_done(job, now, self.dma.now_ns()), now, failed is None])
         if failed:
             job.error = failed
             if job.is_load:

@@ -180,24 +180,43 @@ class StepRecorder:
 
 
 def run_level(engine: Any, level_clients: list[Client], output_tokens: int,
-              think_s: float, steps: list[list[Any]] | None = None) -> list[RequestRecord]:
+              think_s: float, steps: list[list[Any]] | None = None, jobs: list[list[Any]] | None = None,
+              device: str | None = None) -> list[RequestRecord]:
     """The closed loop of one level: each client's turns in order, each arriving its think time
     after its predecessor's end. A request's arrival is when it came due (the engine may be inside
     a step then: that wait is part of its TTFT, as on a server).
 
     With ``steps`` given, each ``engine.step()`` appends ``[t0, dt, batch]`` to it: its start (s
     from the level's start), its wall seconds, and what the scheduler scheduled in it
-    (``scheduled_batch``; empty when it scheduled nothing)."""
+    (``scheduled_batch``; empty when it scheduled nothing).
+
+    With ``jobs`` given and the tier's worker on ``device`` in this process, each tier job that
+    finished appends ``[submitted, kind, blocks, link_s, reported_s, ok]``: its submission (s from
+    the level's start), "load" or "store", its blocks, the seconds from submission until its last
+    descriptor completed on the link (None on an untimed link) and until ``get_finished``
+    reported it, and whether it succeeded."""
     recorder = StepRecorder(engine) if steps is not None else None
+    worker = None
+    if jobs is not None and device is not None:
+        from driver.vllm._worker import live_worker
+
+        worker = live_worker(device)
+    if worker is not None:
+        worker.job_log = []
+    t0 = time.perf_counter()
     try:
-        return _run_level(engine, level_clients, output_tokens, think_s, steps, recorder)
+        return _run_level(engine, level_clients, output_tokens, think_s, steps, recorder, t0)
     finally:
         if recorder is not None:
             recorder.close()
+        if worker is not None and jobs is not None:
+            log, worker.job_log = worker.job_log or [], None
+            jobs.extend([sub - t0, kind, blocks, None if done is None else done - sub, seen - sub, ok]
+                        for sub, kind, blocks, done, seen, ok in log)
 
 
 def _run_level(engine: Any, level_clients: list[Client], output_tokens: int, think_s: float,
-               steps: list[list[Any]] | None, recorder: StepRecorder | None) -> list[RequestRecord]:
+               steps: list[list[Any]] | None, recorder: StepRecorder | None, t0: float) -> list[RequestRecord]:
     from vllm.inputs import TokensPrompt
 
     params = _sampling(output_tokens)
@@ -206,7 +225,6 @@ def _run_level(engine: Any, level_clients: list[Client], output_tokens: int, thi
     by_index = {c.index: c for c in level_clients}
     due: list[tuple[float, int, int]] = sorted((c.arrival_after(0, think_s), c.index, 0) for c in level_clients)
     watch = PreemptionWatch(engine)
-    t0 = time.perf_counter()
     while due or engine.has_unfinished_requests():
         now = time.perf_counter() - t0
         while due and due[0][0] <= now:
@@ -357,11 +375,13 @@ def serve_mode(mode: ModeSpec, *, model_dir: str, model: ModelSpec, workload: Wo
             before = _tier_counters(device)
             t = time.perf_counter()
             steps: list[list[Any]] = []
-            records = run_level(engine, clients(workload, level), workload.output_tokens, think_s, steps)
+            jobs: list[list[Any]] = []
+            records = run_level(engine, clients(workload, level), workload.output_tokens, think_s, steps,
+                                jobs, device)
             wall = time.perf_counter() - t
             after = _tier_counters(device)
             send(("level", level, {"records": [r.to_dict() for r in records], "wall_s": wall, "reset_ok": reset_ok,
-                                   "steps": steps,
+                                   "steps": steps, "jobs": jobs,
                                    "tier": {k: after[k] - before.get(k, 0) for k in after}}))
         totals = _tier_counters(device)
         engine.engine_core.shutdown()
