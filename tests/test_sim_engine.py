@@ -204,6 +204,29 @@ def test_forward_load_waits_then_schedules():
     assert second.first_token == 3 * MS + 8192
 
 
+def test_forward_load_starts_when_the_step_that_admitted_it_ends():
+    """vLLM starts an asynchronous load after the forward of the step that admitted it.
+    Step 1 (0-1 ms) runs "a"'s prompt (4 tokens) and "b"'s first turn (8); b is done at 1 ms,
+    and the prompts' 3 blocks are written by 1.012288 ms (4.096 us each at 1 GB/s). a's decode
+    reuses a block of b's being written, so its steps run from 1.012288 ms, 1 ms each. b's
+    second turn arrives at 2.5 ms and is admitted with 8 tier tokens at 3.012288 ms; its load
+    starts when that step ends (4.012288 ms: not at admission, which would put b's first token
+    a step earlier), lands 8.192 us later, is seen when the step running then ends
+    (5.012288 ms), and b computes its last 4 tokens in the next step."""
+    link = LinkParams.from_rates(read_bandwidth_gbps=1, write_bandwidth_gbps=1)
+    scripts = [ClientScript("a", "fixed", (Turn(((("a", 0), REST),), 4, 10, 0.0),)),
+               ClientScript("b", "session", (Turn(((("b", 0), REST),), 8, 1, 0.0),
+                                             Turn(((("b", 0), REST),), 12, 1, 1.5e-3)))]
+    cfg = EngineConfig(block_tokens=4, kv_blocks=10, enable_prefix_caching=False)
+    tier = TierConfig(link=link, capacity_blocks=100, block_bytes=4096, layers=2, prefetch="forward")
+    eng = SimEngine(scripts, const_cost(), cfg, tier=tier)
+    done = {(r.client, r.turn): r for r in eng.run()}
+    second = done[(1, 1)]
+    assert (second.arrival, second.first_token, second.tier_hit_tokens) == (2.5 * MS, 6 * MS + 12288, 8)
+    assert done[(0, 0)].finish == 10 * MS + 12288
+    assert eng.stats.fence_ns == 12288
+
+
 def test_tier_evicts_by_its_policy():
     """A 2-block LRU tier: three stores, the oldest block leaves."""
     import simpy

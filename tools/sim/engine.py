@@ -23,8 +23,9 @@ The scheduler is vLLM v1's (``vllm/v1/core/sched/scheduler.py``), step by step:
    (the KV block pool, ``firmware_model.block_pool.BlockPool``: vLLM 0.32's free queue, lazy
    eviction of cached blocks, uncached blocks reused first, one null block), then the tier's hits
    after them (at most ``num_tokens - 1`` tokens
-   in all, as vLLM caps them); with tier hits and loads before the forward it allocates, starts
-   the load and waits (``WAITING_FOR_REMOTE_KVS``: skipped, put back in front), otherwise it is
+   in all, as vLLM caps them); with tier hits and loads before the forward it allocates and
+   waits (``WAITING_FOR_REMOTE_KVS``: skipped, put back in front), its load starting when the
+   step's forward ends (vLLM starts asynchronous loads after the forward), otherwise it is
    scheduled with its hits counted computed; a request whose blocks cannot be allocated stops the
    admission.
 
@@ -161,8 +162,17 @@ class Tier:
 
     def load(self, keys: Sequence[Any]) -> simpy.Event:
         """Load ``keys`` before the forward: one transfer; the event fires when it landed."""
+        return self.start_load(self.pin_load(keys))
+
+    def pin_load(self, keys: Sequence[Any]) -> tuple[Any, ...]:
+        """Reserve ``keys`` for a load started later (``start_load``): counted as loaded, kept
+        from eviction, touched for the policy, as vLLM's manager does when the load is prepared."""
         pinned = tuple(keys)
         self._pin(pinned)
+        return pinned
+
+    def start_load(self, pinned: tuple[Any, ...]) -> simpy.Event:
+        """Submit the transfer of keys ``pin_load`` reserved; the event fires when it landed."""
         req = self.dma.submit("read", len(pinned) * self.cfg.block_bytes, tag=pinned)
 
         def landed(_event: simpy.Event) -> None:
@@ -357,6 +367,7 @@ class SimEngine:
         #: (``jobs_to_flush``: ``worker.wait`` before the forward)
         self._storing_blocks: dict[int, simpy.Event] = {}
         self._fence: list[simpy.Event] = []
+        self._loads: list[tuple[Request, tuple[Any, ...]]] = []  # admitted, started when the step ends
         self.tier = Tier(self.env, tier) if tier is not None else None
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
@@ -517,12 +528,21 @@ class SimEngine:
         req.local_hit_tokens += len(local) * bt
         req.tier_hit_tokens += ext * bt
         keys = [req.key(i, bt) for i in range(len(local), hits)]
-        if forward:
-            req.load_event = tier.load(keys)  # type: ignore[union-attr]
-            req.load_event.callbacks.append(self._kick)
+        if forward:  # the transfer starts when this step's forward ends (_start_loads)
+            self._loads.append((req, tier.pin_load(keys)))  # type: ignore[union-attr]
+            req.load_event = None
             req.state = LOADING
             return "wait", 0, []
         return "ok", new, keys
+
+    def _start_loads(self) -> None:
+        """Submit the loads admitted in this step, now that its forward ended: vLLM starts an
+        asynchronous load after the forward (``start_load_kv`` after the forward launch, which on
+        a CPU returns when the forward is done), and an empty step at once."""
+        loads, self._loads = self._loads, []
+        for req, pinned in loads:
+            req.load_event = self.tier.start_load(pinned)  # type: ignore[union-attr]
+            req.load_event.callbacks.append(self._kick)
 
     def _chunk(self, remaining: int, budget: int) -> int:
         thr = self.cfg.long_prefill_token_threshold
@@ -557,7 +577,7 @@ class SimEngine:
             waiting = self.waiting
             while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
                 req = waiting[0]
-                if req.state == LOADING and not req.load_event.triggered:  # type: ignore[union-attr]
+                if req.state == LOADING and (req.load_event is None or not req.load_event.triggered):
                     skipped.append(waiting.popleft())
                     continue
                 if req.state == WAITING and not req.blocks:
@@ -609,6 +629,7 @@ class SimEngine:
         while True:
             batch, layer_keys = self._schedule()
             if not batch:
+                self._start_loads()
                 if self._open == 0 and not self.waiting and not self.running:
                     return
                 self._wake = env.event()
@@ -629,6 +650,7 @@ class SimEngine:
                 yield from self.tier.load_layerwise(layer_keys, t)  # type: ignore[union-attr]
             else:
                 yield env.timeout(t)
+            self._start_loads()
             t = env.now - start
             if stats.log is not None:  # nothing moves a scheduled request's count until _apply
                 stats.log.append((start, t, [(req, new, req.computed) for req, new in batch]))
