@@ -122,20 +122,28 @@ class DescriptorArray:
     _DTYPE: ClassVar = (("dir", "<i4"), ("pad", "<i4"), ("dpa", "<u8"), ("host", "<u8"), ("len", "<u8"))
     _DTYPE_NP: Any = None
 
-    def __init__(self, direction: Direction | str, hosts: list[Any] | PinnedHosts, host_index: Any, dpas: Any,
-                 host_offsets: Any, lengths: Any) -> None:
-        import numpy as np
-
+    @classmethod
+    def _dtype(cls) -> Any:
+        """The numpy dtype of ``cxl_desc``, checked once against the C core's layout."""
         if DescriptorArray._DTYPE_NP is None:
+            import numpy as np
+
             from emulator.timing._cimpl import ffi
 
             if ffi is None:
                 raise RuntimeError("DescriptorArray needs the C data path (build it: python -m emulator.timing._build)")
-            dt = np.dtype(list(self._DTYPE))
+            dt = np.dtype(list(cls._DTYPE))
             if dt.itemsize != ffi.sizeof("cxl_desc") or dt.fields is None \
                     or dt.fields["len"][1] != ffi.offsetof("cxl_desc", "len"):
                 raise RuntimeError("cxl_desc's layout differs from DescriptorArray's: rebuild the C data path")
             DescriptorArray._DTYPE_NP = dt
+        return DescriptorArray._DTYPE_NP
+
+    def __init__(self, direction: Direction | str, hosts: list[Any] | PinnedHosts, host_index: Any, dpas: Any,
+                 host_offsets: Any, lengths: Any) -> None:
+        import numpy as np
+
+        dtype = self._dtype()
         self.direction = Direction(direction)
         writable = self.direction is Direction.READ
         idx, dpa, off, length = (np.asarray(host_index, np.int64), np.asarray(dpas, np.int64),
@@ -159,26 +167,116 @@ class DescriptorArray:
             raise ValueError(f"DescriptorArray: descriptor {i}'s host range [{off[i]:#x}, {end[i]:#x}) "
                              f"runs past host buffer {idx[i]} ({hosts.sizes[idx[i]]:#x} B)")
         # the C core's cxl_desc records, in numpy memory
-        rec = np.empty(n, self._DTYPE_NP)
+        rec = np.empty(n, dtype)
         rec["dir"] = 0 if writable else 1
         rec["dpa"] = dpa
         rec["host"] = hosts.bases[idx] + off.view(np.uint64)
         rec["len"] = length
-        self._rec_array = rec
+        self._adopt(rec)
+
+    def _adopt(self, rec: Any) -> None:
+        """Take ``rec`` (cxl_desc records in numpy memory, the host pointers pinned by
+        ``self._hosts``) as this array's descriptors."""
         from emulator.timing._cimpl import ffi
 
+        self._rec_array = rec
         self.cdescs = ffi.from_buffer("cxl_desc[]", rec)  # the records, as cxl_issue_array takes them
-        self.count = n
-        self.total = int(length.sum())
-        self.arrays = (dpa, off, length)  # the DPAs, host offsets and lengths, as given
+        self.count = len(rec)
+        self.total = int(rec["len"].sum())
+
+    @classmethod
+    def from_block_runs(cls, direction: Direction | str, hosts: PinnedHosts, blocks: Any, chunks: Any,
+                        num_chunks: int, strides: Any, offsets: Any, pages: Any) -> DescriptorArray:
+        """``BlockRuns(hosts, num_chunks, strides, offsets, pages).plan(direction, blocks,
+        chunks)``: one plan; a driver moving many keeps the ``BlockRuns``."""
+        return BlockRuns(hosts, num_chunks, strides, offsets, pages).plan(direction, blocks, chunks)
+
+    def split(self, k: int) -> list[DescriptorArray]:
+        """``k`` arrays of equal consecutive parts of this one (``from_block_runs``: one per
+        buffer), sharing its records."""
+        if k < 1 or self.count % k:
+            raise ValueError(f"cannot split {self.count} descriptors into {k} equal parts")
+        per = self.count // k
+        parts = []
+        for j in range(k):
+            part = DescriptorArray.__new__(DescriptorArray)
+            part.direction, part._hosts = self.direction, self._hosts
+            part._adopt(self._rec_array[j * per:(j + 1) * per])
+            parts.append(part)
+        return parts
 
     def __len__(self) -> int:
         return self.count
 
+    @property
+    def records(self) -> Any:
+        """The descriptors as ``cxl_desc`` records (numpy: ``dir``, ``dpa``, ``host``, ``len``)."""
+        return self._rec_array
+
     def descriptor(self, i: int) -> Any:
         """Descriptor ``i``'s direction, DPA and length (for its error message)."""
-        dpa, _off, length = self.arrays
-        return _Where(self.direction, int(dpa[i]), int(length[i]))
+        rec = self._rec_array[i]
+        return _Where(self.direction, int(rec["dpa"]), int(rec["len"]))
+
+
+class BlockRuns:
+    """The descriptors moving blocks ``blocks[i]`` <-> device chunks ``chunks[i]`` of every
+    buffer of ``hosts`` at once: a paged KV cache, one buffer per layer, block ``b`` of buffer
+    ``t`` at ``b * strides[t]`` in it and chunk ``c`` at DPA ``offsets[t] + c * pages[t]``,
+    ``pages[t]`` bytes each. ``plan`` makes one ``DescriptorArray`` per job in one C call
+    (``cxl_plan_runs``), not a dozen numpy calls: one descriptor per run where both lists advance
+    by one (where every buffer's stride is its page) and buffer, buffer-major, so
+    ``split(len(hosts))`` gives each buffer's part. The layout is checked and handed to C once."""
+
+    def __init__(self, hosts: PinnedHosts, num_chunks: int, strides: Any, offsets: Any, pages: Any) -> None:
+        import numpy as np
+
+        from emulator.timing._cimpl import ffi
+
+        if ffi is None:
+            raise RuntimeError("BlockRuns needs the C data path (build it: python -m emulator.timing._build)")
+        self.hosts, self.num_chunks, self.nbuf = hosts, int(num_chunks), len(hosts)
+        self._arrays = [np.ascontiguousarray(x, np.int64) for x in (strides, offsets, pages)]
+        if any(len(x) != self.nbuf for x in self._arrays) or self.num_chunks < 0 \
+                or any((x < 0).any() for x in self._arrays):
+            raise ValueError(f"BlockRuns: give a stride, an offset and a page (each >= 0) per buffer: "
+                             f"{self.nbuf} buffers, {[len(x) for x in self._arrays]} given")
+        self._c = [ffi.from_buffer("uint64_t[]", hosts.bases), ffi.from_buffer("uint64_t[]", hosts.sizes)] + \
+            [ffi.from_buffer("int64_t[]", x) for x in self._arrays]
+        self._total = ffi.new("uint64_t *")
+        self._dtype = DescriptorArray._dtype()
+
+    def plan(self, direction: Direction | str, blocks: Any, chunks: Any) -> DescriptorArray:
+        """One job's descriptors. A block past its buffer or a chunk outside
+        ``[0, num_chunks)``: ValueError naming it, nothing planned."""
+        import numpy as np
+
+        from emulator.timing._cimpl import ffi, lib
+
+        arr = DescriptorArray.__new__(DescriptorArray)
+        arr.direction = Direction(direction)
+        writable = arr.direction is Direction.READ
+        if writable and not self.hosts.writable:
+            raise ValueError("DescriptorArray: a read fills host buffers: pin them with PinnedHosts(writable=True)")
+        b, c = np.ascontiguousarray(blocks, np.int64), np.ascontiguousarray(chunks, np.int64)
+        if len(b) != len(c):
+            raise ValueError(f"BlockRuns.plan: {len(b)} blocks for {len(c)} chunks: give one chunk per block")
+        rec = np.empty(len(b) * self.nbuf, self._dtype)
+        cdescs = ffi.from_buffer("cxl_desc[]", rec)
+        bases, sizes, strides, offsets, pages = self._c
+        got = lib.cxl_plan_runs(ffi.from_buffer("int64_t[]", b), ffi.from_buffer("int64_t[]", c), len(b),
+                                self.num_chunks, bases, sizes, strides, offsets, pages, self.nbuf,
+                                0 if writable else 1, cdescs, self._total)
+        if got < 0:
+            i = -1 - got
+            raise ValueError(f"BlockRuns.plan: block {int(b[i])} <-> chunk {int(c[i])} (pair {i}) is out of "
+                             f"range: blocks within the {self.nbuf} buffers, chunks in [0, {self.num_chunks})")
+        arr._hosts = self.hosts  # keeps the pins (and so the pointers in the records) valid
+        arr._rec_array = rec[:got]
+        arr.cdescs = cdescs  # its first ``got`` records are the array's
+        arr.count = int(got)
+        arr.total = int(self._total[0])
+        return arr
 
 
 @dataclass(frozen=True)

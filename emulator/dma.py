@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Self
 
 from emulator._dma_types import (
+    BlockRuns,
     Descriptor,
     DescriptorArray,
     Direction,
@@ -62,7 +63,7 @@ from emulator._dma_types import (
 from emulator.spec.errors import DmaError, PoisonError
 from emulator.timing import DataPath, host_view
 
-__all__ = ["Descriptor", "DescriptorArray", "Direction", "DmaEngine", "DmaHandle", "PinnedHosts"]
+__all__ = ["BlockRuns", "Descriptor", "DescriptorArray", "Direction", "DmaEngine", "DmaHandle", "PinnedHosts"]
 
 
 #: Submissions of at most this many bytes may be issued inline (a copy this size takes a few

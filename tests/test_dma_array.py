@@ -6,7 +6,7 @@ import pytest
 
 from driver import MemDev
 from emulator.device import DeviceConfig, serve
-from emulator.dma import DescriptorArray, DmaEngine, PinnedHosts
+from emulator.dma import BlockRuns, DescriptorArray, DmaEngine, PinnedHosts
 from emulator.spec.errors import DmaError, PoisonError
 from emulator.timing import TimingConfig
 
@@ -47,3 +47,57 @@ def test_bad_arrays_are_refused_before_anything_moves(md) -> None:
         DescriptorArray("write", [host], [1], [0], [0], [64])
     with pytest.raises(ValueError, match="writable=True"):
         DescriptorArray("read", PinnedHosts([host], writable=False), [0], [0], [0], [64])
+
+
+def test_block_runs_plan_one_descriptor_per_run_and_buffer_and_move_the_blocks(md) -> None:
+    """Blocks [2, 3, 4, 7, 8] <-> chunks [10, 11, 12, 13, 14] of 2 layers of 256-B pages: two runs
+    where both lists advance by one (blocks 2-4 -> chunks 10-12, blocks 7-8 -> chunks 13-14), so 2
+    descriptors a layer, layer 0's first, each at its layer's offset; read back, layer 1's chunks
+    12-14 hold its blocks 4, 7 and 8."""
+    layers = [np.random.default_rng(t).integers(0, 256, 16 * 256, dtype=np.uint8) for t in range(2)]
+    arr = DescriptorArray.from_block_runs("write", PinnedHosts(layers, writable=False), [2, 3, 4, 7, 8],
+                                          [10, 11, 12, 13, 14], 64, [256, 256], [0, 1 << 20], [256, 256])
+    rec = arr.records
+    assert rec["dpa"].tolist() == [10 * 256, 13 * 256, (1 << 20) + 10 * 256, (1 << 20) + 13 * 256]
+    assert rec["len"].tolist() == [3 * 256, 2 * 256, 3 * 256, 2 * 256] and arr.total == 10 * 256
+    assert [len(p) for p in arr.split(2)] == [2, 2] and arr.split(2)[1].records["dpa"][0] == (1 << 20) + 10 * 256
+    out = np.zeros(16 * 256, np.uint8)
+    with DmaEngine(md.datapath, channels=2) as eng:
+        eng.submit(arr).check()
+        back = DescriptorArray.from_block_runs("read", PinnedHosts([out]), [0, 1, 2], [12, 13, 14], 64, [256],
+                                               [1 << 20], [256])
+        eng.submit(back).check()
+    assert (out[:768] == np.concatenate([layers[1][4 * 256:5 * 256], layers[1][7 * 256:9 * 256]])).all()
+
+
+def test_padded_blocks_move_one_descriptor_each_and_bad_pairs_are_named(md) -> None:
+    """A buffer whose stride exceeds its page (a padded block) cannot merge runs: one descriptor
+    per block. A block past its buffer or a chunk out of range is refused, naming the pair."""
+    host = np.zeros(4 * 512, np.uint8)
+    pins = PinnedHosts([host])
+    arr = DescriptorArray.from_block_runs("read", pins, [0, 1, 2], [0, 1, 2], 8, [512], [0], [256])
+    assert arr.records["len"].tolist() == [256, 256, 256] and arr.records["dpa"].tolist() == [0, 256, 512]
+    assert arr.records["host"].tolist() == [int(pins.bases[0]) + 512 * i for i in range(3)]
+    with pytest.raises(ValueError, match=r"block 4 <-> chunk 1 \(pair 1\) is out of range"):
+        DescriptorArray.from_block_runs("read", PinnedHosts([host]), [0, 4], [0, 1], 8, [512], [0], [256])
+    with pytest.raises(ValueError, match=r"block 0 <-> chunk 8 \(pair 0\)"):
+        DescriptorArray.from_block_runs("read", PinnedHosts([host]), [0], [8], 8, [512], [0], [256])
+    with pytest.raises(ValueError, match=r"block -1 <-> chunk 0"):
+        DescriptorArray.from_block_runs("read", PinnedHosts([host]), [-1], [0], 8, [512], [0], [256])
+    with pytest.raises(ValueError, match="writable=True"):
+        DescriptorArray.from_block_runs("read", PinnedHosts([host], writable=False), [0], [0], 8, [512], [0], [256])
+    with pytest.raises(ValueError, match="2 blocks for 1 chunks"):
+        DescriptorArray.from_block_runs("write", PinnedHosts([host]), [0, 1], [0], 8, [512], [0], [256])
+
+
+def test_one_block_runs_planner_plans_every_job_of_its_layout() -> None:
+    """The layout is checked and handed to C once; each plan is one job's descriptors."""
+    host = np.zeros(8 * 64, np.uint8)
+    planner = BlockRuns(PinnedHosts([host]), 8, [64], [4096], [64])
+    a, b = planner.plan("read", [0, 1], [3, 4]), planner.plan("write", [5], [0])
+    assert (a.records["dpa"].tolist(), a.total, len(a)) == ([4096 + 192], 128, 1)
+    assert (b.records["dpa"].tolist(), b.total, b.records["dir"].tolist()) == ([4096], 64, [1])
+    with pytest.raises(ValueError, match="a stride, an offset and a page"):
+        BlockRuns(PinnedHosts([host]), 8, [64, 64], [0], [64])
+    with pytest.raises(ValueError, match="one chunk per block"):
+        planner.plan("read", [0, 1], [3])

@@ -38,7 +38,7 @@ from vllm.v1.kv_offload.base import (
 )
 
 from driver.vllm._config import TierStats, live_manager
-from emulator.dma import DescriptorArray, DmaHandle, PinnedHosts
+from emulator.dma import BlockRuns, DescriptorArray, DmaHandle, PinnedHosts
 from emulator.spec.errors import ConfigError, CxlemuError, DeviceGone, DmaError
 
 __all__ = ["CxlOffloadingWorker", "live_worker"]
@@ -66,22 +66,6 @@ def _host_bytes(tensor: torch.Tensor) -> tuple[np.ndarray, int]:
     span = (num_blocks - 1) * stride + page
     flat = torch.empty(0, dtype=torch.int8).set_(tensor.untyped_storage(), tensor.storage_offset(), (span,), (1,))
     return flat.numpy().view(np.uint8), stride
-
-
-def runs(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(src0, dst0, n)`` arrays: the maximal runs where both block lists advance by one."""
-    if len(src) <= 64:  # a job's few blocks: a loop over ints beats a dozen numpy calls
-        s_, d_ = src.tolist(), dst.tolist()
-        starts = [0] + [i for i in range(1, len(s_)) if s_[i] != s_[i - 1] + 1 or d_[i] != d_[i - 1] + 1]
-        lengths = [b - a for a, b in zip(starts, starts[1:] + [len(s_)])] if s_ else []
-        return (np.array([s_[i] for i in starts], np.int64) if s_ else np.zeros(0, np.int64),
-                np.array([d_[i] for i in starts], np.int64) if s_ else np.zeros(0, np.int64),
-                np.array(lengths, np.int64))
-    s64 = np.asarray(src, dtype=np.int64)
-    d64 = np.asarray(dst, dtype=np.int64)
-    brk = np.flatnonzero((np.diff(s64) != 1) | (np.diff(d64) != 1)) + 1
-    first = np.concatenate(([0], brk))
-    return s64[first], d64[first], np.diff(np.concatenate((first, [len(s64)])))
 
 
 class _Job:
@@ -169,11 +153,7 @@ class CxlOffloadingWorker(OffloadingWorker):
             off += self.num_chunks * int(t.page_size_bytes)
         self.tensors = [t.tensor for t in kv_caches.tensors]
         self._pinned = PinnedHosts(self.hosts, writable=True)  # pinned once, as a driver registers buffers
-        self._pages = np.array(self.pages, np.int64)
-        self._strides = np.array(self.strides, np.int64)
-        self._offsets = np.array(self.offsets, np.int64)
-        self._uniform = self.strides == self.pages
-        self._layer_index: dict[int, np.ndarray] = {}  # run count -> each descriptor's layer
+        self._planner = BlockRuns(self._pinned, self.num_chunks, self.strides, self.offsets, self.pages)
         self.chunk_bytes = sum(self.pages)
         self.region_bytes = off
         if off > capacity:
@@ -185,36 +165,20 @@ class CxlOffloadingWorker(OffloadingWorker):
         return self.offsets[layer] + chunk * self.pages[layer]
 
     # -- jobs ---------------------------------------------------------------------------------
-    def _plan(self, kv: np.ndarray, chunks: np.ndarray) -> tuple[np.ndarray, ...]:
-        """(layer, DPA, host offset, length) of every descriptor moving blocks ``kv`` <-> chunks
-        ``chunks``, layer by layer: one per run of consecutive blocks and layer (one per block
-        where a layer's blocks are padded), built with numpy, no Python object per block."""
-        if not self._uniform:
-            b0, c0, n = kv.astype(np.int64), chunks.astype(np.int64), np.ones(len(kv), np.int64)
-        else:
-            b0, c0, n = runs(kv, chunks)
-        layer = self._layer_index.get(len(b0))
-        if layer is None:  # per run count, kept: jobs repeat their shapes
-            layer = self._layer_index[len(b0)] = np.repeat(np.arange(len(self.hosts), dtype=np.int64), len(b0))
-        dpas = (self._offsets[:, None] + c0[None, :] * self._pages[:, None]).ravel()
-        offs = (b0[None, :] * self._strides[:, None]).ravel()
-        lens = (n[None, :] * self._pages[:, None]).ravel()
-        return layer, dpas, offs, lens
-
     def _descriptors(self, direction: str, kv: np.ndarray, chunks: np.ndarray,
                      layerwise: bool) -> list[tuple[int, DescriptorArray]]:
-        """The job as one DescriptorArray (layer by layer), or one per layer for a layer-wise load."""
-        layer, dpas, offs, lens = self._plan(kv, chunks)
+        """The job as one DescriptorArray (layer by layer: one descriptor per run of consecutive
+        blocks and layer, where a layer's blocks are not padded; one per block and layer where
+        they are), planned in one C call; or one array per layer for a layer-wise load."""
+        arr = self._planner.plan(direction, kv, chunks)
         feed = self.memdev.access_feed  # the CHMU counts what the tier touches
         if feed.enabled:
-            for dpa, nbytes in zip(dpas.tolist(), lens.tolist()):
+            rec = arr.records
+            for dpa, nbytes in zip(rec["dpa"].tolist(), rec["len"].tolist()):
                 feed.note(dpa, nbytes, direction == "write")
         if not layerwise:
-            return [(-1, DescriptorArray(direction, self._pinned, layer, dpas, offs, lens))]
-        per = len(dpas) // len(self.hosts)
-        return [(t, DescriptorArray(direction, self._pinned, layer[t * per:(t + 1) * per], dpas[t * per:(t + 1) * per],
-                                    offs[t * per:(t + 1) * per], lens[t * per:(t + 1) * per]))
-                for t in range(len(self.hosts))]
+            return [(-1, arr)]
+        return list(enumerate(arr.split(len(self.hosts))))
 
     def _submit(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec, is_load: bool,
                 layerwise: bool = False) -> bool:

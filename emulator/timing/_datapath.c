@@ -610,6 +610,59 @@ int64_t cxl_issue_array(const cxl_dp *dp, const cxl_desc *descs, uint64_t n, int
     return latest;
 }
 
+/* Descriptors for moving blocks blocks[i] <-> chunks chunks[i] (i < n) of nbuf buffers at once
+ * (a paged KV cache: one buffer per layer, block b of buffer t at host bases[t] + b * strides[t],
+ * chunk c of it on the device at offsets[t] + c * pages[t], pages[t] bytes each): one record per
+ * run where both lists advance by one (only where strides[t] == pages[t] for every buffer: a
+ * padded block is moved alone) and buffer, buffer-major (all of buffer 0's runs, then buffer
+ * 1's), into out (room for n * nbuf).  A driver's descriptor ring filled in one call: what took
+ * a dozen numpy calls per job.  *total gets the bytes they move.  Returns the records
+ * written, or -1 - i when blocks[i] or
+ * chunks[i] is out of range (negative, chunk >= num_chunks, or the block's bytes past a
+ * buffer of sizes[t] bytes): nothing is half-planned, the caller gets the index to name. */
+int64_t cxl_plan_runs(const int64_t *blocks, const int64_t *chunks, uint64_t n, uint64_t num_chunks,
+                      const uint64_t *bases, const uint64_t *sizes, const int64_t *strides,
+                      const int64_t *offsets, const int64_t *pages, uint64_t nbuf, int32_t dir,
+                      cxl_desc *out, uint64_t *total)
+{
+    int merge = 1;
+    for (uint64_t t = 0; t < nbuf; t++)
+        if (strides[t] != pages[t])
+            merge = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (blocks[i] < 0 || chunks[i] < 0 || (uint64_t)chunks[i] >= num_chunks)
+            return -1 - (int64_t)i;
+        for (uint64_t t = 0; t < nbuf; t++)
+            if ((uint64_t)blocks[i] * (uint64_t)strides[t] + (uint64_t)pages[t] > sizes[t])
+                return -1 - (int64_t)i;
+    }
+    /* the runs once (start index, length), then each buffer's records from them */
+    uint64_t runs = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (!merge || i == 0 || blocks[i] != blocks[i - 1] + 1 || chunks[i] != chunks[i - 1] + 1) {
+            out[runs].dpa = (uint64_t)i; /* scratch: the run's first index, overwritten below */
+            out[runs].len = 1;
+            runs++;
+        } else {
+            out[runs - 1].len++;
+        }
+    }
+    /* buffer-major from the last buffer down, so buffer 0's records (over the scratch) go last */
+    *total = 0;
+    for (uint64_t t = nbuf; t-- > 0;) {
+        *total += (uint64_t)n * (uint64_t)pages[t];
+        cxl_desc *rec = out + t * runs;
+        for (uint64_t r = runs; r-- > 0;) {
+            uint64_t first = out[r].dpa, len = out[r].len;
+            rec[r].dir = dir;
+            rec[r].dpa = (uint64_t)offsets[t] + (uint64_t)chunks[first] * (uint64_t)pages[t];
+            rec[r].host = (uint8_t *)(uintptr_t)(bases[t] + (uint64_t)blocks[first] * (uint64_t)strides[t]);
+            rec[r].len = len * (uint64_t)pages[t];
+        }
+    }
+    return (int64_t)(runs * nbuf);
+}
+
 /* MLC-style dependent chase: each hop reads the u64 at dpa (through the timed path when
  * timed != 0; otherwise through the same path with timing off, the local baseline an
  * untimed device would give) and jumps to it.  While per-hop samples are taken (the first

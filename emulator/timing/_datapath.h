@@ -90,6 +90,10 @@ int64_t cxl_issue_batch(const cxl_dp *dp, cxl_desc *const *descs, uint64_t n, in
                         int64_t *results, uint64_t *err_dpas);
 int64_t cxl_issue_array(const cxl_dp *dp, const cxl_desc *descs, uint64_t n, int64_t now,
                         int64_t *results, uint64_t *err_dpas);
+int64_t cxl_plan_runs(const int64_t *blocks, const int64_t *chunks, uint64_t n, uint64_t num_chunks,
+                      const uint64_t *bases, const uint64_t *sizes, const int64_t *strides,
+                      const int64_t *offsets, const int64_t *pages, uint64_t nbuf, int32_t dir,
+                      cxl_desc *out, uint64_t *total);
 int64_t cxl_chase(const cxl_dp *dp, uint64_t dpa, uint64_t hops, int timed_hops,
                   int64_t *samples, uint64_t nsamples, uint64_t *end_dpa);
 #endif
