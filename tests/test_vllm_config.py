@@ -39,3 +39,34 @@ def test_importing_driver_vllm_does_not_import_vllm() -> None:
     code = "import sys, driver.vllm; print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_manager_counters_reach_a_reader_in_another_process_through_the_device_dir() -> None:
+    """The scheduler's counters for a worker elsewhere: nothing before the device's directory
+    exists or before the first write; a new writer clears an earlier run's; a reader in another
+    process reads the writer's words."""
+    import os
+    import subprocess
+    import sys
+
+    from driver.vllm import ManagerCounters
+    from emulator.device import DeviceConfig, serve
+
+    name = f"mc{os.getpid() % 100000}"
+    early = ManagerCounters(name, writer=True)
+    early.write({"lookups": 1, "hits": 1, "evictions": 0, "chunks_in_use": 1})  # no directory yet: dropped
+    with serve(DeviceConfig(name=name, capacity=256 << 20)):
+        reader = ManagerCounters(name, writer=False)
+        assert reader.read() is None
+        w = ManagerCounters(name, writer=True)
+        assert reader.read() is None  # made, not written
+        w.write({"lookups": 10, "hits": 7, "evictions": 2, "chunks_in_use": 5})
+        assert reader.read() == {"lookups": 10, "hits": 7, "evictions": 2, "chunks_in_use": 5}
+        code = (f"from driver.vllm import ManagerCounters; r = ManagerCounters({name!r}, writer=False).read(); "
+                "print(r['hits'], r['lookups'])")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert out.stdout.split() == ["7", "10"]
+        ManagerCounters(name, writer=True)  # the next run's manager: the old counts are gone
+        assert reader.read() is None
+        for c in (w, reader, early):
+            c.close()

@@ -124,6 +124,31 @@ def test_the_tier_publishes_to_the_telemetry_page(model: str, device: Any) -> No
     assert host.chunk_bytes == chunk_bytes and host.blocks_total == (64 << 20) // chunk_bytes
 
 
+def test_a_multiprocess_run_publishes_the_schedulers_hit_rate(model: str, reference: list[list[int]], device: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's default: the engine core (the scheduler and the tier's manager) and the worker in
+    processes of their own, none of them this one. The worker publishes the telemetry page with
+    the manager's lookups and hits, read from the manager's page beside the device, so the
+    monitor shows the hit rate (it was blank). The one engine start of this kind (~50 s)."""
+    from driver.memdev import MemDev
+    from driver.vllm import ManagerCounters
+    from emulator.telemetry import TelemetryReader
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    cfg = kv_transfer_config(device=device.name, policy="lru", cxl_bytes_to_use=64 << 20)
+    with engine(model, cfg) as llm:
+        generate(llm, PROMPTS)
+        again = generate(llm, RETURNING)
+    with MemDev.open(device.name) as md:
+        host = TelemetryReader(md.bar).snapshot().host
+    counts = ManagerCounters(device.name, writer=False).read()
+    assert tokens(again) == reference[:2]
+    assert tier_stats(device.name).as_dict()["lookups"] == 0  # nothing of it ran in this process
+    assert counts is not None and counts["hits"] >= 4 and counts["lookups"] > counts["hits"]
+    assert (host.hits, host.misses) == (counts["hits"], counts["lookups"] - counts["hits"])
+    assert (host.loads, host.offloads) == (4, 12)
+
+
 def test_a_jobs_link_done_is_its_last_completion_on_the_links_clock() -> None:
     """Completion times are on the link's clock (ns); the job log wants perf_counter seconds:
     the last one, 1 s before the link's now of 6e9 ns, is 1 s before perf_counter's now."""

@@ -25,13 +25,14 @@ from typing import Any
 
 from driver.vllm._config import (
     PREFETCH_MODES,
+    ManagerCounters,
     TierStats,
     kv_transfer_config,
     parse_extra_config,
     tier_stats,
 )
 
-__all__ = ["PREFETCH_MODES", "CxlConnector", "CxlOffloadingSpec", "TierStats", "kv_transfer_config",
+__all__ = ["PREFETCH_MODES", "CxlConnector", "CxlOffloadingSpec", "ManagerCounters", "TierStats", "kv_transfer_config",
            "parse_extra_config", "tier_stats"]
 
 _LAZY = {"CxlOffloadingSpec": "driver.vllm._spec", "CxlConnector": "driver.vllm._connector"}

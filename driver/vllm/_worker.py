@@ -37,7 +37,7 @@ from vllm.v1.kv_offload.base import (
     TransferResult,
 )
 
-from driver.vllm._config import TierStats, live_manager
+from driver.vllm._config import ManagerCounters, TierStats, live_manager
 from emulator.dma import BlockRuns, DescriptorArray, DmaHandle, PinnedHosts
 from emulator.spec.errors import ConfigError, CxlemuError, DeviceGone, DmaError
 
@@ -348,6 +348,7 @@ class _Publisher:
         self.worker = worker
         self._last = 0.0
         self._writer: Any = host_writer(md, "tier")
+        self._manager = ManagerCounters(worker.spec.device_name, writer=False)  # a scheduler elsewhere
 
     def publish(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -356,8 +357,13 @@ class _Publisher:
         self._last = now
         w = self.worker
         s = w.stats.as_dict()
-        manager = live_manager(w.spec.device_name)  # in-process: the scheduler's; else unknown
-        used = manager.chunks_in_use() if manager is not None else 0
+        manager = live_manager(w.spec.device_name)  # in-process: the scheduler's, counting into s
+        if manager is not None:
+            used = manager.chunks_in_use()
+        else:  # vLLM's multiprocessing: the scheduler's counters come from its page
+            remote = self._manager.read() or dict.fromkeys(ManagerCounters.FIELDS, 0)
+            s.update(lookups=remote["lookups"], hits=remote["hits"], evictions=remote["evictions"])
+            used = remote["chunks_in_use"]
         self._writer.publish(hits=s["hits"], misses=s["lookups"] - s["hits"], loads=s["blocks_loaded"],
                              offloads=s["blocks_stored"], evictions=s["evictions"], stall_ns=s["stall_ns"],
                              blocks_resident=used, blocks_total=w.num_chunks, chunk_bytes=w.chunk_bytes,
@@ -370,3 +376,4 @@ class _Publisher:
                 self.publish(force=True)
             self._writer.close()
             self._writer = None
+        self._manager.close()

@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     same = got == reference
     print("tokens identical to vLLM alone" if same else "TOKENS DIFFER from vLLM alone")
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
-        # the tier ran in the engine's own processes: its counters are theirs (the monitor shows
-        # the worker's transfers; the scheduler's hit counts stay in its process)
+        # the tier ran in the engine's own processes: its counters are theirs; the monitor shows
+        # them (the worker publishes its transfers and the scheduler's hits, ManagerCounters)
         print("(vLLM ran its engine in other processes: the counters above are this process's; "
               "watch the run with cxlemu monitor)")
         return 0 if same else 1
