@@ -226,7 +226,8 @@ class BlockRuns:
     ``pages[t]`` bytes each. ``plan`` makes one ``DescriptorArray`` per job in one C call
     (``cxl_plan_runs``), not a dozen numpy calls: one descriptor per run where both lists advance
     by one (where every buffer's stride is its page) and buffer, buffer-major, so
-    ``split(len(hosts))`` gives each buffer's part. The layout is checked and handed to C once."""
+    ``split(len(hosts))`` gives each buffer's part. The layout is checked and handed to C once.
+    One thread plans at a time (a driver's submitting thread): plans share an output cell."""
 
     def __init__(self, hosts: PinnedHosts, num_chunks: int, strides: Any, offsets: Any, pages: Any) -> None:
         import numpy as np

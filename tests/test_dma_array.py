@@ -82,6 +82,8 @@ def test_padded_blocks_move_one_descriptor_each_and_bad_pairs_are_named(md) -> N
         DescriptorArray.from_block_runs("read", PinnedHosts([host]), [0, 4], [0, 1], 8, [512], [0], [256])
     with pytest.raises(ValueError, match=r"block 0 <-> chunk 8 \(pair 0\)"):
         DescriptorArray.from_block_runs("read", PinnedHosts([host]), [0], [8], 8, [512], [0], [256])
+    with pytest.raises(ValueError, match=r"block 4611686018427387904 <-> chunk 0"):  # 2**62 x 512 wraps
+        DescriptorArray.from_block_runs("read", PinnedHosts([host]), [1 << 62], [0], 8, [512], [0], [256])
     with pytest.raises(ValueError, match=r"block -1 <-> chunk 0"):
         DescriptorArray.from_block_runs("read", PinnedHosts([host]), [-1], [0], 8, [512], [0], [256])
     with pytest.raises(ValueError, match="writable=True"):
