@@ -219,6 +219,10 @@ class DescriptorArray:
         return _Where(self.direction, int(rec["dpa"]), int(rec["len"]))
 
 
+_DIRECTIONS = {"read": Direction.READ, "write": Direction.WRITE, Direction.READ: Direction.READ,
+               Direction.WRITE: Direction.WRITE}
+
+
 class BlockRuns:
     """The descriptors moving blocks ``blocks[i]`` <-> device chunks ``chunks[i]`` of every
     buffer of ``hosts`` at once: a paged KV cache, one buffer per layer, block ``b`` of buffer
@@ -255,7 +259,10 @@ class BlockRuns:
         from emulator.timing._cimpl import ffi, lib
 
         arr = DescriptorArray.__new__(DescriptorArray)
-        arr.direction = Direction(direction)
+        try:
+            arr.direction = _DIRECTIONS[direction]
+        except (KeyError, TypeError):  # not one of the four: Direction says what it takes
+            arr.direction = Direction(direction)
         writable = arr.direction is Direction.READ
         if writable and not self.hosts.writable:
             raise ValueError("DescriptorArray: a read fills host buffers: pin them with PinnedHosts(writable=True)")

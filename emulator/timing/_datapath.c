@@ -629,14 +629,17 @@ int64_t cxl_plan_runs(const int64_t *blocks, const int64_t *chunks, uint64_t n, 
     for (uint64_t t = 0; t < nbuf; t++)
         if (strides[t] != pages[t])
             merge = 0;
+    uint64_t top = 0; /* the index of the largest block: if any block is past a buffer, it is */
     for (uint64_t i = 0; i < n; i++) {
         if (blocks[i] < 0 || chunks[i] < 0 || (uint64_t)chunks[i] >= num_chunks)
             return -1 - (int64_t)i;
-        for (uint64_t t = 0; t < nbuf; t++) {  /* b * stride + page <= size, without overflow */
-            uint64_t page = (uint64_t)pages[t], stride = (uint64_t)strides[t];
-            if (page > sizes[t] || (stride && (uint64_t)blocks[i] > (sizes[t] - page) / stride))
-                return -1 - (int64_t)i;
-        }
+        if (blocks[i] > blocks[top])
+            top = i;
+    }
+    for (uint64_t t = 0; n && t < nbuf; t++) {  /* b * stride + page <= size, without overflow */
+        uint64_t page = (uint64_t)pages[t], stride = (uint64_t)strides[t];
+        if (page > sizes[t] || (stride && (uint64_t)blocks[top] > (sizes[t] - page) / stride))
+            return -1 - (int64_t)top;
     }
     /* the runs once (start index, length), then each buffer's records from them */
     uint64_t runs = 0;
