@@ -52,9 +52,9 @@ def _batches(level: dict[str, Any]) -> list[tuple[float, hw.Batch]]:
     return out
 
 
-def mode_factors(reports: dict[str, Any] | list[dict[str, Any]], cost: hw.LinearCost) -> dict[str, float]:
+def mode_factors(report: dict[str, Any], cost: hw.LinearCost) -> dict[str, float]:
     """Per bench mode, how its own steps ran against the fitted cost: the median of measured /
-    fitted over the steps that computed something (of every report given). The fit is made on
+    fitted over the steps that computed something. The fit is made on
     the modes without a tier; on this host a tier mode's steps can run slower, since the
     emulated device (its DMA channels, server and CHMU feed) shares the CPU with vLLM. In a mode
     that loads layer by layer, a step in which a request first ran with hits is left out: its
@@ -62,16 +62,15 @@ def mode_factors(reports: dict[str, Any] | list[dict[str, Any]], cost: hw.Linear
     import numpy as np
 
     ratios: dict[str, list[float]] = {}
-    for report in _as_list(reports):
-        for name, data in report["modes"].items():
-            layerwise = BENCH_MODES.get(name, ("", "", ""))[2] == "layer"
-            for level in data.get("levels", {}).values():
-                seen: set[str] = set()
-                for (dt, b), (_t0, _dt, reqs) in zip(_batches(level), level.get("steps", []), strict=True):
-                    first_hit = any(rid not in seen and computed > 0 for rid, _new, computed in reqs)
-                    seen.update(rid for rid, _new, _computed in reqs)
-                    if b.seqs and not (layerwise and first_hit):
-                        ratios.setdefault(name, []).append(dt / (cost.step_ns(b) * 1e-9))
+    for name, data in report["modes"].items():
+        layerwise = BENCH_MODES.get(name, ("", "", ""))[2] == "layer"
+        for level in data.get("levels", {}).values():
+            seen: set[str] = set()
+            for (dt, b), (_t0, _dt, reqs) in zip(_batches(level), level.get("steps", []), strict=True):
+                first_hit = any(rid not in seen and computed > 0 for rid, _new, computed in reqs)
+                seen.update(rid for rid, _new, _computed in reqs)
+                if b.seqs and not (layerwise and first_hit):
+                    ratios.setdefault(name, []).append(dt / (cost.step_ns(b) * 1e-9))
     return {name: float(np.median(r)) for name, r in ratios.items()}
 
 
@@ -119,15 +118,12 @@ def _as_list(reports: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, A
     return [reports] if isinstance(reports, dict) else list(reports)
 
 
-def fit_from_report(reports: dict[str, Any] | list[dict[str, Any]],
-                    modes: tuple[str, ...] = FIT_MODES) -> hw.LinearCost:
-    """The CPU's step cost fitted to the recorded steps of ``modes`` at every level (of every
-    report given: repeated runs of one experiment)."""
+def fit_from_report(report: dict[str, Any], modes: tuple[str, ...] = FIT_MODES) -> hw.LinearCost:
+    """The CPU's step cost fitted to the recorded steps of ``modes`` at every level."""
     samples = []
-    for report in _as_list(reports):
-        for m in modes:
-            for level in report["modes"].get(m, {}).get("levels", {}).values():
-                samples += _batches(level)
+    for m in modes:
+        for level in report["modes"].get(m, {}).get("levels", {}).values():
+            samples += _batches(level)
     if not samples:
         raise ValueError("the report holds no recorded steps: it was made before `cxlemu bench serve` recorded "
                          "them; run the bench again with --save")
@@ -140,18 +136,14 @@ def _shape(report: dict[str, Any]) -> hw.ModelShape:
                          kv_heads=m["kv_heads"], intermediate=m["intermediate"], vocab=m["vocab"], dtype_bytes=4)
 
 
-def points_from_report(reports: dict[str, Any] | list[dict[str, Any]], cost: hw.LinearCost,
+def points_from_report(report: dict[str, Any], cost: hw.LinearCost,
                        factors: dict[str, float] | None = None) -> list[tuple[str, int, Point]]:
-    """(bench mode, level, the simulator's point configured as that run) for every measured pair,
-    each mode's step cost ``cost`` times its factor (``mode_factors``; 1 where absent).
-    Repeated runs derive slightly different link time scales and think times from their own
-    compute measurement: their means are used."""
-    runs = _as_list(reports)
+    """(bench mode, level, the simulator's point configured as that run) for every measured pair:
+    its link (the mode's preset, at the run's time scale), think time, and each mode's step cost
+    ``cost`` times its factor (``mode_factors``; 1 where absent)."""
     factors = factors or {}
-    report = runs[0]
     shape = _shape(report)
-    k = sum((r.get("time_scale") or {}).get("time_scale", 1.0) for r in runs) / len(runs)
-    think_s = sum(r["think_s"] for r in runs) / len(runs)
+    k = (report.get("time_scale") or {}).get("time_scale", 1.0)
     block_tokens = report["config"]["block_tokens"]
     block_bytes = report["config"]["block_bytes"]
     out = []
@@ -160,6 +152,7 @@ def points_from_report(reports: dict[str, Any] | list[dict[str, Any]], cost: hw.
             continue
         sched = data.get("scheduler") or {}
         spec = data.get("mode", {})
+        links = dict.fromkeys(("host_link", "cxl_link"), spec["preset"]) if spec.get("preset") else {}
         mode, policy, prefetch = BENCH_MODES[name]
         for level in sorted(data.get("levels", {}), key=int):
             p = Point(mode=mode, concurrency=int(level), model_shape=asdict(shape), policy=policy,
@@ -168,9 +161,10 @@ def points_from_report(reports: dict[str, Any] | list[dict[str, Any]], cost: hw.
                       max_num_batched_tokens=sched.get("max_num_batched_tokens", 2048),
                       long_prefill_token_threshold=sched.get("long_prefill_token_threshold") or 0,
                       tier_blocks=max(1, spec.get("tier_bytes", 0) // block_bytes) if mode != "none" else 0,
-                      host_link="pcie-host", cxl_link="leo-x16", time_scale=k,
-                      step_cost={k: v * factors.get(name, 1.0) for k, v in cost.coefficients().items()},
-                      workload={"kind": "bench", "config": report["config"]["workload"], "think_s": think_s})
+                      time_scale=k, **links,
+                      step_cost={key: v * factors.get(name, 1.0) for key, v in cost.coefficients().items()},
+                      workload={"kind": "bench", "config": report["config"]["workload"],
+                                "think_s": report["think_s"]})
             out.append((name, int(level), p))
     return out
 
