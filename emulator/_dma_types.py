@@ -184,15 +184,8 @@ class DescriptorArray:
         self.count = len(rec)
         self.total = int(rec["len"].sum())
 
-    @classmethod
-    def from_block_runs(cls, direction: Direction | str, hosts: PinnedHosts, blocks: Any, chunks: Any,
-                        num_chunks: int, strides: Any, offsets: Any, pages: Any) -> DescriptorArray:
-        """``BlockRuns(hosts, num_chunks, strides, offsets, pages).plan(direction, blocks,
-        chunks)``: one plan; a driver moving many keeps the ``BlockRuns``."""
-        return BlockRuns(hosts, num_chunks, strides, offsets, pages).plan(direction, blocks, chunks)
-
     def split(self, k: int) -> list[DescriptorArray]:
-        """``k`` arrays of equal consecutive parts of this one (``from_block_runs``: one per
+        """``k`` arrays of equal consecutive parts of this one (``BlockRuns.plan``'s: one per
         buffer), sharing its records."""
         if k < 1 or self.count % k:
             raise ValueError(f"cannot split {self.count} descriptors into {k} equal parts")

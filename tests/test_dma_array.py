@@ -55,8 +55,8 @@ def test_block_runs_plan_one_descriptor_per_run_and_buffer_and_move_the_blocks(m
     descriptors a layer, layer 0's first, each at its layer's offset; read back, layer 1's chunks
     12-14 hold its blocks 4, 7 and 8."""
     layers = [np.random.default_rng(t).integers(0, 256, 16 * 256, dtype=np.uint8) for t in range(2)]
-    arr = DescriptorArray.from_block_runs("write", PinnedHosts(layers, writable=False), [2, 3, 4, 7, 8],
-                                          [10, 11, 12, 13, 14], 64, [256, 256], [0, 1 << 20], [256, 256])
+    arr = BlockRuns(PinnedHosts(layers, writable=False), 64, [256, 256], [0, 1 << 20], [256, 256]).plan(
+        "write", [2, 3, 4, 7, 8], [10, 11, 12, 13, 14])
     rec = arr.records
     assert rec["dpa"].tolist() == [10 * 256, 13 * 256, (1 << 20) + 10 * 256, (1 << 20) + 13 * 256]
     assert rec["len"].tolist() == [3 * 256, 2 * 256, 3 * 256, 2 * 256] and arr.total == 10 * 256
@@ -64,8 +64,7 @@ def test_block_runs_plan_one_descriptor_per_run_and_buffer_and_move_the_blocks(m
     out = np.zeros(16 * 256, np.uint8)
     with DmaEngine(md.datapath, channels=2) as eng:
         eng.submit(arr).check()
-        back = DescriptorArray.from_block_runs("read", PinnedHosts([out]), [0, 1, 2], [12, 13, 14], 64, [256],
-                                               [1 << 20], [256])
+        back = BlockRuns(PinnedHosts([out]), 64, [256], [1 << 20], [256]).plan("read", [0, 1, 2], [12, 13, 14])
         eng.submit(back).check()
     assert (out[:768] == np.concatenate([layers[1][4 * 256:5 * 256], layers[1][7 * 256:9 * 256]])).all()
 
@@ -75,21 +74,21 @@ def test_padded_blocks_move_one_descriptor_each_and_bad_pairs_are_named(md) -> N
     per block. A block past its buffer or a chunk out of range is refused, naming the pair."""
     host = np.zeros(4 * 512, np.uint8)
     pins = PinnedHosts([host])
-    arr = DescriptorArray.from_block_runs("read", pins, [0, 1, 2], [0, 1, 2], 8, [512], [0], [256])
+    arr = BlockRuns(pins, 8, [512], [0], [256]).plan("read", [0, 1, 2], [0, 1, 2])
     assert arr.records["len"].tolist() == [256, 256, 256] and arr.records["dpa"].tolist() == [0, 256, 512]
     assert arr.records["host"].tolist() == [int(pins.bases[0]) + 512 * i for i in range(3)]
     with pytest.raises(ValueError, match=r"block 4 <-> chunk 1 \(pair 1\) is out of range"):
-        DescriptorArray.from_block_runs("read", PinnedHosts([host]), [0, 4], [0, 1], 8, [512], [0], [256])
+        BlockRuns(PinnedHosts([host]), 8, [512], [0], [256]).plan("read", [0, 4], [0, 1])
     with pytest.raises(ValueError, match=r"block 0 <-> chunk 8 \(pair 0\)"):
-        DescriptorArray.from_block_runs("read", PinnedHosts([host]), [0], [8], 8, [512], [0], [256])
+        BlockRuns(PinnedHosts([host]), 8, [512], [0], [256]).plan("read", [0], [8])
     with pytest.raises(ValueError, match=r"block 4611686018427387904 <-> chunk 0"):  # 2**62 x 512 wraps
-        DescriptorArray.from_block_runs("read", PinnedHosts([host]), [1 << 62], [0], 8, [512], [0], [256])
+        BlockRuns(PinnedHosts([host]), 8, [512], [0], [256]).plan("read", [1 << 62], [0])
     with pytest.raises(ValueError, match=r"block -1 <-> chunk 0"):
-        DescriptorArray.from_block_runs("read", PinnedHosts([host]), [-1], [0], 8, [512], [0], [256])
+        BlockRuns(PinnedHosts([host]), 8, [512], [0], [256]).plan("read", [-1], [0])
     with pytest.raises(ValueError, match="writable=True"):
-        DescriptorArray.from_block_runs("read", PinnedHosts([host], writable=False), [0], [0], 8, [512], [0], [256])
+        BlockRuns(PinnedHosts([host], writable=False), 8, [512], [0], [256]).plan("read", [0], [0])
     with pytest.raises(ValueError, match="2 blocks for 1 chunks"):
-        DescriptorArray.from_block_runs("write", PinnedHosts([host]), [0, 1], [0], 8, [512], [0], [256])
+        BlockRuns(PinnedHosts([host]), 8, [512], [0], [256]).plan("write", [0, 1], [0])
 
 
 def test_one_block_runs_planner_plans_every_job_of_its_layout() -> None:
