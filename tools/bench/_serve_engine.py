@@ -23,9 +23,12 @@ import random
 import time
 import traceback
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tools.bench._serve_workload import Client, RequestRecord, WorkloadConfig, clients
+
+if TYPE_CHECKING:
+    from tools.sim.hardware import ModelShape
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,10 +42,17 @@ class ModelSpec:
     init_range: float = 0.1  # 0.02 (transformers' default) makes greedy output one token forever
     seed: int = 0
 
+    def shape(self) -> ModelShape:
+        """The model as the simulator's ``ModelShape`` (float32, as the bench runs it)."""
+        from tools.sim.hardware import ModelShape
+
+        return ModelShape(name="bench-random-llama", layers=self.layers, hidden=self.hidden, heads=self.heads,
+                          kv_heads=self.kv_heads, intermediate=self.intermediate, vocab=self.vocab, dtype_bytes=4)
+
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V of every layer, float32."""
-        return 2 * self.layers * self.kv_heads * (self.hidden // self.heads) * 4
+        """K and V of every layer, float32 (``ModelShape``'s arithmetic, GQA included)."""
+        return self.shape().kv_bytes_per_token
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -131,9 +131,9 @@ def fit_from_report(report: dict[str, Any], modes: tuple[str, ...] = FIT_MODES) 
 
 
 def _shape(report: dict[str, Any]) -> hw.ModelShape:
-    m = report["config"]["model"]
-    return hw.ModelShape(name="bench-random-llama", layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
-                         kv_heads=m["kv_heads"], intermediate=m["intermediate"], vocab=m["vocab"], dtype_bytes=4)
+    from tools.bench._serve_engine import ModelSpec
+
+    return ModelSpec(**report["config"]["model"]).shape()
 
 
 def points_from_report(report: dict[str, Any], cost: hw.LinearCost,
