@@ -162,9 +162,10 @@ class StepRecorder:
     every ``schedule()`` since the last ``take`` (one per step; none when the step had no requests),
     request ids as the bench gave them (vLLM's with its "-<random>" suffix cut off)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, steps: list[list[Any]] | None = None) -> None:
         self.scheduler = _scheduler(engine)
         self.pending: list[list[Any]] = []
+        self.steps: list[list[Any]] = [] if steps is None else steps  # what ``record`` appends to
         if self.scheduler is None:
             return
         original = self.scheduler.schedule
@@ -183,6 +184,10 @@ class StepRecorder:
     def take(self) -> list[list[Any]]:
         batch, self.pending = self.pending, []
         return batch
+
+    def record(self, t0: float, dt: float) -> None:
+        """One ``engine.step()`` of ``dt`` s from ``t0``: ``[t0, dt, its batch]`` onto ``steps``."""
+        self.steps.append([t0, dt, self.take()])
 
     def close(self) -> None:
         if self.scheduler is not None:
@@ -205,7 +210,7 @@ def run_level(engine: Any, level_clients: list[Client], output_tokens: int,
     the level's start), "load" or "store", its blocks, the seconds from submission until its last
     descriptor completed on the link (None on an untimed link) and until ``get_finished``
     reported it, and whether it succeeded."""
-    recorder = StepRecorder(engine) if steps is not None else None
+    recorder = StepRecorder(engine, steps) if steps is not None else None
     worker = None
     if jobs is not None and device is not None:
         from driver.vllm._worker import live_worker
@@ -215,7 +220,7 @@ def run_level(engine: Any, level_clients: list[Client], output_tokens: int,
         worker.job_log = []
     t0 = time.perf_counter()
     try:
-        return _run_level(engine, level_clients, output_tokens, think_s, steps, recorder, t0)
+        return _run_level(engine, level_clients, output_tokens, think_s, recorder, t0)
     finally:
         if recorder is not None:
             recorder.close()
@@ -226,7 +231,7 @@ def run_level(engine: Any, level_clients: list[Client], output_tokens: int,
 
 
 def _run_level(engine: Any, level_clients: list[Client], output_tokens: int, think_s: float,
-               steps: list[list[Any]] | None, recorder: StepRecorder | None, t0: float) -> list[RequestRecord]:
+               recorder: StepRecorder | None, t0: float) -> list[RequestRecord]:
     from vllm.inputs import TokensPrompt
 
     params = _sampling(output_tokens)
@@ -252,7 +257,7 @@ def _run_level(engine: Any, level_clients: list[Client], output_tokens: int, thi
         after = time.perf_counter()
         now = after - t0
         if recorder is not None:
-            steps.append([before - t0, after - before, recorder.take()])
+            recorder.record(before - t0, after - before)
         watch.scan()
         for out in outs:
             rec = records[out.request_id]
