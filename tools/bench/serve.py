@@ -349,27 +349,14 @@ def render_checks(found: list[Check], analysis: dict[str, Any]) -> Any:
 
 
 def plot(analysis: dict[str, Any], path: str) -> None:
-    import matplotlib
+    from tools.plots import plot_against_concurrency
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode, lvs in analysis["summary"].items():
-        xs = sorted(lvs)
-        a.plot(xs, [lvs[x]["output_tokens_per_s"] for x in xs], marker="o", label=mode)
-        b.plot(xs, [lvs[x]["ttft_p99_s"] * 1e3 for x in xs], marker="o", label=mode)
-    a.set(xlabel="concurrent clients", ylabel="output tokens/s", title="throughput")
-    b.set(xlabel="concurrent clients", ylabel="TTFT p99 (ms)", title="time to first token, p99")
-    levels = sorted({lv for lvs in analysis["summary"].values() for lv in lvs})
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-        ax.set_xticks(levels)
-    a.legend(fontsize=8)
-    fig.suptitle("cxlemu bench serve (vLLM-CPU, random Llama)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    lines = {mode: [(lv, {"output_tokens_per_s": lvs[lv]["output_tokens_per_s"], "ttft_p99_ms": lvs[lv]["ttft_p99_s"] * 1e3})
+                    for lv in sorted(lvs)] for mode, lvs in analysis["summary"].items()}
+    plot_against_concurrency(lines, [("output_tokens_per_s", "output tokens/s", "throughput"),
+                                     ("ttft_p99_ms", "TTFT p99 (ms)", "time to first token, p99")],
+                             path, title="cxlemu bench serve (vLLM-CPU, random Llama)", xlabel="concurrent clients",
+                             xticks=sorted({lv for lvs in analysis["summary"].values() for lv in lvs}))
 
 
 # --- the command -------------------------------------------------------------------------------

@@ -252,27 +252,14 @@ def render_arithmetic(shape: Any, point: Any, kv_blocks: int, cap: dict[str, flo
 
 def plot_levels(rows: list[dict[str, Any]], path: str, title: str) -> None:
     """Output tokens/s and TTFT p99 against concurrency, one line per mode."""
-    import matplotlib
+    from tools.plots import plot_against_concurrency
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode in dict.fromkeys(r["mode"] for r in rows):
-        rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["concurrency"])
-        xs = [r["concurrency"] for r in rs]
-        a.plot(xs, [r["output_tokens_per_s"] for r in rs], marker="o", label=mode)
-        b.plot(xs, [r["ttft_p99_ms"] for r in rs], marker="o", label=mode)
-    a.set(xlabel="concurrency", ylabel="output tokens/s", title="throughput")
-    b.set(xlabel="concurrency", ylabel="TTFT p99 (ms)", title="time to first token, p99")
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-    a.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
+    lines = {mode: [(r["concurrency"], r) for r in sorted((r for r in rows if r["mode"] == mode),
+                                                          key=lambda r: r["concurrency"])]
+             for mode in dict.fromkeys(r["mode"] for r in rows)}
     try:
-        fig.savefig(path, dpi=110)
+        plot_against_concurrency(lines, [("output_tokens_per_s", "output tokens/s", "throughput"),
+                                         ("ttft_p99_ms", "TTFT p99 (ms)", "time to first token, p99")],
+                                 path, title=title)
     except OSError as exc:
         raise CliError(f"cannot write plot {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)

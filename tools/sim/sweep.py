@@ -370,10 +370,7 @@ def write_plots(rows: Sequence[Mapping[str, Any]], prefix: str | Path) -> list[P
     """One PNG per (model, accelerator, workload, pool, policy): output tokens/s and TTFT p99
     against concurrency, one line per mode, and $/Mtok when priced. Returns the paths written,
     ``<prefix>-<model>-<accelerator>-<workload>-pool<GB>-<policy>.png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from tools.plots import plot_against_concurrency
 
     prefix = Path(prefix)
     if prefix.parent != Path(""):
@@ -381,26 +378,16 @@ def write_plots(rows: Sequence[Mapping[str, Any]], prefix: str | Path) -> list[P
     paths: list[Path] = []
     for (model, acc, wl, pool, policy), lines in plot_groups(rows).items():
         priced = any(r.get("usd_per_million_tokens") is not None for rs in lines.values() for r in rs)
-        panels = [("output_tokens_per_s", "output tokens/s"), ("ttft_p99_ms", "TTFT p99 (ms)")]
+        panels: list[tuple[str, str, str | None]] = [("output_tokens_per_s", "output tokens/s", None),
+                                                     ("ttft_p99_ms", "TTFT p99 (ms)", None)]
         if priced:
-            panels.append(("usd_per_million_tokens", "$ / M output tokens"))
-        fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
-        for ax, (key, label) in zip(axes[0], panels):
-            for mode, rs in lines.items():
-                xs = [r["concurrency"] for r in rs]
-                ys = [float("nan") if _clean(r.get(key)) is None else float(r[key]) for r in rs]
-                ax.plot(xs, ys, marker="o", label=mode)
-            ax.set_xlabel("concurrency")
-            ax.set_ylabel(label)
-            ax.grid(True, alpha=0.3)
-        axes[0][0].legend()
+            panels.append(("usd_per_million_tokens", "$ / M output tokens", None))
         pool_txt = NA if pool == NA else f"{_fmt(pool, 0)} GB"
-        fig.suptitle(f"{model} on {acc}, {wl}, pool {pool_txt}, policy {policy}")
-        fig.tight_layout()
         path = prefix.with_name(f"{prefix.name}-{_slug(model)}-{_slug(acc)}-{_slug(wl)}-pool{_slug(pool)}"
                                 f"-{_slug(policy)}.png")
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        plot_against_concurrency({mode: [(r["concurrency"], r) for r in rs] for mode, rs in lines.items()}, panels,
+                                 path, title=f"{model} on {acc}, {wl}, pool {pool_txt}, policy {policy}",
+                                 panel_width=5.2, dpi=100, legend_size=None)
         paths.append(path)
     return paths
 
