@@ -148,22 +148,28 @@ class ManagerCounters:
     manager's lookups, hits, evictions and chunks in use here, so ``cxlemu monitor`` shows the
     hit rate of such a run too. One writer, the manager's process; word 0 is its pid (0: none
     yet). Until the device's directory exists (a private device, made by the worker) writes are
-    dropped and retried."""
+    dropped, and the writer looks for it again at most every RETRY_S (it writes every scheduler
+    step)."""
 
     FIELDS = ("lookups", "hits", "evictions", "chunks_in_use")
     FILE = "tier-manager"
+    RETRY_S = 1.0
 
     def __init__(self, device: str, *, writer: bool) -> None:
         self.device, self.writer = device, writer
         self._page: Any = None
+        self._retry_at = 0.0
         self._open()
 
     def _open(self) -> Any:
+        import time
+
         import numpy as np
 
         from emulator.device_dir import device_path
 
-        if self._page is None:
+        if self._page is None and not (self.writer and time.monotonic() < self._retry_at):
+            self._retry_at = time.monotonic() + self.RETRY_S
             path = device_path(self.device) / self.FILE
             size = 8 * (1 + len(self.FIELDS))
             try:

@@ -254,8 +254,8 @@ class CxlOffloadingManager(CPUOffloadingManager):
         self._publish()
 
     def _publish(self) -> None:
-        s = self.stats.as_dict()
-        self._remote.write({"lookups": s["lookups"], "hits": s["hits"], "evictions": s["evictions"],
+        st = self.stats  # three ints read: no copy of every counter each step
+        self._remote.write({"lookups": st.lookups, "hits": st.hits, "evictions": st.evictions,
                             "chunks_in_use": self.chunks_in_use()})
 
     def feed_hotlist(self) -> int:
