@@ -243,14 +243,14 @@ class BlockRuns:
             [ffi.from_buffer("int64_t[]", x) for x in self._arrays]
         self._total = ffi.new("uint64_t *")
         self._dtype = DescriptorArray._dtype()
+        from emulator.timing._cimpl import lib
+
+        self._np, self._ffi, self._lib = np, ffi, lib  # plan() runs once a job: no imports there
 
     def plan(self, direction: Direction | str, blocks: Any, chunks: Any) -> DescriptorArray:
         """One job's descriptors. A block past its buffer or a chunk outside
         ``[0, num_chunks)``: ValueError naming it, nothing planned."""
-        import numpy as np
-
-        from emulator.timing._cimpl import ffi, lib
-
+        np, ffi, lib = self._np, self._ffi, self._lib
         arr = DescriptorArray.__new__(DescriptorArray)
         try:
             arr.direction = _DIRECTIONS[direction]
@@ -260,23 +260,22 @@ class BlockRuns:
         if writable and not self.hosts.writable:
             raise ValueError("DescriptorArray: a read fills host buffers: pin them with PinnedHosts(writable=True)")
         b, c = np.ascontiguousarray(blocks, np.int64), np.ascontiguousarray(chunks, np.int64)
-        if len(b) != len(c):
-            raise ValueError(f"BlockRuns.plan: {len(b)} blocks for {len(c)} chunks: give one chunk per block")
-        rec = np.empty(len(b) * self.nbuf, self._dtype)
+        n = len(b)
+        if n != len(c):
+            raise ValueError(f"BlockRuns.plan: {n} blocks for {len(c)} chunks: give one chunk per block")
+        rec = np.empty(n * self.nbuf, self._dtype)
         cdescs = ffi.from_buffer("cxl_desc[]", rec)
-        bases, sizes, strides, offsets, pages = self._c
-        got = lib.cxl_plan_runs(ffi.from_buffer("int64_t[]", b), ffi.from_buffer("int64_t[]", c), len(b),
-                                self.num_chunks, bases, sizes, strides, offsets, pages, self.nbuf,
-                                0 if writable else 1, cdescs, self._total)
+        got = lib.cxl_plan_runs(ffi.from_buffer("int64_t[]", b), ffi.from_buffer("int64_t[]", c), n,
+                                self.num_chunks, *self._c, self.nbuf, 0 if writable else 1, cdescs, self._total)
         if got < 0:
             i = -1 - got
             raise ValueError(f"BlockRuns.plan: block {int(b[i])} <-> chunk {int(c[i])} (pair {i}) is out of "
                              f"range: blocks within the {self.nbuf} buffers, chunks in [0, {self.num_chunks})")
         arr._hosts = self.hosts  # keeps the pins (and so the pointers in the records) valid
-        arr._rec_array = rec[:got]
+        arr._rec_array = rec[:got] if got < len(rec) else rec
         arr.cdescs = cdescs  # its first ``got`` records are the array's
-        arr.count = int(got)
-        arr.total = int(self._total[0])
+        arr.count = got
+        arr.total = self._total[0]
         return arr
 
 

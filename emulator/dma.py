@@ -89,7 +89,7 @@ class _Channel:
     so nothing of its channel is ahead of it.  ``lock`` guards ``items`` (the FIFO) and
     ``closed``."""
 
-    __slots__ = ("closed", "err", "err_addr", "items", "lock", "room", "state", "thread", "work")
+    __slots__ = ("closed", "err", "err_addr", "items", "lock", "room", "scratch", "state", "thread", "work")
 
     def __init__(self, state: Any, err: Any, err_addr: int) -> None:
         self.state = state
@@ -101,6 +101,9 @@ class _Channel:
         # the C core's error-DPA cell: one per channel, since channels issue at once
         self.err, self.err_addr = err, err_addr
         self.thread: threading.Thread | None = None
+        #: cxl_issue_array's output (codes, error DPAs, their cdata, the failure count), grown
+        #: as needed; used only by whoever owns the channel, as ``err`` is
+        self.scratch: tuple[Any, ...] | None = None
 
 
 class DmaEngine:
@@ -126,6 +129,8 @@ class DmaEngine:
         self._cq_append = self._cq.append
         self._c = datapath.impl == "c"
         self._c_issue: Any = None      # cffi's cxl_issue
+        self._c_issue_array: Any = None  # cffi's cxl_issue_array
+        self._ffi: Any = None
         self._fast_issue: Any = None   # _dmacall.issue / inline1, where built
         self._inline1: Any = None
         self._state_type: Any = None   # _dmacall.ChannelState, where built
@@ -152,6 +157,7 @@ class DmaEngine:
         from emulator.timing import _cimpl
 
         self._c_issue, self._now_ns = _cimpl.lib.cxl_issue, _cimpl.lib.cxl_link_now
+        self._c_issue_array, self._ffi = _cimpl.lib.cxl_issue_array, _cimpl.ffi
         self._fast_issue = _cimpl.fast_issue
         if handle_base_is_c() and _cimpl.channel_state is not None:
             self._inline1, self._state_type = _cimpl.fast_inline1, _cimpl.channel_state
@@ -225,28 +231,33 @@ class DmaEngine:
         handle_id = next(self._ids)
         if arr.total <= INLINE_BYTES and ch.state.try_claim():
             try:
-                return self._finish_inline(ch, handle_id, k, len(arr), *self._issue_array(arr))
+                return self._finish_inline(ch, handle_id, k, len(arr), *self._issue_array(ch, arr))
             finally:
                 ch.state.release()
         return self._enqueue(ch, DmaHandle(handle_id, k, len(arr)), arr, timeout)  # type: ignore[arg-type]
 
-    def _issue_array(self, arr: DescriptorArray) -> tuple[list[int | DmaError], int]:
-        import numpy as np
-
-        from emulator.timing._cimpl import ffi, lib
-
-        n = len(arr)
+    def _issue_array(self, ch: _Channel, arr: DescriptorArray) -> tuple[list[int | DmaError], int]:
+        """Issue ``arr`` in one C call, into the channel's scratch (the caller owns the channel)."""
+        n = arr.count
         if n == 0:
             return [], 0
-        codes = np.empty(n, np.int64)
-        errs = np.empty(n, np.uint64)
+        scratch = ch.scratch
+        if scratch is None or len(scratch[0]) < n:
+            import numpy as np
+
+            ffi = self._ffi
+            codes, errs = np.empty(max(n, 64), np.int64), np.empty(max(n, 64), np.uint64)
+            scratch = ch.scratch = (codes, errs, ffi.from_buffer("int64_t[]", codes),
+                                    ffi.from_buffer("uint64_t[]", errs), ffi.new("uint64_t *"))
+        codes, errs, c_codes, c_errs, failed = scratch
         dp = self.datapath
-        latest = lib.cxl_issue_array(dp._core.dp, arr.cdescs, n, -1 if dp.clock is None else int(dp.clock.now_ns()),
-                                     ffi.from_buffer("int64_t[]", codes), ffi.from_buffer("uint64_t[]", errs))
-        results: list[int | DmaError] = list(codes.tolist())
-        if codes.min() < 0:
-            for i in np.flatnonzero(codes < 0).tolist():
-                results[i] = self._error(i, arr.descriptor(i), int(codes[i]), int(errs[i]))
+        latest = self._c_issue_array(dp._core.dp, arr.cdescs, n, -1 if dp.clock is None else int(dp.clock.now_ns()),
+                                     c_codes, c_errs, failed)
+        results: list[int | DmaError] = codes[:n].tolist()
+        if failed[0]:
+            for i in range(n):
+                if results[i] < 0:  # type: ignore[operator]
+                    results[i] = self._error(i, arr.descriptor(i), int(codes[i]), int(errs[i]))
         return results, max(int(latest), 0)
 
     def poll_completions(self, max_handles: int | None = None) -> list[DmaHandle]:
@@ -360,7 +371,7 @@ class DmaEngine:
         """Issue every descriptor in order, waiting for none: (per-descriptor completion time
         or DmaError, the latest completion or 0)."""
         if descs.__class__ is DescriptorArray:
-            return self._issue_array(descs)  # type: ignore[arg-type]
+            return self._issue_array(ch, descs)  # type: ignore[arg-type]
         if not self._c:
             return self._issue_py(descs)
         if len(descs) >= BATCH_MIN:

@@ -102,3 +102,20 @@ def test_one_block_runs_planner_plans_every_job_of_its_layout() -> None:
         BlockRuns(PinnedHosts([host]), 8, [64, 64], [0], [64])
     with pytest.raises(ValueError, match="one chunk per block"):
         planner.plan("read", [0, 1], [3])
+
+
+def test_a_channels_results_stay_per_descriptor_when_a_longer_array_follows_a_shorter_one(md) -> None:
+    src = np.arange(200 * 64 // 8, dtype=np.uint64).view(np.uint8)  # 200 lines of distinct words
+    back = np.zeros_like(src)
+    at = [i * 64 for i in range(200)]
+    with DmaEngine(md.datapath, channels=1) as eng:
+        eng.submit(DescriptorArray("write", [src], [0] * 3, at[:3], at[:3], [64] * 3)).wait()  # 64 results
+        eng.submit(DescriptorArray("write", [src], [0] * 200, at, at, [64] * 200)).wait()  # grown to 200
+        md.inject_poison(150 * 64)  # a failure past the channel's first results buffer (64)
+        short = DescriptorArray("read", PinnedHosts([back]), [0] * 3, at[:3], at[:3], [64] * 3)
+        assert all(isinstance(r, int) for r in eng.submit(short).wait())
+        got = eng.submit(DescriptorArray("read", PinnedHosts([back]), [0] * 200, at, at, [64] * 200)).wait()
+    assert len(got) == 200 and [i for i, r in enumerate(got) if isinstance(r, DmaError)] == [150]
+    assert isinstance(got[150].__cause__, PoisonError) and got[150].index == 150
+    assert (back[:150 * 64] == src[:150 * 64]).all() and (back[151 * 64:] == src[151 * 64:]).all()
+    assert (back[150 * 64:151 * 64] == 0).all()

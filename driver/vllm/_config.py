@@ -128,9 +128,10 @@ class TierStats:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
-        with self._lock:
+        with self._lock:  # a few times per job: the fields are the instance's dict entries
+            fields_ = self.__dict__
             for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
+                fields_[name] += n
 
     def as_dict(self) -> dict[str, int]:
         with self._lock:

@@ -279,12 +279,12 @@ class CxlOffloadingWorker(OffloadingWorker):
         if failed is None:
             for h in job.handles:
                 try:
-                    for r in h.wait():
-                        if isinstance(r, DmaError):
-                            failed = str(r)
-                            if isinstance(r.__cause__, DeviceGone):
-                                self._device_lost(r.__cause__)
-                            break
+                    results = h.wait()
+                    if DmaError in map(type, results):  # a descriptor failed (one C pass when none did)
+                        r = next(r for r in results if isinstance(r, DmaError))
+                        failed = str(r)
+                        if isinstance(r.__cause__, DeviceGone):
+                            self._device_lost(r.__cause__)
                 except DeviceGone as exc:
                     self._device_lost(exc)
                     failed = str(exc)

@@ -600,13 +600,18 @@ int64_t cxl_issue_batch(const cxl_dp *dp, cxl_desc *const *descs, uint64_t n, in
 }
 
 /* cxl_issue_batch over a contiguous array of descriptors (DescriptorArray's records, built
- * with numpy: no pointer list to build). */
+ * with numpy: no pointer list to build); *failed gets how many failed, so the caller looks at
+ * the codes only when one did. */
 int64_t cxl_issue_array(const cxl_dp *dp, const cxl_desc *descs, uint64_t n, int64_t now,
-                        int64_t *results, uint64_t *err_dpas)
+                        int64_t *results, uint64_t *err_dpas, uint64_t *failed)
 {
     int64_t latest = 0;
-    for (uint64_t i = 0; i < n; i++)
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < n; i++) {
         latest = issue_into(dp, &descs[i], now, &results[i], &err_dpas[i], latest);
+        bad += results[i] < 0;
+    }
+    *failed = bad;
     return latest;
 }
 

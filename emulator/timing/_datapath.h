@@ -89,7 +89,7 @@ int64_t cxl_issue(const cxl_dp *dp, const cxl_desc *d, int64_t now, uint64_t *er
 int64_t cxl_issue_batch(const cxl_dp *dp, cxl_desc *const *descs, uint64_t n, int64_t now,
                         int64_t *results, uint64_t *err_dpas);
 int64_t cxl_issue_array(const cxl_dp *dp, const cxl_desc *descs, uint64_t n, int64_t now,
-                        int64_t *results, uint64_t *err_dpas);
+                        int64_t *results, uint64_t *err_dpas, uint64_t *failed);
 int64_t cxl_plan_runs(const int64_t *blocks, const int64_t *chunks, uint64_t n, uint64_t num_chunks,
                       const uint64_t *bases, const uint64_t *sizes, const int64_t *strides,
                       const int64_t *offsets, const int64_t *pages, uint64_t nbuf, int32_t dir,
