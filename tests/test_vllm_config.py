@@ -19,7 +19,13 @@ def test_bad_extra_config_is_refused_naming_the_key() -> None:
         parse_extra_config({"cxl_bytes_to_use": 1, "prefetch": "eager"})
     with pytest.raises(ConfigError, match=r"\['window'\]"):
         parse_extra_config({"cxl_bytes_to_use": 1, "window": "no_such_module:fn"})
+    with pytest.raises(ConfigError, match=r"\['staging'\] must be true, false or absent"):
+        parse_extra_config({"cxl_bytes_to_use": 1, "staging": "yes"})
+    with pytest.raises(ConfigError, match=r"\['staging_bytes'\] must be an int >= 1"):
+        parse_extra_config({"cxl_bytes_to_use": 1, "staging_bytes": 0})
     assert parse_extra_config({"cxl_bytes_to_use": 5}).policy == "lru"
+    assert parse_extra_config({"cxl_bytes_to_use": 5}).staging is None
+    assert parse_extra_config({"cxl_bytes_to_use": 5, "staging": True, "staging_bytes": 4096}).staging_bytes == 4096
     assert parse_extra_config({"cxl_bytes_to_use": 5, "window": "auto"}).window == "auto"
 
 

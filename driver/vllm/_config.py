@@ -23,7 +23,7 @@ PREFETCH_MODES = ("forward", "layer")
 
 _KNOWN = {"spec_name", "spec_module_path", "device", "policy", "cxl_bytes_to_use", "prefetch",
           "channels", "block_size", "offload_prompt_only", "self_describing_kv_events",
-          "store_threshold", "max_tracker_size", "hotlist_every", "window"}
+          "store_threshold", "max_tracker_size", "hotlist_every", "window", "staging", "staging_bytes"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class TierConfig:
     channels: int = 2  # DMA channels: loads on one, stores on the other
     hotlist_every: int = 64  # "hotness": read the CHMU's hotlist every this many scheduler steps
     window: str = "auto"  # layer-wise: layers issued ahead, firmware_model.prefetch.resolve_window
+    staging: bool | None = None  # KV through a host bounce buffer; None: where the KV is not on the CPU
+    staging_bytes: int = 2 << 30  # the bounce buffer: whole blocks (>= 1); a 7B's 4096-token context at fp16
 
 
 def _int(extra: Mapping[str, Any], key: str, default: int | None, low: int) -> int:
@@ -79,9 +81,14 @@ def parse_extra_config(extra: Mapping[str, Any]) -> TierConfig:
         resolve_window(window)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"kv_connector_extra_config['window']: {exc}") from None
+    staging = extra.get("staging")
+    if staging is not None and not isinstance(staging, bool):
+        raise ConfigError(f"kv_connector_extra_config['staging'] must be true, false or absent (staged where "
+                          f"the KV is not in host memory: CUDA), got {staging!r}")
     return TierConfig(device=device, policy=policy, cxl_bytes_to_use=_int(extra, "cxl_bytes_to_use", None, 1),
                       prefetch=prefetch, channels=_int(extra, "channels", 2, 1),
-                      hotlist_every=_int(extra, "hotlist_every", 64, 1), window=window)
+                      hotlist_every=_int(extra, "hotlist_every", 64, 1), window=window, staging=staging,
+                      staging_bytes=_int(extra, "staging_bytes", 2 << 30, 1))
 
 
 def kv_transfer_config(*, device: str | None = None, policy: str = "lru", prefetch: str = "forward",

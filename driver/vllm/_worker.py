@@ -16,6 +16,10 @@ the firmware model's prefetch window (``firmware_model.prefetch.window_points``,
 ``window`` names): just enough layers of compute to hide one layer's transfer on this device's
 link, from the link model and the compute per layer measured between the forward's waits; until
 a forward has been measured, every layer is issued at once.
+
+KV tensors the DMA engine cannot address (CUDA) are staged through a host bounce buffer
+(``driver.vllm._staging``): the engine's descriptors then move the buffer's slots, and the copies
+between the slots and the KV tensors run on a side stream (a layer-wise load's, on the forward's).
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from vllm.v1.kv_offload.base import (
 )
 
 from driver.vllm._config import ManagerCounters, TierStats, live_manager
+from driver.vllm._staging import Pump, Staging
 from emulator.dma import BlockRuns, DescriptorArray, DmaHandle, PinnedHosts
 from emulator.spec.errors import ConfigError, CxlemuError, DeviceGone, DmaError
 
@@ -57,10 +62,11 @@ def live_worker(device: str) -> CxlOffloadingWorker | None:
 
 
 def _host_bytes(tensor: torch.Tensor) -> tuple[np.ndarray, int]:
-    """A flat writable uint8 view of a ``(num_blocks, page)`` int8 KV view and its block stride."""
+    """A flat writable uint8 view of a ``(num_blocks, page)`` int8 host tensor (a KV view or the
+    bounce buffer) and its block stride."""
     if tensor.device.type != "cpu":
-        raise ConfigError(f"the cxlemu tier moves KV blocks of CPU tensors; this one is on {tensor.device} "
-                          "(the CUDA path stages through pinned memory: not built yet)")
+        raise ConfigError(f"the DMA engine addresses host memory; this KV tensor is on {tensor.device}: leave "
+                          "kv_connector_extra_config['staging'] absent (or true) to stage it through host memory")
     num_blocks, page = tensor.shape
     stride = tensor.stride(0)
     span = (num_blocks - 1) * stride + page
@@ -72,7 +78,7 @@ class _Job:
     """One transfer job: its handles, and for a layer-wise load the layers still to issue."""
 
     __slots__ = ("blocks", "error", "handles", "is_load", "job_id", "layer_handles", "nbytes",
-                 "pending_layers", "start")
+                 "pending_layers", "pieces", "start")
 
     def __init__(self, job_id: int, is_load: bool, blocks: int, nbytes: int, start: float) -> None:
         self.job_id, self.is_load, self.blocks, self.nbytes, self.start = job_id, is_load, blocks, nbytes, start
@@ -80,6 +86,7 @@ class _Job:
         self.pending_layers: deque = deque()  # layer-wise: (layer, descriptors) to issue
         self.layer_handles: dict[int, DmaHandle] = {}
         self.error: str | None = None
+        self.pieces: list[Any] | None = None  # a staged job's pieces (driver.vllm._staging)
 
 
 def _link_done(job: _Job, now: float, link_now_ns: int) -> float | None:
@@ -139,22 +146,34 @@ class CxlOffloadingWorker(OffloadingWorker):
 
     # -- layout -------------------------------------------------------------------------------
     def _layout(self, kv_caches: CanonicalKVCaches, capacity: int) -> None:
+        self.tensors = [t.tensor for t in kv_caches.tensors]
+        self.pages: list[int] = [int(t.page_size_bytes) for t in kv_caches.tensors]
+        self.chunk_bytes = sum(self.pages)
+        staged = self.spec.tier.staging
+        if staged is None:
+            staged = any(t.device.type != "cpu" for t in self.tensors)
+        self.staging: Staging | None = None
+        if staged:  # the DMA engine moves the bounce buffer's slots; the KV moves to and from them
+            slots = max(1, min(self.spec.tier.staging_bytes // self.chunk_bytes, len(self.tensors[0])))
+            self.staging = Staging(self.tensors, self.pages, slots)
+            buffers = self.staging.bounce
+        else:
+            buffers = self.tensors
         self.hosts: list[np.ndarray] = []
         self.strides: list[int] = []
-        self.pages: list[int] = []
         self.offsets: list[int] = []
         off = 0
-        for t in kv_caches.tensors:
-            host, stride = _host_bytes(t.tensor)
+        for t, page in zip(buffers, self.pages):
+            host, stride = _host_bytes(t)
             self.hosts.append(host)
             self.strides.append(stride)
-            self.pages.append(int(t.page_size_bytes))
             self.offsets.append(off)
-            off += self.num_chunks * int(t.page_size_bytes)
-        self.tensors = [t.tensor for t in kv_caches.tensors]
+            off += self.num_chunks * page
         self._pinned = PinnedHosts(self.hosts, writable=True)  # pinned once, as a driver registers buffers
         self._planner = BlockRuns(self._pinned, self.num_chunks, self.strides, self.offsets, self.pages)
-        self.chunk_bytes = sum(self.pages)
+        self._pump = None if self.staging is None else Pump(
+            self.staging, self._plan, self._submit_array, lambda job: self._issue_layers(job, len(self.hosts)),
+            self._device_lost, lambda r: isinstance(r, DmaError), DeviceGone)
         self.region_bytes = off
         if off > capacity:
             raise ConfigError(f"{self.num_chunks} chunks of {self.chunk_bytes} bytes need {off} bytes; device "
@@ -170,15 +189,23 @@ class CxlOffloadingWorker(OffloadingWorker):
         """The job as one DescriptorArray (layer by layer: one descriptor per run of consecutive
         blocks and layer, where a layer's blocks are not padded; one per block and layer where
         they are), planned in one C call; or one array per layer for a layer-wise load."""
-        arr = self._planner.plan(direction, kv, chunks)
+        arr = self._plan(direction, kv, chunks)
+        if not layerwise:
+            return [(-1, arr)]
+        return list(enumerate(arr.split(len(self.hosts))))
+
+    def _plan(self, direction: str, blocks: np.ndarray, chunks: np.ndarray) -> DescriptorArray:
+        """One job's (or staged piece's) descriptors, noted to the CHMU."""
+        arr = self._planner.plan(direction, blocks, chunks)
         feed = self.memdev.access_feed  # the CHMU counts what the tier touches
         if feed.enabled:
             rec = arr.records
             for dpa, nbytes in zip(rec["dpa"].tolist(), rec["len"].tolist()):
                 feed.note(dpa, nbytes, direction == "write")
-        if not layerwise:
-            return [(-1, arr)]
-        return list(enumerate(arr.split(len(self.hosts))))
+        return arr
+
+    def _submit_array(self, arr: DescriptorArray, is_load: bool) -> DmaHandle:
+        return self.dma.submit(arr, channel=LOAD_CHANNEL if is_load else STORE_CHANNEL)
 
     def _submit(self, job_id: int, src: LoadStoreSpec, dst: LoadStoreSpec, is_load: bool,
                 layerwise: bool = False) -> bool:
@@ -194,6 +221,11 @@ class CxlOffloadingWorker(OffloadingWorker):
         self._jobs[job_id] = job
         if self._lost:
             job.error = "device gone"
+        elif self._pump is not None:
+            self._pump.add(job, np.asarray(kv, np.int64), np.asarray(chunks, np.int64), layerwise)
+            if job.pending_layers:
+                self._issue_layers(job, self._window(job))
+            self._pump.pump()
         elif len(kv):
             arrays = self._descriptors("read" if is_load else "write", kv, chunks, layerwise)
             try:
@@ -201,7 +233,7 @@ class CxlOffloadingWorker(OffloadingWorker):
                     job.pending_layers.extend(arrays)
                     self._issue_layers(job, self._window(job))
                 else:
-                    job.handles.append(self.dma.submit(arrays[0][1], channel=LOAD_CHANNEL if is_load else STORE_CHANNEL))
+                    job.handles.append(self._submit_array(arrays[0][1], is_load))
             except DeviceGone as exc:
                 self._device_lost(exc)
                 job.error = str(exc)
@@ -254,6 +286,9 @@ class CxlOffloadingWorker(OffloadingWorker):
             if job is None or job.error:
                 continue
             try:
+                if job.pieces is not None and (layer is None or not job.layer_handles and not job.pending_layers):
+                    self._pump.pump(until=job)  # type: ignore[union-attr]  # staged: all of it
+                    continue
                 if layer is None:
                     self._issue_layers(job, len(self.hosts))
                     handles = job.handles
@@ -262,6 +297,8 @@ class CxlOffloadingWorker(OffloadingWorker):
                     handles = [job.layer_handles[layer]] if layer in job.layer_handles else []
                 for h in handles:
                     h.wait()
+                if job.pieces is not None and layer is not None:
+                    self._pump.layer_arrived(job, layer)  # type: ignore[union-attr]
             except DeviceGone as exc:
                 self._device_lost(exc)
                 job.error = str(exc)
@@ -313,10 +350,14 @@ class CxlOffloadingWorker(OffloadingWorker):
         return TransferResult(job.job_id, failed is None, job.nbytes, elapsed)
 
     def _finished(self, job: _Job) -> bool:
+        if job.pieces is not None:  # staged: once every piece gave its slots back
+            return Pump.done(job)
         return job.error is not None or (not job.pending_layers and all(h.done() for h in job.handles))
 
     def get_finished(self) -> list[TransferResult]:
         t0 = time.perf_counter_ns()
+        if self._pump is not None:
+            self._pump.pump()
         out = []
         for job_id, job in list(self._jobs.items()):
             if self._finished(job):
