@@ -115,8 +115,9 @@ class Staging:
     def scatter(self, blocks: np.ndarray, start: int, layers: Sequence[int] | None = None,
                 on_forward_stream: bool = False) -> Any:
         """Slots ``start..`` -> KV blocks ``blocks`` for ``layers`` (all: None): a load's second
-        half. On CUDA: on the side stream, ending in an event; or on the forward's own stream
-        (a layer-wise load: ordered before that layer's attention; returns None)."""
+        half. On CUDA: on the side stream, or on the forward's own stream (a layer-wise load:
+        ordered before that layer's attention), ending in an event on that stream: the slots are
+        given back only once it completed."""
         n = len(blocks)
         which = range(len(self.tensors)) if layers is None else layers
         if not self.cuda:
@@ -130,20 +131,19 @@ class Staging:
             for i in which:
                 src = self.bounce[i][start:start + n, :self.widths[i]].to(self.device, non_blocking=True)
                 self.tensors[i].index_copy_(0, idx, src)
-            if on_forward_stream:
-                return None
             event = torch.cuda.Event()
             event.record(stream)
         return event
 
 
-def event_done(event: Any) -> bool:
-    return event is None or bool(event.query())
+def events_done(events: list[Any]) -> bool:
+    return all(e is None or bool(e.query()) for e in events)
 
 
-def event_wait(event: Any) -> None:
-    if event is not None:
-        event.synchronize()
+def events_wait(events: list[Any]) -> None:
+    for e in events:
+        if e is not None:
+            e.synchronize()
 
 
 class stage_state(enum.Enum):
@@ -157,13 +157,13 @@ class stage_state(enum.Enum):
 class Piece:
     """Part of a staged job that holds slots at once: its KV blocks and device chunks."""
 
-    __slots__ = ("blocks", "chunks", "event", "handles", "scattered", "start", "state")
+    __slots__ = ("blocks", "chunks", "events", "handles", "scattered", "start", "state")
 
     def __init__(self, blocks: np.ndarray, chunks: np.ndarray) -> None:
         self.blocks, self.chunks = blocks, chunks
         self.start = -1
         self.state = stage_state.NEW
-        self.event: Any = None
+        self.events: list[Any] = []  # the copies in flight (CUDA events; None: done)
         self.handles: list[Any] = []
         self.scattered: set[int] = set()  # layer-wise: layers already copied on the forward's stream
 
@@ -218,16 +218,18 @@ class Pump:
                     moved |= self._advance(job, p, may_alloc)
                     may_alloc = may_alloc and p.state is not stage_state.NEW
             self.jobs = [j for j in self.jobs if not self.done(j)]
-            if until is None or self.done(until):
+            if until is not None and self.done(until):
                 return
-            if not moved:
+            if not moved:  # nothing more moves without waiting
+                if until is None:
+                    return
                 self._wait_oldest()
 
     def _wait_oldest(self) -> None:
         for job in self.jobs:
             for p in job.pieces:
                 if p.state in (stage_state.GATHERING, stage_state.SCATTERING):
-                    event_wait(p.event)
+                    events_wait(p.events)
                     return
                 if p.state is stage_state.DMA:
                     if job.pending_layers:  # layers the forward did not ask for: issue them now
@@ -268,13 +270,13 @@ class Pump:
             if job.is_load:
                 self._dma(job, p, "read")
                 return True if p.state is stage_state.DMA else self._release(p)
-            p.event = self.staging.gather(p.blocks, start)
+            p.events = [self.staging.gather(p.blocks, start)]
             p.state = stage_state.GATHERING
             return True
         if state is stage_state.GATHERING or state is stage_state.SCATTERING:  # a copy in flight
-            if not event_done(p.event):
+            if not events_done(p.events):
                 return False
-            p.event = None
+            p.events = []
             if state is stage_state.SCATTERING or job.error is not None:  # loaded, or nothing to store
                 return self._release(p)
             self._dma(job, p, "write")
@@ -282,10 +284,14 @@ class Pump:
         if state is stage_state.DMA:
             if job.pending_layers or not all(h.done() for h in p.handles):
                 return False
-            if not job.is_load or any(self._is_error(r) for h in p.handles for r in h.wait()):
-                return self._release(p)  # stored; or a failed load: nothing copied into the KV
-            rest = [i for i in range(len(self.staging.tensors)) if i not in p.scattered]
-            p.event = self.staging.scatter(p.blocks, p.start, rest) if rest else None
+            if job.is_load and not any(self._is_error(r) for h in p.handles for r in h.wait()):
+                rest = [i for i in range(len(self.staging.tensors)) if i not in p.scattered]
+                if rest:  # besides the layers copied on the forward's stream, already in p.events
+                    p.events.append(self.staging.scatter(p.blocks, p.start, rest))
+            # a store is on the device; a failed load copies no more (its layers copied already,
+            # if any, are waited for before the slots are reused)
+            if not p.events:
+                return self._release(p)
             p.state = stage_state.SCATTERING
             return True
         return False
@@ -297,7 +303,7 @@ class Pump:
         h = job.layer_handles.get(layer)
         if h is None or layer in p.scattered or any(self._is_error(r) for r in h.wait()):
             return
-        self.staging.scatter(p.blocks, p.start, [layer], on_forward_stream=True)
+        p.events.append(self.staging.scatter(p.blocks, p.start, [layer], on_forward_stream=True))
         p.scattered.add(layer)
 
 
