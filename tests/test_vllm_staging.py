@@ -177,3 +177,28 @@ def test_cuda_kv_with_staging_off_is_refused_saying_what_to_change(device: Any) 
     tensors = [torch.zeros((NB, PAGE), dtype=torch.int8, device="cuda") for _ in range(L)]
     with pytest.raises(ConfigError, match="leave kv_connector_extra_config\\['staging'\\] absent"):
         _worker(device.name, tensors, staging=False)
+
+
+@pytest.mark.gpu
+@cuda
+def test_cuda_copies_held_back_on_the_gpu_still_arrive_whole(device: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every copy between the GPU and the bounce buffer queued behind ~2 ms of GPU work: the DMA
+    of a store must wait for its gather's event, and slots must not be reused before a load's
+    copies (side stream and forward stream) completed, or the blocks come back wrong."""
+    from driver.vllm import _staging
+
+    def held_back(copy: Any) -> Any:
+        def run(self: Any, *args: Any, **kw: Any) -> Any:
+            stream = torch.cuda.current_stream(self.device) if kw.get("on_forward_stream") else self.stream
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(5_000_000)
+            return copy(self, *args, **kw)
+        return run
+
+    monkeypatch.setattr(_staging.Staging, "gather", held_back(_staging.Staging.gather))
+    monkeypatch.setattr(_staging.Staging, "scatter", held_back(_staging.Staging.scatter))
+    for slots in (1, 3):
+        tensors, before, _, _ = _roundtrip(device.name, "cuda", slots)
+        torch.cuda.synchronize()
+        for t, b in zip(tensors, before):
+            assert torch.equal(t[16:21], b[0:5]) and torch.equal(t[24:27], b[[7, 9, 11]])
