@@ -13,7 +13,7 @@ from emulator.timing._buffers import host_view
 from emulator.timing._cdatapath import ffi, lib  # ImportError when not built
 from emulator.timing.config import LinkParams
 
-_ABI_VERSION = 4  # CXL_ABI_VERSION in _datapath.h
+_ABI_VERSION = 5  # CXL_ABI_VERSION in _datapath.h
 if getattr(lib, "CXL_ABI_VERSION", 1) != _ABI_VERSION:
     raise ImportError("emulator.timing._cdatapath is a stale build of the C core: rebuild it "
                       "(`pip install -e .` or `python -m emulator.timing._build`)")

@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 /* Bumped when a declaration below changes: _cimpl refuses a stale build of the extension. */
-#define CXL_ABI_VERSION 4
+#define CXL_ABI_VERSION 5
 
 #define CXL_DIR_READ 0
 #define CXL_DIR_WRITE 1
