@@ -121,15 +121,36 @@ static uint64_t to_ticks(int64_t ns);
  * the TSC only, and the clock once per ANCHOR_NS.  Calibration error is a few ppm, so two
  * processes' stamps agree within tens of ns: far below any link time that matters. */
 #define ANCHOR_NS 10000000
+/* An anchor's clock reading is bracketed by two TSC readings and paired with their midpoint;
+ * a bracket wider than this (the vCPU descheduled between the reads: microseconds to
+ * milliseconds on a busy host) is taken again, or every stamp of the next ANCHOR_NS would be
+ * off by the stall: a 5-us completion would then read as still 5 us + the stall ahead. */
+#define ANCHOR_SLACK_NS 2000
+#define ANCHOR_TRIES 8
 static __thread int64_t anchor_ns;
 static __thread uint64_t anchor_tsc;
 
+static void reanchor(void)
+{
+    uint64_t best = UINT64_MAX;
+    for (int i = 0; i < ANCHOR_TRIES; i++) {
+        uint64_t t0 = ticks_now();
+        int64_t ns = cxl_now();
+        uint64_t t1 = ticks_now();
+        if (t1 - t0 < best) {  /* the tightest bracket so far */
+            best = t1 - t0;
+            anchor_ns = ns;
+            anchor_tsc = t0 + (t1 - t0) / 2;
+        }
+        if (best <= to_ticks(ANCHOR_SLACK_NS))
+            return;
+    }
+}
+
 static int64_t ticks_to_ns(uint64_t t)
 {
-    if (anchor_tsc == 0 || (int64_t)(t - anchor_tsc) > (int64_t)to_ticks(ANCHOR_NS)) {
-        anchor_ns = cxl_now();
-        anchor_tsc = ticks_now();
-    }
+    if (anchor_tsc == 0 || (int64_t)(t - anchor_tsc) > (int64_t)to_ticks(ANCHOR_NS))
+        reanchor();
     return anchor_ns + (int64_t)((double)(int64_t)(t - anchor_tsc) / ticks_per_ns);
 }
 
