@@ -177,10 +177,9 @@ class Pump:
 
     def __init__(self, staging: Staging, plan: Callable[[str, np.ndarray, np.ndarray], Any],
                  submit: Callable[[Any, bool], Any], issue_all: Callable[[Any], None],
-                 lost: Callable[[BaseException], None], is_error: Callable[[Any], bool],
-                 gone: type[BaseException]) -> None:
+                 lost: Callable[[BaseException], None], gone: type[BaseException]) -> None:
         self.staging, self._plan, self._submit, self._issue_all = staging, plan, submit, issue_all
-        self._lost, self._is_error, self._gone = lost, is_error, gone
+        self._lost, self._gone = lost, gone
         self.jobs: list[Any] = []  # staged jobs with a piece not done, in submission order
 
     def add(self, job: Any, blocks: np.ndarray, chunks: np.ndarray, layerwise: bool) -> None:
@@ -284,7 +283,7 @@ class Pump:
         if state is stage_state.DMA:
             if job.pending_layers or not all(h.done() for h in p.handles):
                 return False
-            if job.is_load and not any(self._is_error(r) for h in p.handles for r in h.wait()):
+            if job.is_load and not any(h.errors for h in p.handles):
                 rest = [i for i in range(len(self.staging.tensors)) if i not in p.scattered]
                 if rest:  # besides the layers copied on the forward's stream, already in p.events
                     p.events.append(self.staging.scatter(p.blocks, p.start, rest))
@@ -301,7 +300,10 @@ class Pump:
         KV tensors on the forward's stream, unless it failed."""
         p = job.pieces[0]
         h = job.layer_handles.get(layer)
-        if h is None or layer in p.scattered or any(self._is_error(r) for r in h.wait()):
+        if h is None or layer in p.scattered:
+            return
+        h.wait()
+        if h.errors:
             return
         p.events.append(self.staging.scatter(p.blocks, p.start, [layer], on_forward_stream=True))
         p.scattered.add(layer)

@@ -44,7 +44,7 @@ from vllm.v1.kv_offload.base import (
 from driver.vllm._config import ManagerCounters, TierStats, live_manager
 from driver.vllm._staging import Pump, Staging
 from emulator.dma import BlockRuns, DescriptorArray, DmaHandle, PinnedHosts
-from emulator.spec.errors import ConfigError, CxlemuError, DeviceGone, DmaError
+from emulator.spec.errors import ConfigError, CxlemuError, DeviceGone
 
 __all__ = ["CxlOffloadingWorker", "live_worker"]
 
@@ -173,7 +173,7 @@ class CxlOffloadingWorker(OffloadingWorker):
         self._planner = BlockRuns(self._pinned, self.num_chunks, self.strides, self.offsets, self.pages)
         self._pump = None if self.staging is None else Pump(
             self.staging, self._plan, self._submit_array, lambda job: self._issue_layers(job, len(self.hosts)),
-            self._device_lost, lambda r: isinstance(r, DmaError), DeviceGone)
+            self._device_lost, DeviceGone)
         self.region_bytes = off
         if off > capacity:
             raise ConfigError(f"{self.num_chunks} chunks of {self.chunk_bytes} bytes need {off} bytes; device "
@@ -316,12 +316,11 @@ class CxlOffloadingWorker(OffloadingWorker):
         if failed is None:
             for h in job.handles:
                 try:
-                    results = h.wait()
-                    if DmaError in map(type, results):  # a descriptor failed (one C pass when none did)
-                        r = next(r for r in results if isinstance(r, DmaError))
-                        failed = str(r)
-                        if isinstance(r.__cause__, DeviceGone):
-                            self._device_lost(r.__cause__)
+                    h.wait()
+                    if h.errors:  # the first descriptor that failed
+                        failed = str(h.errors[0])
+                        if isinstance(h.errors[0].__cause__, DeviceGone):
+                            self._device_lost(h.errors[0].__cause__)
                 except DeviceGone as exc:
                     self._device_lost(exc)
                     failed = str(exc)
