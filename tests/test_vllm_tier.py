@@ -195,8 +195,11 @@ def test_hotness_is_fed_by_the_devices_chmu(model: str, reference: list[list[int
             time.sleep(0.02)
             used = manager.feed_hotlist()
         heat = {k: manager._policy.policy.heat(k) for k in manager._policy.chunks}
+        why = (f"CHMU feed enabled {worker.memdev.access_feed.enabled}, {manager._steps} scheduler steps, "
+               f"hotlist now {manager._hotlist.regs.read_hotlist(consume=False)[:4]}, "
+               f"{len(manager._policy.chunks)} chunks held, tier {tier_stats(device.name).as_dict()}")
     assert tokens(again) == reference[:2]
-    assert used > 0 and max(heat.values()) > 1  # more than the insert's own unit of heat
+    assert used > 0 and max(heat.values()) > 1, why  # more than the insert's own unit of heat
 
 
 @pytest.mark.parametrize("prefetch", ["forward", "layer"])
