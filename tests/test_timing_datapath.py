@@ -296,6 +296,7 @@ def test_link_layout_matches_the_c_header():
 
     assert lib.CXL_LS_COPY_WORD == linkstate.COPY_WORD
     assert lib.CXL_LS_HIST == linkstate.HIST and lib.CXL_LS_HIST_BUCKETS == linkstate.HIST_BUCKETS
+    assert lib.CXL_SHORT_BYTES == linkstate.SHORT_BYTES
     assert (lib.CXL_LS_FREE, lib.CXL_LS_BYTES, lib.CXL_LS_TRANSFERS, lib.CXL_LS_BUSY_NS,
             lib.CXL_LS_LATENCY_NS, lib.CXL_LS_ERRORS) == (0, 1, 2, 3, 4, 5)
 
@@ -390,6 +391,25 @@ def test_real_time_read_returns_after_completion(impl):
     later = dp.read(0, bytearray(64), wait=False)
     dp.wait_until(later)
     assert time.monotonic_ns() >= later
+
+
+def test_a_long_real_time_transfer_is_stamped_before_its_validation(monkeypatch):
+    """As the C core does: a real-time transfer longer than the short path is requested when
+    the call begins, so its validation (a poison scan: 7-8 us for 2 MiB on a cold bitmap) runs
+    inside its link time; a short one is requested after it. The twin, on a clock that each
+    reading moves on by 1 us."""
+    from emulator.timing import _pyimpl
+
+    readings = iter(range(0, 10**9, 1000))
+    monkeypatch.setattr(_pyimpl.time, "monotonic_ns", lambda: next(readings))
+    dp, *_ = make("py", TimingConfig(read_latency_ns=100, read_bandwidth_gbps=1), size=1 << 20)
+    real_validate = dp._core._validate
+    monkeypatch.setattr(dp._core, "_validate", lambda *a, **k: next(readings) and real_validate(*a, **k))
+    # 64 KiB at 1 GB/s: 65,536 ns of link; called at 0, validated at 1000, stamped at 0
+    assert dp.read(0, bytearray(64 << 10), wait=False) == 0 + 65_536 + 100
+    # 4 KiB, the short path: called at 2000, validated at 3000, stamped after it at 4000; the
+    # link is still busy until 65,536
+    assert dp.read(0, bytearray(4096), wait=False) == 65_536 + 4096 + 100
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -109,12 +109,13 @@ class PyCore:
     # -- transfers ----------------------------------------------------------------------
     def transfer(self, d: int, dpa: int, buf: Any, now: int, wait: bool) -> int:
         """Read (d=0: media→host) or write (d=1: host→media); now < 0 means real time."""
+        real = now < 0
+        called = time.monotonic_ns() if real and not self.params.untimed else now  # see req below
         host = host_view(buf, writable=d == ls.DIR_READ)
         n = host.nbytes
         rc = self._validate(d, dpa, n, check_poison=(d == ls.DIR_READ))
         if rc:
             return rc
-        real = now < 0
         base = ls.dir_word(d)
         if self.params.untimed:
             if n:
@@ -123,7 +124,9 @@ class PyCore:
                     self._add(base + ls.BYTES, n)
                     self._add(base + ls.TRANSFERS, 1)
             return 0 if real else now
-        req = time.monotonic_ns() if real else now
+        # as the C core: validation (a poison scan) inside the link time of a transfer longer
+        # than its short path, whose request time is taken after it
+        req = time.monotonic_ns() if real and n <= ls.SHORT_BYTES else called
         if n == 0:
             return req
         occ = self.params.occupancy(d, dpa, n)

@@ -30,6 +30,9 @@ DIR_READ, DIR_WRITE = 0, 1
 COPY_WORD = 136
 FREE, BYTES, TRANSFERS, BUSY_NS, LATENCY_NS, ERRORS, HIST = 0, 1, 2, 3, 4, 5, 8
 HIST_BUCKETS = 40
+#: a real-time transfer of at most this many bytes takes the short path: its request time is
+#: taken after its copy; a longer one's when the call begins (CXL_SHORT_BYTES)
+SHORT_BYTES = 4096
 USED_BYTES = (COPY_WORD + 8) * 8
 _FIELDS = {"link_free_ns": FREE, "bytes": BYTES, "transfers": TRANSFERS,
            "busy_ns": BUSY_NS, "latency_ns": LATENCY_NS, "errors": ERRORS}
