@@ -195,8 +195,13 @@ def test_hotness_is_fed_by_the_devices_chmu(model: str, reference: list[list[int
             time.sleep(0.02)
             used = manager.feed_hotlist()
         heat = {k: manager._policy.policy.heat(k) for k in manager._policy.chunks}
-        why = (f"CHMU feed enabled {worker.memdev.access_feed.enabled}, {manager._steps} scheduler steps, "
-               f"hotlist now {manager._hotlist.regs.read_hotlist(consume=False)[:4]}, "
+        fw, feed = device.firmware, worker.memdev.access_feed
+        unit = fw.chmu.unit
+        why = (f"CHMU feed enabled {feed.enabled}, {feed._count} accesses pending in the worker, "
+               f"{fw.access_feed.drained} drained ({fw.access_feed.dropped} dropped) by the firmware, whose "
+               f"runner is {'alive' if device._thread is not None and device._thread.is_alive() else 'gone'}; "
+               f"unit enabled {unit.enabled}, {unit.status}, last error {fw.chmu.last_error!r}; "
+               f"{manager._steps} scheduler steps, hotlist now {manager._hotlist.regs.read_hotlist(consume=False)[:4]}, "
                f"{len(manager._policy.chunks)} chunks held, tier {tier_stats(device.name).as_dict()}")
     assert tokens(again) == reference[:2]
     assert used > 0 and max(heat.values()) > 1, why  # more than the insert's own unit of heat
