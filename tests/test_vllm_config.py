@@ -76,3 +76,21 @@ def test_manager_counters_reach_a_reader_in_another_process_through_the_device_d
         assert reader.read() is None
         for c in (w, reader, early):
             c.close()
+
+
+def test_the_chmu_unit_is_the_largest_power_of_two_dividing_a_page() -> None:
+    """No unit straddles two chunks' pages (the layer-major layout puts page boundaries at
+    multiples of the page), and the unit stays within a CHMU's 256 B to 2 MiB."""
+    from driver.vllm._config import chunk_of_dpa, hotlist_unit
+
+    assert hotlist_unit(64 << 10) == 64 << 10
+    assert hotlist_unit(48 << 10) == 16 << 10  # a 3 x 16 KiB page
+    assert hotlist_unit(64) == 256  # below the smallest unit: units may then span pages
+    assert hotlist_unit(8 << 20) == 2 << 20
+    page, chunks = 48 << 10, 10
+    unit = hotlist_unit(page)
+    for dpa in range(0, 3 * chunks * page, unit):  # three layers' regions
+        assert {chunk_of_dpa(b, page, chunks) for b in (dpa, dpa + unit - 1)} == {chunk_of_dpa(dpa, page, chunks)}
+    for bad in (0, -4096, 1.5, True):
+        with pytest.raises(ValueError, match="page must be an int > 0 bytes"):
+            hotlist_unit(bad)  # type: ignore[arg-type]

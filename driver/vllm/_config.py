@@ -14,7 +14,7 @@ from typing import Any
 from emulator.spec.errors import ConfigError
 from firmware_model.policies import POLICY_NAMES, resolve_policy
 
-__all__ = ["PREFETCH_MODES", "ManagerCounters", "TierConfig", "TierStats", "chunk_of_dpa", "kv_transfer_config",
+__all__ = ["PREFETCH_MODES", "ManagerCounters", "TierConfig", "TierStats", "chunk_of_dpa", "hotlist_unit", "kv_transfer_config",
            "live_manager", "parse_extra_config", "tier_stats"]
 
 PREFETCH_MODES = ("forward", "layer")
@@ -132,6 +132,7 @@ class TierStats:
     device_lost: int = 0  # 1 once the device's firmware was found gone
     host_ns: int = 0  # the tier's own time in submit / get_finished (the emulator's cost)
     host_blocks: int = 0  # blocks those calls handled
+    hotlist_entries: int = 0  # CHMU hotlist entries the "hotness" policy took as heat
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -217,6 +218,14 @@ def live_manager(device: str) -> Any:
     """The tier's scheduler-side manager on ``device`` in this process, or None (vLLM builds one
     spec per role: the worker's spec has no manager, so tests and the telemetry find it here)."""
     return _MANAGERS.get(device)
+
+
+def hotlist_unit(page: int) -> int:
+    """The CHMU unit for pages of ``page`` bytes: the largest power of two dividing it, within
+    the unit sizes a CHMU offers (256 B to 2 MiB), so no unit straddles two pages."""
+    if isinstance(page, bool) or not isinstance(page, int) or page <= 0:
+        raise ValueError(f"page must be an int > 0 bytes, got {page!r}")
+    return min(max(page & -page, 256), 2 << 20)
 
 
 def chunk_of_dpa(dpa: int, page: int, num_chunks: int) -> int:

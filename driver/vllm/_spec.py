@@ -43,6 +43,7 @@ from driver.vllm._config import (
     TierConfig,
     TierStats,
     chunk_of_dpa,
+    hotlist_unit,
     parse_extra_config,
     tier_stats,
 )
@@ -186,17 +187,24 @@ class _FirmwarePolicy(CachePolicy):
 class DeviceHotlist:
     """The served device's CHMU, programmed to count the tier's accesses, read as blocks: its
     hotlist's DPAs mapped to chunks by the worker's layer-major layout (equal pages of ``page``
-    bytes per layer). Holds a handle on the device until ``close``."""
+    bytes per layer). Holds a handle on the device until ``close``.
+
+    Its unit is the largest power of two dividing a page (256 B to 2 MiB, the unit sizes a CHMU
+    offers): no unit straddles two chunks' pages, and a page touched is one hotlist entry per
+    epoch, its count the 4 KiB granules touched, rather than one entry per 4 KiB. With 4 KiB
+    units the 1023-entry hotlist overflowed within a few jobs (a 16-block job of a 32-layer
+    model touches 512 pages)."""
 
     def __init__(self, device: str, page: int, num_chunks: int) -> None:
         from driver.chmu import ChmuRegs
         from driver.memdev import MemDev
 
         self.page, self.num_chunks = page, num_chunks
+        self.unit = hotlist_unit(page)
         self._md = MemDev.open(device)
         try:
             self.regs = ChmuRegs.of_bar(self._md.bar)
-            self.regs.configure(unit_size=4096, threshold=1, mode="epoch", epoch_ns=10_000_000)
+            self.regs.configure(unit_size=self.unit, threshold=1, mode="epoch", epoch_ns=10_000_000)
         except BaseException:
             self._md.close()
             raise
@@ -271,6 +279,8 @@ class CxlOffloadingManager(CPUOffloadingManager):
             if key is not None:
                 policy.hint_heat(key, count)
                 used += 1
+        if used:
+            self.stats.add(hotlist_entries=used)
         return used
 
     def drop(self, keys: Iterable[OffloadKey]) -> list[OffloadKey]:
