@@ -502,9 +502,9 @@ static int64_t timed_from(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst,
 /* A transfer as the host asks for it: validated, then timed.  A real-time one longer than the
  * short path is stamped first, when the call begins, so its validation runs inside the link
  * time as the device's own work rather than before it: a 2 MiB read scans 4 KiB of poison
- * bitmap, which the previous 2 MiB copy has evicted from the cache (7-8 us on the 2-vCPU Xeon
- * host, where it took 2 MiB read_into() to 2.31-2.40 GB/s of 2.5).  The short path keeps its
- * stamp after the copy (its calibrated compensation covers what comes before). */
+ * bitmap, which the previous 2 MiB copy has evicted from the cache: 7-8 us on the 2-vCPU Xeon
+ * host, which a caller measured on top of the link time.  The short path keeps its stamp after
+ * the copy (its calibrated compensation covers what comes before). */
 static int64_t transfer(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst, const uint8_t *src,
                         uint64_t n, int64_t now, int wait, uint64_t *err_dpa)
 {
