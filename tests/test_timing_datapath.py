@@ -405,10 +405,10 @@ def test_a_long_real_time_transfer_is_stamped_before_its_validation(monkeypatch)
     dp, *_ = make("py", TimingConfig(read_latency_ns=100, read_bandwidth_gbps=1), size=1 << 20)
     real_validate = dp._core._validate
     monkeypatch.setattr(dp._core, "_validate", lambda *a, **k: next(readings) and real_validate(*a, **k))
-    # 64 KiB at 1 GB/s: 65,536 ns of link; called at 0, validated at 1000, stamped at 0
+    # 64 KiB at 1 GB/s: 65,536 ns of link; stamped at 0, then validated at 1000
     assert dp.read(0, bytearray(64 << 10), wait=False) == 0 + 65_536 + 100
-    # 4 KiB, the short path: called at 2000, validated at 3000, stamped after it at 4000; the
-    # link is still busy until 65,536
+    # 4 KiB, the short path: validated at 2000, stamped after it at 3000; the link is still busy
+    # until 65,536
     assert dp.read(0, bytearray(4096), wait=False) == 65_536 + 4096 + 100
 
 

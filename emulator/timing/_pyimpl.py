@@ -110,9 +110,11 @@ class PyCore:
     def transfer(self, d: int, dpa: int, buf: Any, now: int, wait: bool) -> int:
         """Read (d=0: media→host) or write (d=1: host→media); now < 0 means real time."""
         real = now < 0
-        called = time.monotonic_ns() if real and not self.params.untimed else now  # see req below
         host = host_view(buf, writable=d == ls.DIR_READ)
         n = host.nbytes
+        # as the C core: a real-time transfer longer than the short path is requested before its
+        # validation (a poison scan), which so runs inside its link time; a short one after it
+        req = time.monotonic_ns() if real and n > ls.SHORT_BYTES and not self.params.untimed else None
         rc = self._validate(d, dpa, n, check_poison=(d == ls.DIR_READ))
         if rc:
             return rc
@@ -124,9 +126,8 @@ class PyCore:
                     self._add(base + ls.BYTES, n)
                     self._add(base + ls.TRANSFERS, 1)
             return 0 if real else now
-        # as the C core: validation (a poison scan) inside the link time of a transfer longer
-        # than its short path, whose request time is taken after it
-        req = time.monotonic_ns() if real and n <= ls.SHORT_BYTES else called
+        if req is None:
+            req = time.monotonic_ns() if real else now
         if n == 0:
             return req
         occ = self.params.occupancy(d, dpa, n)
