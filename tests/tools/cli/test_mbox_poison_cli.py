@@ -46,7 +46,7 @@ def test_bad_arguments_exit_2_device_refusals_exit_1(served: Any, capsys: pytest
     # a separate process, as a user runs it (rich draws its progress bar on a pipe too)
     proc = subprocess.run([sys.executable, "-m", "tools.cli.main", "scan-media", name, "--dpa",
                            hex(served.firmware.config.capacity), "--length", "64"],
-                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[3])
     assert proc.returncode == 2 and proc.stderr.startswith("cxlemu: error: range [")
     assert proc.stderr.count("\n") == 1  # the range is refused before a progress bar is drawn
     for i in range(256):

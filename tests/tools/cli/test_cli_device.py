@@ -17,7 +17,7 @@ import pytest
 from driver import MemDev
 from emulator.device import device_state, firmware_pid
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def cxlemu(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:

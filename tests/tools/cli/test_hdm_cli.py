@@ -20,7 +20,7 @@ from tools.cli.cmd_region import region_table
 from tools.cli.main import main
 
 SZ_256M = 256 << 20
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from emulator.spec.errors import ConfigError
 from tools.cli._common import CliError, parse_port, parse_size
 from tools.cli.main import build_parser, main, version
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CAPACITY = 256 << 20  # the `served` fixture's
 
 

@@ -27,7 +27,7 @@ from firmware_model.prefetch import resolve_window, window_points
 from firmware_model.prefetch_replay import replay_with_prefetch
 from firmware_model.testing import PolicyConformanceError, check_scorer, check_window
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LINK = LinkParams.from_rates(read_latency_ns=1000, read_bandwidth_gbps=1)
 
 

@@ -30,7 +30,7 @@ from firmware_model.testing import (
     check_scenario,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def readme_policy_module() -> str:

@@ -21,7 +21,7 @@ from emulator.fwslots import build_image
 from emulator.spec.errors import ConfigError
 from emulator.timing import TimingConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
 
