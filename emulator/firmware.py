@@ -37,6 +37,7 @@ from emulator.persist import PersistentState
 from emulator.poison import PoisonList
 from emulator.regfile import RegisterFile, init_device_registers
 from emulator.spec import registers as R
+from emulator.spec.payloads_memdev import TIMESTAMP_MODULUS
 from emulator.spec.retcodes import RetCode
 
 if TYPE_CHECKING:
@@ -107,10 +108,12 @@ class Firmware:
         self._ts_base, self._ts_mono = host_ns, time.monotonic_ns()
 
     def timestamp_ns(self) -> int:
-        """Device time: the host's last Set Timestamp plus elapsed time; 0 until one was set (§8.2.9.4)."""
+        """Device time: the host's last Set Timestamp plus elapsed time, modulo 2**64 (a u64
+        everywhere it is reported: Get Timestamp, event records, the telemetry page); 0 until
+        one was set (§8.2.9.4)."""
         if self._ts_base is None:
             return 0
-        return self._ts_base + (time.monotonic_ns() - self._ts_mono)
+        return (self._ts_base + (time.monotonic_ns() - self._ts_mono)) % TIMESTAMP_MODULUS
 
     @property
     def capacity_used_bytes(self) -> int:
