@@ -173,3 +173,20 @@ def test_a_background_operation_whose_change_cannot_be_saved_ends_in_internal_er
         assert fw.persist.error is not None and fw.internal_errors == 0
     finally:
         fw.close()
+
+
+def test_relisting_joins_runs_across_slices_and_sets_overflow_past_the_limit(files):
+    fw = Firmware(files)
+    try:
+        fw.poison.add_latent(0x3C0, 0x80)   # lines 15 and 16: across the border of 16-line slices
+        fw.poison.add_latent(0x1000, 0x40)
+        fw.poison.add_latent(0x8000, 0x40)
+        assert fw.poison.relist_from_bitmap(chunk_lines=16) == 3
+        assert listed(fw) == [(0x3C0, 0x80, PoisonSource.UNKNOWN), (0x1000, 0x40, PoisonSource.UNKNOWN),
+                              (0x8000, 0x40, PoisonSource.UNKNOWN)]
+        assert not fw.poison.overflowed
+        fw.poison.limit = 2
+        assert fw.poison.relist_from_bitmap(chunk_lines=16) == 2
+        assert [r.dpa for r in fw.poison.records] == [0x3C0, 0x1000] and fw.poison.overflowed
+    finally:
+        fw.close()
