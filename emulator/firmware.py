@@ -33,10 +33,11 @@ from emulator.fw_telemetry import FirmwarePublisher
 from emulator.fwslots import FwSlots
 from emulator.health import HealthState
 from emulator.mailbox import COMMANDS, BackgroundJob, dispatch
-from emulator.persist import PersistentState
+from emulator.persist import PERSISTENT_OPCODES, UNSAVED, PersistentState
 from emulator.poison import PoisonList
 from emulator.regfile import RegisterFile, init_device_registers
 from emulator.spec import registers as R
+from emulator.spec.payloads_memdev import TIMESTAMP_MODULUS
 from emulator.spec.retcodes import RetCode
 
 if TYPE_CHECKING:
@@ -107,10 +108,12 @@ class Firmware:
         self._ts_base, self._ts_mono = host_ns, time.monotonic_ns()
 
     def timestamp_ns(self) -> int:
-        """Device time: the host's last Set Timestamp plus elapsed time; 0 until one was set (§8.2.9.4)."""
+        """Device time: the host's last Set Timestamp plus elapsed time, modulo 2**64 (a u64
+        everywhere it is reported: Get Timestamp, event records, the telemetry page); 0 until
+        one was set (§8.2.9.4)."""
         if self._ts_base is None:
             return 0
-        return self._ts_base + (time.monotonic_ns() - self._ts_mono)
+        return (self._ts_base + (time.monotonic_ns() - self._ts_mono)) % TIMESTAMP_MODULUS
 
     @property
     def capacity_used_bytes(self) -> int:
@@ -178,17 +181,15 @@ class Firmware:
 
     def _finish_background(self, rc: RetCode, percent: int = 100) -> None:
         self._bg = None
-        self._save_state()
+        if not self._save_state() and rc == RetCode.SUCCESS and self._bg_opcode in PERSISTENT_OPCODES:
+            rc = UNSAVED  # what it changed is not saved: the host is not told it succeeded
         self.regs.set_fields(R.MB_BG_STATUS, PERCENT=percent, RETCODE=int(rc))
         self.regs.set_field(R.MB_STATUS, "BG_OP", 0)
 
-    def _save_state(self) -> None:
-        """Persist what a command or background operation changed (emulator/persist.py); a
-        failure to write is logged, never fatal: the answer still goes back to the host."""
-        try:
-            self.persist.save()
-        except (OSError, ValueError) as exc:
-            log.error("%s: could not save the device state: %s", self.config.name, exc)
+    def _save_state(self) -> bool:
+        """Persist what a command or background operation changed (emulator/persist.py); False
+        when it could not be written (logged and flagged there, never fatal)."""
+        return self.persist.save()
 
     # errors ----------------------------------------------------------------------------------
     def note_internal_error(self, opcode: int, exc: BaseException) -> None:
@@ -214,7 +215,9 @@ class Firmware:
             rc, out = dispatch(self, opcode, payload)
             cmd = COMMANDS.get(opcode)
             if cmd is not None and cmd.effects and rc == RetCode.SUCCESS:
-                self._save_state()  # before the answer: what the host was told survives a kill
+                # before the answer: what the host was told survives a kill, or it is not told
+                if not self._save_state() and opcode in PERSISTENT_OPCODES:
+                    rc, out = UNSAVED, b""
         regs.region(R.MB_PAYLOAD_OFFSET, len(out))[:] = out
         regs.set_fields(R.MB_CMD, OPCODE=opcode, LENGTH=len(out))
         regs.set_fields(R.MB_STATUS, RETCODE=int(rc), BG_OP=int(self._bg is not None))

@@ -2,7 +2,7 @@
 
 Monitors and the Prometheus exporter read the page without asking the firmware anything
 (emulator/telemetry/layout.py has the layout); this module gathers what the firmware knows — media
-state, health, event and poison counts, the running background operation, the CHMU — and
+state, health, event and poison counts, failed saves of its state, the running background operation, the CHMU — and
 publishes it from the runner's thread, its only writer.
 """
 from __future__ import annotations
@@ -50,7 +50,8 @@ class FirmwarePublisher:
             recent_events=[EventEntry(t, g, s) for t, g, s in list(fw.events.recent)[:MAX_LISTED]],
             recent_poison=[PoisonEntry(r.dpa, r.length, int(r.source)) for r in records[:MAX_LISTED]],
             chmu_enabled=int(unit.enabled), chmu_epoch_count=unit.status.epochs,
-            chmu_unit_size=unit.config.unit_size, hotlist=unit.hotlist.peek()[-256:])
+            chmu_unit_size=unit.config.unit_size, hotlist=unit.hotlist.peek()[-256:],
+            state_save_failures=min(fw.persist.failures, 0xFFFF_FFFF))
 
     def close(self) -> None:
         self.writer.close()

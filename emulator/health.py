@@ -75,6 +75,7 @@ class HealthState:
     corrected_volatile_errors: int = 0
     corrected_persistent_errors: int = 0
     dirty_shutdowns: int = 0
+    state_unsaved: bool = False  # the device's own state cannot be saved (emulator/persist.py)
     alerts: AlertConfig = field(default_factory=AlertConfig)
     _last_ns: int | None = None
     _last_bytes: int = 0
@@ -156,6 +157,8 @@ class HealthState:
             status |= P.HEALTH_REPLACEMENT_NEEDED
         if lv["temperature"] == P.LEVEL_CRITICAL:
             status |= P.HEALTH_PERFORMANCE_DEGRADED  # the module throttles to cool down
+        if self.state_unsaved:
+            status |= P.HEALTH_MAINTENANCE_NEEDED  # an operator must make its folder writable
         return status
 
     def additional_status(self) -> int:

@@ -23,7 +23,8 @@ imports the commands package once, at module level, which fills the table.
 
 Generic rules, in order (CXL r3.1 §8.2.8.4; QEMU `cxl_process_cci_message`):
 unsupported opcode → Unsupported; wrong length → Invalid Payload Length; a background command while
-one runs → Busy; a media command while media is disabled (sanitize) → Media Disabled. A handler
+one runs → Busy; a media command while media is disabled (sanitize) → Media Disabled; a command
+that changes the saved state while it cannot be saved → Internal Error (emulator/persist.py). A handler
 that raises is a firmware bug: the host gets Internal Error, the firmware lives on.
 """
 from __future__ import annotations
@@ -109,7 +110,7 @@ def check(fw: "Firmware", cmd: Command | None, length: int) -> RetCode | None:
         return RetCode.BUSY
     if cmd.needs_media and fw.media_disabled:
         return RetCode.MEDIA_DISABLED
-    return None
+    return fw.persist.refusal(cmd.opcode)  # it would change saved state that cannot be saved
 
 
 def dispatch(fw: "Firmware", opcode: int, payload: bytes | memoryview) -> tuple[RetCode, bytes]:

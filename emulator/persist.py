@@ -13,14 +13,34 @@ the previous state, never half of one. The firmware saves after every mailbox co
 command table says changes something (its Command Effects), before it answers, so what a host
 was told happened survives a SIGKILL; after every background operation; and on a timer for what
 changes without a command (the data path's poison hits, Scan Media's findings).
+
+Damaged state loses nothing. A `state.json` that cannot be read, is not JSON, or holds other
+than what `snapshot` writes is moved aside to `state.json.bad-<UTC time>` before anything saves;
+the poison list is rebuilt from the bitmap (every bad line listed again, source Unknown), so the
+list and the bitmap agree; the firmware slots start as configured (the moved file keeps what
+they held). A damaged file that cannot be moved aside stops the boot (`StateError`, naming it
+and `--fresh`). Without a `state.json` the list is rebuilt from the bitmap the same way.
+
+State that cannot be saved is not acknowledged as saved. A failed save (the file made a
+directory, the folder read-only, the disk full) is logged once, retried with back-off and
+flagged (`error`, `failures`: Maintenance Needed in Get Health Info, `state_save_failures` on the
+telemetry page and in the monitor); until a save succeeds, the commands that change the saved
+state are refused with UNSAVED (the dispatcher asks `refusal`), and one that ran when the save
+failed is answered UNSAVED instead of Success.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from emulator.spec.errors import ConfigError
+from emulator.spec.opcodes import Opcode
+from emulator.spec.payloads_poison import PoisonSource
+from emulator.spec.retcodes import RetCode
 
 if TYPE_CHECKING:
     from emulator.firmware import Firmware
@@ -30,12 +50,58 @@ log = logging.getLogger(__name__)
 STATE_FILE = "state.json"
 VERSION = 1
 SAVE_INTERVAL_NS = 200_000_000  # the timer's period for changes no command announced
+RETRY_MAX_NS = 10_000_000_000   # a failing save is retried after 0.4 s, 0.8 s, ... then every 10 s
+# The commands that change what state.json holds: the poison list (inject, clear, a scan's
+# findings, sanitize's wipe) and the firmware slots (a package stored, a slot activated).
+PERSISTENT_OPCODES = frozenset({Opcode.INJECT_POISON, Opcode.CLEAR_POISON, Opcode.SCAN_MEDIA,
+                                Opcode.SANITIZE, Opcode.SECURE_ERASE, Opcode.TRANSFER_FW,
+                                Opcode.ACTIVATE_FW})
+# Internal Error (§8.2.8.4.5.1: "not completed because of an internal device error"): the
+# device's own non-volatile store failed. Not Retry Required (a retry fails the same until an
+# operator fixes the folder), not Media Disabled or Permanent Media Failure (the media is fine).
+UNSAVED = RetCode.INTERNAL_ERROR
+
+
+class StateError(ConfigError):
+    """A damaged state file that cannot be moved aside: the device does not boot over it."""
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():  # a failed write or rename leaves no temporary file behind
+            tmp.unlink()
+
+
+def _ints(value: Any, n: int) -> bool:
+    return (isinstance(value, list) and len(value) == n
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
+
+
+def check_state(state: Any) -> None:
+    """Raise ValueError naming the first part of a loaded state that `snapshot` would not write."""
+    if not isinstance(state, dict):
+        raise ValueError("not a JSON object")
+    if state.get("version") != VERSION:
+        raise ValueError(f"version {state.get('version')!r}, not {VERSION}")
+    poison, slots = state.get("poison"), state.get("fwslots")
+    if not isinstance(poison, dict) or not isinstance(poison.get("records"), list):
+        raise ValueError("poison.records is not a list")
+    sources = {int(s) for s in PoisonSource}
+    if not all(_ints(r, 3) and r[2] in sources for r in poison["records"]):
+        raise ValueError("poison.records holds other than [dpa, length, source] integers")
+    if not isinstance(poison.get("overflowed"), bool) or not _ints([poison.get("overflow_ns")], 1):
+        raise ValueError("poison.overflowed / overflow_ns are not a boolean and an integer")
+    if not isinstance(slots, dict) or not _ints([slots.get(k) for k in ("slots", "active", "staged")], 3):
+        raise ValueError("fwslots is not an object with integer slots, active and staged")
+    revisions, crcs = slots.get("revisions"), slots.get("crc32")
+    if not isinstance(revisions, list) or not all(r is None or isinstance(r, str) for r in revisions):
+        raise ValueError("fwslots.revisions is not a list of strings or nulls")
+    if not isinstance(crcs, list) or not all(c is None or _ints([c], 1) for c in crcs):
+        raise ValueError("fwslots.crc32 is not a list of integers or nulls")
 
 
 class PersistentState:
@@ -47,30 +113,52 @@ class PersistentState:
         self._saved_text: str | None = None
         self._saved_images: dict[int, int] = {}  # slot -> crc of the package on disk
         self._next_ns = 0
+        self.error: str | None = None  # why the last save failed; None while the file is current
+        self.failures = 0              # failed saves since the last one that succeeded
 
     # ---- boot ------------------------------------------------------------------------------------
     def restore(self) -> bool:
-        """Apply the saved state, if any; True when there was one. A damaged file is logged and
-        ignored (the device boots as new, with its media and LSA files untouched)."""
+        """Apply the saved state, if any; True when there was one. A damaged file is moved aside
+        and the poison list rebuilt from the bitmap (the module doc)."""
+        path = self.dir / STATE_FILE
         try:
-            text = (self.dir / STATE_FILE).read_text()
-            state: dict[str, Any] = json.loads(text)
+            state: dict[str, Any] = json.loads(path.read_bytes())
+            check_state(state)
         except FileNotFoundError:
+            self._relist(None)
             return False
-        except (OSError, ValueError) as exc:
-            log.error("%s: %s cannot be read (%s): poison list and firmware slots start empty",
-                      self.fw.config.name, STATE_FILE, exc)
+        except (OSError, ValueError) as exc:  # JSON and UTF-8 decode errors are ValueErrors
+            self._relist(f"{STATE_FILE} was damaged ({exc}) and is kept as {self._set_aside(path, exc)}")
             return False
-        if state.get("version") != VERSION:
-            log.error("%s: %s has version %r, not %d: ignored", self.fw.config.name, STATE_FILE,
-                      state.get("version"), VERSION)
-            return False
-        self.fw.poison.restore(state.get("poison", {}))
-        slots = state.get("fwslots", {})
-        images = [self._read_image(i + 1) for i in range(len(slots.get("revisions", [])))]
+        self.fw.poison.restore(state["poison"])
+        slots = state["fwslots"]
+        images = [self._read_image(i + 1) for i in range(len(slots["revisions"]))]
         self.fw.fwslots.restore(slots, images)
         self.save()  # what the boot changed (a staged slot became active) is the new state
         return True
+
+    def _set_aside(self, path: Path, exc: BaseException) -> str:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        bad = path.with_name(f"{STATE_FILE}.bad-{stamp}")
+        n = 1
+        while bad.exists() or bad.is_symlink():
+            bad, n = path.with_name(f"{STATE_FILE}.bad-{stamp}.{n}"), n + 1
+        try:
+            os.replace(path, bad)
+        except OSError as err:
+            raise StateError(f"{path} is damaged ({exc}) and cannot be moved aside ({err.strerror or err}): "
+                             f"move it away, or serve {self.fw.config.name!r} with --fresh to start it "
+                             f"empty") from None
+        return bad.name
+
+    def _relist(self, damage: str | None) -> None:
+        """The saved list is gone (`damage` says how; None: there was no file): list every bad
+        line of the bitmap again, so the two agree, and save that at once."""
+        listed = self.fw.poison.relist_from_bitmap()
+        if damage is not None or listed:  # no file and a clean bitmap: a new device, nothing to say
+            log.error("%s: %s: poison list rebuilt from the bitmap (%d records), firmware slots as "
+                      "configured", self.fw.config.name, damage or f"no {STATE_FILE}", listed)
+        self.save()
 
     def _read_image(self, slot: int) -> bytes | None:
         try:
@@ -83,27 +171,55 @@ class PersistentState:
         return {"version": VERSION, "poison": self.fw.poison.to_state(), "fwslots": self.fw.fwslots.to_state()}
 
     def save(self) -> bool:
-        """Write the state if it changed since the last save; True if it wrote."""
+        """Write the state if it changed since the last save. True when the file holds the
+        current state (written now or before); False when it could not be written (logged once
+        per failing spell, flagged, retried by `service` with back-off)."""
         state = self.snapshot()
         text = json.dumps(state, sort_keys=True)
         if text == self._saved_text:
+            return True
+        try:
+            for i, crc in enumerate(state["fwslots"]["crc32"]):
+                image = self.fw.fwslots.images[i]
+                if crc is not None and image is not None and self._saved_images.get(i + 1) != crc:
+                    _write_atomic(self.dir / f"fwslot{i + 1}.img", image)
+                    self._saved_images[i + 1] = crc
+            _write_atomic(self.dir / STATE_FILE, text.encode())
+        except OSError as exc:
+            self._failed(exc)
             return False
-        for i, crc in enumerate(state["fwslots"]["crc32"]):
-            image = self.fw.fwslots.images[i]
-            if crc is not None and image is not None and self._saved_images.get(i + 1) != crc:
-                _write_atomic(self.dir / f"fwslot{i + 1}.img", image)
-                self._saved_images[i + 1] = crc
-        _write_atomic(self.dir / STATE_FILE, text.encode())
         self._saved_text = text
+        if self.error is not None:
+            log.warning("%s: device state saved again after %d failed tries", self.fw.config.name, self.failures)
+            self.error, self.failures = None, 0
+            self.fw.health.state_unsaved = False
         return True
 
+    def _failed(self, exc: OSError) -> None:
+        self.failures += 1
+        if self.error is None:  # once per spell: the timer retries without a word
+            log.error("%s: cannot save the device state in %s (%s): poison and firmware-slot commands are "
+                      "refused with Internal Error until it can; retrying", self.fw.config.name, self.dir,
+                      exc.strerror or exc)
+        self.error = f"{exc.strerror or exc}: {exc.filename or self.dir}"
+        self.fw.health.state_unsaved = True
+
+    def refusal(self, opcode: int) -> RetCode | None:
+        """The dispatcher's check: UNSAVED for a command that would change the saved state while
+        it cannot be saved (after one more try, so a fixed folder is noticed at once)."""
+        if opcode in PERSISTENT_OPCODES and self.error is not None and not self.save():
+            return UNSAVED
+        return None
+
     def service(self, now_ns: int) -> bool:
-        """The runner's timer: save what changed without a command announcing it."""
+        """The runner's timer: save what changed without a command announcing it; while saving
+        fails, retry after twice the last wait, up to RETRY_MAX_NS."""
         if now_ns < self._next_ns:
             return False
-        self._next_ns = now_ns + SAVE_INTERVAL_NS
         self.save()
+        wait = SAVE_INTERVAL_NS if self.error is None else min(RETRY_MAX_NS, SAVE_INTERVAL_NS << min(self.failures, 6))
+        self._next_ns = now_ns + wait
         return False  # saving is not work a host is waiting on: the runner may nap
 
 
-__all__ = ["PersistentState", "STATE_FILE"]
+__all__ = ["PERSISTENT_OPCODES", "PersistentState", "STATE_FILE", "StateError", "UNSAVED", "check_state"]

@@ -236,6 +236,31 @@ class PoisonList:
             self.overflowed = bool(state.get("overflowed", False))
             self.overflow_ns = int(state.get("overflow_ns", 0))  # type: ignore[call-overload]
 
+    def relist_from_bitmap(self, chunk_lines: int = 1 << 26) -> int:
+        """List every run of bad lines in the bitmap as one record of source Unknown (where the
+        poison came from was in the lost state file), replacing the list; past the limit the
+        overflow flag is set. For a lost state file. Returns the records listed."""
+        runs: list[tuple[int, int]] = []
+        step = chunk_lines * POISON_LINE  # a slice at a time: a 1 TiB device has a 2 GiB bitmap
+        for lo in range(0, self.capacity, step):
+            hi = min(self.capacity, lo + step)
+            if not self._fw.poison_bits[lo // POISON_LINE >> 3:(hi // POISON_LINE + 7) >> 3].any():
+                continue
+            for a, b in self.bad_runs(lo, hi):
+                if runs and runs[-1][1] == a:  # a run across the slices' border is one range
+                    a = runs.pop()[0]
+                runs.append((a, b))
+        with self._lock:
+            self._records.clear()
+            self._starts.clear()
+            self.overflowed, self.overflow_ns, self._resume = False, 0, None
+            for a, b in runs:
+                if len(self._records) == self.limit:
+                    self._set_overflow()
+                    break
+                self._insert(PoisonRecord(a, b - a, PoisonSource.UNKNOWN))
+            return len(self._records)
+
     def clear_overflow(self) -> None:
         with self._lock:
             self.overflowed, self.overflow_ns = False, 0

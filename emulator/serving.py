@@ -26,7 +26,11 @@ class Served:
                  reconfigure: bool = False) -> None:
         self.files = provision(config, fresh=fresh, reconfigure=reconfigure)
         self.numa_notice = bind_media(self.files)
-        self.firmware = Firmware(self.files)
+        try:
+            self.firmware = Firmware(self.files)
+        except BaseException:
+            self.files.close()  # a refused boot (persist.StateError) leaves the files closed, as they were
+            raise
         self.runner = FirmwareRunner(self.firmware)
         self.keep = keep
         self._thread: threading.Thread | None = None

@@ -137,6 +137,9 @@ def _device_metrics(fam: _Families, view: DeviceView) -> None:
             fam.add("event_records", "gauge", "Records held in each event log.", getattr(fw, f"events_{log}"),
                     device=d, log=log)
         fam.add("chmu_hotlist_entries", "gauge", "Entries on the CHMU hotlist.", len(fw.hotlist), device=d)
+        if snap.has("firmware", "state_save_failures"):  # layout 1.2 on; absent rather than a false 0
+            fam.add("state_save_failures", "gauge", ("Failed saves of the device state since the last that "
+                                                     "succeeded (0: saved)."), fw.state_save_failures, device=d)
         fam.add("telemetry_updated_timestamp_seconds", "gauge", "Unix time of the firmware's last publish.",
                 fw.updated_ns * 1e-9, device=d)
     if snap.host is not None:

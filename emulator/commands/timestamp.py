@@ -2,7 +2,8 @@
 
 The host sets the device's clock in ns since the Unix epoch; the device then counts on from it
 (`Firmware.set_timestamp` / `timestamp_ns`). Until a host sets it, Get Timestamp returns 0, as
-QEMU does, and event records are stamped 0.
+QEMU does, and event records are stamped 0. The clock wraps modulo 2**64: a host may set it to
+any u64, even one just below the wrap.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 @command(Opcode.GET_TIMESTAMP, "Get Timestamp", in_len=0)
 def get_timestamp(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
-    return RetCode.SUCCESS, TIMESTAMP.pack(timestamp=fw.timestamp_ns() & (2**64 - 1))
+    return RetCode.SUCCESS, TIMESTAMP.pack(timestamp=fw.timestamp_ns())
 
 
 @command(Opcode.SET_TIMESTAMP, "Set Timestamp", in_len=TIMESTAMP.size, effects=Effect.IMMEDIATE_POLICY_CHANGE)

@@ -109,6 +109,9 @@ SECURITY_FROZEN = 1 << 3
 
 # §8.2.9.4.1-2 Get / Set Timestamp: ns since midnight 1 Jan 1970 UTC, u64
 TIMESTAMP = Layout("Timestamp", "8.2.9.4", 0x8, [("timestamp", "Q")])
+# The device clock is that u64 counting on: it wraps modulo 2**64 (a host may set any value,
+# even one ns before the wrap), so every record, log and page stamped with it holds it.
+TIMESTAMP_MODULUS = 1 << 64
 
 # §8.2.9.5.1 Get Supported Logs Output Payload: this header, then entries.
 SUPPORTED_LOGS = Layout("Get Supported Logs", "8.2.9.5.1", 0x8, [("entries", "H"), ("rsvd", "6s")])

@@ -5,7 +5,7 @@ a vendor-specific block (CXL r3.1 §8.2.8.2 reserves capability IDs 0x8000-0xFFF
 It holds sections, each with exactly one writer and its own seqlock, so a writer never waits for a
 reader and a reader in another process gets a consistent copy without a lock or a mailbox command.
 
-Layout version 1.1 (offsets in the page; all fields little-endian; `layout_table()` regenerates the
+Layout version 1.2 (offsets in the page; all fields little-endian; `layout_table()` regenerates the
 tables below and a test checks that they match this text):
 
 Page header (0x0000, 64 B; written identically by every writer, see `format_page`):
@@ -14,7 +14,7 @@ Page header (0x0000, 64 B; written identically by every writer, see `format_page
 |---|---|---|---|
 | 0x0000 | 4 | magic | 0x544C5843, "CXLT" |
 | 0x0004 | 2 | version_major | 1; a reader refuses another major |
-| 0x0006 | 2 | version_minor | 1; fields appended to a section bump it (sections never move); old readers ignore them |
+| 0x0006 | 2 | version_minor | 2; fields appended to a section bump it (sections never move); old readers ignore them |
 | 0x0008 | 4 | page_size | bytes of the page this layout uses |
 | 0x000C | 4 | section_count | 2 |
 | 0x0010 | 4 | firmware_offset | 0x0040 |
@@ -63,6 +63,7 @@ Firmware section (0x0040; single writer: the firmware runner, ~10 times per seco
 | 0x1058 | 128 | poison_dpa | u64[16] poisoned range start DPA |
 | 0x10D8 | 128 | poison_length | u64[16] poisoned range length, bytes |
 | 0x1158 | 64 | poison_source | u32[16] source: 0 unknown, 1 external, 2 internal, 3 injected, 7 vendor |
+| 0x1198 | 4 | state_save_failures | failed saves of the device state (state.json) since the last that succeeded; 0: saved; since 1.2 |
 
 Host/KV section (0x1200; single writer: the one KV shim process that claimed it):
 
@@ -111,7 +112,8 @@ once in ``device_chunks_used``, once in ``device_chunks_shared`` when n > 1, and
 (n - 1) x ``chunk_bytes`` of device memory in ``device_saved_bytes``.
 
 Versions. Within a major version a section never moves and never shrinks: a minor version only
-appends fields (1.1 appended the prefix-sharing fields of the host section). A reader refuses
+appends fields (1.1 appended the prefix-sharing fields of the host section, 1.2
+state_save_failures to the firmware section). A reader refuses
 another major and sections whose header offsets are not these; it reads each section's
 ``*_size`` bytes as the header states them, so a field the page's minor lacks reads 0 and
 `TelemetrySnapshot.has` says it is absent (the monitor and the exporter then show nothing rather

@@ -11,7 +11,7 @@ import numpy as np
 from emulator.spec.registers import TELEMETRY_SIZE
 
 MAGIC = 0x544C5843  # "CXLT" little-endian
-VERSION_MAJOR, VERSION_MINOR = 1, 1
+VERSION_MAJOR, VERSION_MINOR = 1, 2
 HOTLIST_MAX = 256
 EVENTS_MAX = 16
 POISON_MAX = 16
@@ -73,7 +73,7 @@ _SECTION_HEAD_SIZE = 0x20  # seq, updated_ns, writer_pid, reserved: what every s
 HEADER = _Layout("header", [
     _f("magic", "<u4", '0x544C5843, "CXLT"'),
     _f("version_major", "<u2", "1; a reader refuses another major"),
-    _f("version_minor", "<u2", "1; fields appended to a section bump it (sections never move); "
+    _f("version_minor", "<u2", "2; fields appended to a section bump it (sections never move); "
        "old readers ignore them"),
     _f("page_size", "<u4", "bytes of the page this layout uses"),
     _f("section_count", "<u4", "2"),
@@ -116,6 +116,9 @@ FIRMWARE = _Layout("firmware", _SECTION_HEAD + [
     _f("poison_length", "<u8", f"u64[{POISON_MAX}] poisoned range length, bytes", POISON_MAX),
     _f("poison_source", "<u4",
        f"u32[{POISON_MAX}] source: 0 unknown, 1 external, 2 internal, 3 injected, 7 vendor", POISON_MAX),
+    # 1.2: a device whose own state cannot be saved (emulator/persist.py) says so
+    _f("state_save_failures", "<u4", "failed saves of the device state (state.json) since the last "
+       "that succeeded; 0: saved", since=2),
 ])
 
 HOST = _Layout("host", _SECTION_HEAD[:2] + [
@@ -166,7 +169,7 @@ HOST_OFFSET = _align64(FIRMWARE_OFFSET + FIRMWARE.size)
 PAGE_SIZE = _align64(HOST_OFFSET + HOST.size)
 SECTIONS = {"firmware": (FIRMWARE, FIRMWARE_OFFSET), "host": (HOST, HOST_OFFSET)}
 # Build-time checks, like QEMU_BUILD_BUG_ON: the documented layout is the one packed here.
-assert HEADER.size == 0x20 and FIRMWARE.size == 0x1198 and HOST.size == 0xE8
+assert HEADER.size == 0x20 and FIRMWARE.size == 0x119C and HOST.size == 0xE8
 assert HOST_OFFSET == 0x1200 and PAGE_SIZE == 0x1300 <= TELEMETRY_SIZE
 
 

@@ -51,6 +51,7 @@ class FirmwareTelemetry:
     chmu_enabled: int = 0
     chmu_epoch_count: int = 0
     chmu_unit_size: int = 0
+    state_save_failures: int = 0  # since layout 1.2
     hotlist: list[tuple[int, int]] = field(default_factory=list)  # (unit index, count)
     recent_events: list[EventEntry] = field(default_factory=list)  # newest first
     recent_poison: list[PoisonEntry] = field(default_factory=list)

@@ -8,9 +8,12 @@ import pytest
 from mbox_support import firmware, run
 
 from emulator.commands import identify
+from emulator.firmware import FirmwareRunner
 from emulator.mailbox import COMMANDS, Effect, dispatch
 from emulator.spec.opcodes import Opcode
+from emulator.spec.payloads_events import EventLog
 from emulator.spec.retcodes import RetCode
+from emulator.telemetry import TelemetryReader
 
 GIB = 1 << 30
 CEL_UUID_BYTES = bytes.fromhex("0da9c0b5bf414b788f7996b1623b3f17")
@@ -131,6 +134,22 @@ def test_timestamp_get_set(fw):
     assert dispatch(fw, 0x0301, struct.pack("<Q", t0)) == (RetCode.SUCCESS, b"")
     (now,) = struct.unpack("<Q", dispatch(fw, 0x0300, b"")[1])
     assert t0 <= now < t0 + 60 * 10**9  # counts on from the host's value
+
+
+def test_a_timestamp_just_below_2_64_wraps_and_the_device_lives_on(fw):
+    """Issue 24.5: Set Timestamp 2**64-1 answered Success, then the telemetry service raised twice
+    per publish (the page's u64) and every event record failed (Internal Error)."""
+    assert dispatch(fw, Opcode.SET_TIMESTAMP, b"\xff" * 8) == (RetCode.SUCCESS, b"")
+    (now,) = struct.unpack("<Q", dispatch(fw, Opcode.GET_TIMESTAMP, b"")[1])
+    assert now < 60 * 10**9  # one ns after 2**64-1 is 0: the clock wrapped
+    fw.poison.report_hit(0x40)  # a data-path hit logs a General Media record stamped with it
+    rc, out = dispatch(fw, Opcode.GET_EVENT_RECORDS, bytes([EventLog.FAILURE]))
+    assert rc == RetCode.SUCCESS and struct.unpack_from("<H", out, 0x14)[0] == 1
+    assert struct.unpack_from("<Q", out, 0x20 + 0x18)[0] < 60 * 10**9
+    FirmwareRunner(fw).step()  # the services: the first step publishes the telemetry page
+    page = TelemetryReader(fw.files.bar).snapshot().firmware
+    assert page is not None and page.timestamp_ns < 60 * 10**9
+    assert fw.internal_errors == 0
 
 
 def test_supported_logs_lists_the_cel_with_its_size(fw):

@@ -55,6 +55,9 @@ def test_layout_offsets_are_fixed() -> None:
     assert [f.name for f in T.HOST.fields if f.since == 1] == [
         "dedup_chunks", "dedup_write_bytes", "dedup_load_bytes", "cow_copies", "chunk_bytes",
         "device_chunks_used", "device_chunks_shared", "device_saved_bytes"]
+    # 1.2 appended one field to the firmware section, where 1.1's ended (0x1198)
+    assert [(f.name, T.FIRMWARE.offsets[f.name]) for f in T.FIRMWARE.fields if f.since == 2] == [
+        ("state_save_failures", 0x1198)]
 
 
 def test_unformatted_and_unpublished_pages_are_reported() -> None:
@@ -66,7 +69,7 @@ def test_unformatted_and_unpublished_pages_are_reported() -> None:
     assert snap.notes == ["telemetry page not formatted: no firmware has published yet"]
     TelemetryWriter(bar, "firmware")
     snap = reader.snapshot()
-    assert snap.version == (1, 1)
+    assert snap.version == (1, 2)
     assert snap.notes == ["firmware has not published telemetry yet", "no KV shim has published telemetry"]
 
 
@@ -128,6 +131,7 @@ def _as_layout_1_0(bar: bytearray) -> None:
     """Make the header say what a 1.0 writer formatted: minor 0, the 1.0 sizes."""
     head = _header(bar)
     head["version_minor"], head["page_size"], head["host_size"] = 0, 0x12C0, 0xA8
+    head["firmware_size"] = 0x1198
 
 
 def test_page_of_an_older_minor_lacks_the_new_fields() -> None:
@@ -141,23 +145,25 @@ def test_page_of_an_older_minor_lacks_the_new_fields() -> None:
     assert (snap.host.hits, snap.host.dedup_chunks, snap.host.device_saved_bytes) == (3, 0, 0)
     assert snap.has("host", "hits") and snap.has("firmware", "hot_unit")
     assert not snap.has("host", "dedup_chunks") and not snap.has("host", "device_saved_bytes")
+    assert not snap.has("firmware", "state_save_failures")
     assert not T.TelemetrySnapshot().has("host", "hits")  # no page read: nothing is known
     with pytest.raises(ValueError, match="has no field 'nope'"):
         snap.has("host", "nope")
 
 
 def test_writer_raises_an_older_minor_to_its_own() -> None:
-    """A 1.1 writer claiming a page an older firmware formatted as 1.0 raises its header's minor
+    """A 1.2 writer claiming a page an older firmware formatted as 1.0 raises its header's minor
     and sizes (offsets stay), so readers see the appended fields it publishes."""
     bar = _bar()
     TelemetryWriter(bar, "firmware").publish(uptime_ns=1)
     _as_layout_1_0(bar)
     TelemetryWriter(bar, "host").publish(device_chunks_shared=7)
     head = _header(bar)
-    assert (int(head["version_minor"]), int(head["page_size"]), int(head["host_size"])) == (1, 0x1300, 0xE8)
+    assert (int(head["version_minor"]), int(head["page_size"]), int(head["host_size"])) == (2, 0x1300, 0xE8)
+    assert int(head["firmware_size"]) == 0x119C
     assert (int(head["firmware_offset"]), int(head["host_offset"])) == (0x40, 0x1200)
     snap = TelemetryReader(bar).snapshot()
-    assert snap.version == (1, 1) and snap.has("host", "device_chunks_shared")
+    assert snap.version == (1, 2) and snap.has("host", "device_chunks_shared")
     assert snap.host is not None and snap.host.device_chunks_shared == 7
     assert snap.firmware is not None and snap.firmware.uptime_ns == 1
 

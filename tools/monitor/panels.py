@@ -79,6 +79,18 @@ def health_text(status: int) -> str:
     return ", ".join(names) if names else "ok"
 
 
+def health_cell(snap: TelemetrySnapshot | None) -> Text:
+    """The device table's health column: the health status bits, and in red when the device's
+    own state cannot be saved (layout 1.2 on: poison and firmware-slot commands are refused)."""
+    fw = snap.firmware if snap else None
+    if fw is None:
+        return Text("-")
+    cell = Text(health_text(fw.health_status))
+    if snap is not None and snap.has("firmware", "state_save_failures") and fw.state_save_failures:
+        cell.append(f"; state NOT SAVED ({fw.state_save_failures} tries)", style="bold red")
+    return cell
+
+
 def _title(view: DeviceView, what: str) -> str:
     return what if view.up else f"{what} (last seen)"
 
@@ -106,7 +118,7 @@ def device_table(views: list[DeviceView], selected: int) -> Table:
         table.add_row(
             "▶" if i == selected else "", view.name, Text(view.state, style=STATE_STYLE[view.state]),
             MEDIA_STATUS.get(fw.media_status, "?") if fw else "-",
-            health_text(fw.health_status) if fw else "-",
+            health_cell(view.snapshot),
             f"{fw.temperature_c} °C" if fw else "-",
             fmt_ns(fw.uptime_ns) if fw else "-", _detail(view))
     return table

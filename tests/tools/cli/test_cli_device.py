@@ -136,3 +136,32 @@ def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], fragment: str) 
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cxlemu: error:") and fragment in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_serve_over_a_damaged_state_it_cannot_move_aside_is_one_line_and_exit_2(device_name, monkeypatch, capsys):
+    """Issue 24.2: the refusal names the file and the flag that resets it, without a traceback."""
+    from emulator.device import DeviceConfig, device_path, serve
+    from tools.cli.main import main
+
+    with serve(DeviceConfig(name=device_name, capacity=256 << 20), keep=True):
+        pass
+    state = device_path(device_name) / "state.json"
+    state.write_text('{"version": 1, "poi')
+
+    def denied(src: object, dst: object) -> None:  # a folder the firmware may not rename in
+        raise PermissionError(13, "Permission denied", str(src))
+
+    def served_anyway(self: object) -> None:
+        raise AssertionError("served over a damaged state")
+
+    monkeypatch.setattr("emulator.persist.os.replace", denied)
+    monkeypatch.setattr("emulator.serving.Served.run_foreground", served_anyway)
+    try:
+        assert main(["serve", "--name", device_name]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"cxlemu: error: {state} is damaged (Unterminated string starting at: line 1 column 16 "
+                       f"(char 15)) and cannot be moved aside (Permission denied): move it away, or serve "
+                       f"'{device_name}' with --fresh to start it empty\n")
+    finally:
+        monkeypatch.undo()
+        assert main(["destroy", device_name]) == 0

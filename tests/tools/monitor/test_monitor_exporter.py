@@ -107,6 +107,15 @@ def test_prefix_sharing_metrics_absent_from_a_layout_1_0_page() -> None:
     assert not [k for k in got if any(k.startswith(f"cxlemu:{name}{{") for name in SHARING)]
 
 
+def test_state_save_failures_exported_from_a_layout_1_2_page_only() -> None:
+    """Issue 24.3: a device that cannot save its state says so to a scraper too."""
+    fw = FirmwareTelemetry(state_save_failures=4, health_status=1, seq=2)
+    got = samples(render_metrics([DeviceView("a", "served", snapshot=TelemetrySnapshot((1, 2), fw, None))]))
+    assert (got['cxlemu:state_save_failures{device="a"}'], got['cxlemu:health_status{device="a"}']) == (4, 1)
+    older = samples(render_metrics([DeviceView("a", "served", snapshot=TelemetrySnapshot((1, 1), fw, None))]))
+    assert 'cxlemu:health_status{device="a"}' in older and not [k for k in older if "state_save" in k]
+
+
 def test_latency_histogram_is_cumulative() -> None:
     link = linkstate.snapshot(bytes(linkstate.USED_BYTES))
     link.update(read_transfers=15, read_latency_ns=3000, read_hist_07=10, read_hist_08=5, read_bytes=960)

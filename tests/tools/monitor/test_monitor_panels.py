@@ -61,6 +61,23 @@ def test_device_table_rows() -> None:
     assert "▶ mon1 gone disabled performance degraded -3 °C 90.00 s firmware pid 7 exited" in text
 
 
+def test_device_table_flags_a_state_that_cannot_be_saved() -> None:
+    """Issue 24.3: layout 1.2's state_save_failures shows in the health column, in red; a page of
+    1.1 lacks the field and shows the health bits alone."""
+    fw = firmware(health_status=0b1, state_save_failures=5)
+    saved = TelemetrySnapshot((1, 2), firmware(), None)
+    unsaved = TelemetrySnapshot((1, 2), fw, None)
+    older = TelemetrySnapshot((1, 1), fw, None)
+    rows = [DeviceView("mon0", "served", "firmware pid 100", snap) for snap in (saved, unsaved, older)]
+    text = squeeze(render(P.device_table(rows, selected=0), width=160))
+    assert "mon0 served ready ok 41 °C 90.00 s firmware pid 100" in text
+    assert "mon0 served ready maintenance needed; state NOT SAVED (5 tries) 41 °C 90.00 s" in text
+    assert "mon0 served ready maintenance needed 41 °C 90.00 s firmware pid 100" in text
+    cell = P.health_cell(unsaved)
+    assert [(cell.plain[s.start:s.end], str(s.style)) for s in cell.spans] == [
+        ("; state NOT SAVED (5 tries)", "bold red")]
+
+
 def test_capacity_bar() -> None:
     text = render(P.capacity_panel(view()))
     assert "█" * 15 + "░" * 15 + "  512.0 MiB of 1.0 GiB used (50.0%)" in text
