@@ -3,6 +3,8 @@ path and its Python twin on a simulated clock, the firmware's DMA scheduling mod
 device's DMA engine complete every transfer of random workloads at the same simulated time."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import simpy
 from hypothesis import given, settings
@@ -208,3 +210,43 @@ def test_copies_and_empty_transfers_agree_with_the_model(cfg: TimingConfig, ops)
 def test_an_untimed_link_completes_at_the_request_time() -> None:
     link = Link(LinkParams())
     assert [link.transfer("read", 5, 1 << 20), link.copy(0, 64, 64, 9)] == [5, 9] and link.free == [0, 0]
+
+
+# ------------------------------------------------------------------------------ the model's users
+ODD_SIZES = [1, 63, 65, 4097, (2 << 20) + 7]  # none a whole number of 64-B transactions
+
+
+@pytest.mark.parametrize("n", ODD_SIZES)
+def test_the_link_cost_outside_the_data_path_is_the_models(n: int) -> None:
+    """Sanitize's pacing, `bench kv`'s transfer bound and `sim validate`'s replay of a bench's
+    jobs (each once a formula of its own) give the link model's times on sizes that are not
+    whole transactions: leo-x16 at k = 3, 270 ns and 60,000 fs/B each way."""
+    from emulator import presets
+    from emulator.commands.sanitize import sanitize_ns
+    from tools.bench.kv import transfer_bound_s
+    from tools.sim import hardware as hw
+    from tools.sim.validate import link_check
+
+    params = hw.link_params("leo-x16", 3.0)
+    assert params == LinkParams(lat_ns=(270, 270), fs_per_byte=(60_000, 60_000), txn_bytes=64)
+    assert params == dataclasses.replace(presets.load("leo-x16").timing, time_scale=3.0).link_params()
+    assert sanitize_ns(params, n) == Link(params).transfer(WRITE, 0, n)
+    frames = Link(params)
+    last = [frames.transfer(READ, 0, n) for _ in range(3)][-1]
+    assert transfer_bound_s(params, 3, n) == last / 1e9
+    jobs = [[0.0, "load", 1, 1.0, 1.0, True], [0.0, "load", 1, 1.0, 1.0, True], [0.0, "store", 1, 1.0, 1.0, True]]
+    report = {"config": {"block_bytes": n}, "time_scale": {"time_scale": 3.0},
+              "modes": {"cxl-lru": {"mode": {"preset": "leo-x16"}, "levels": {"1": {"jobs": jobs}}}}}
+    row = link_check(report)["cxl-lru"]
+    link = Link(params)
+    loads = [link.transfer(READ, 0, n) / 1e9 for _ in range(2)]
+    assert row["load_model_s"] == 0.0 + loads[0] + loads[1]
+    assert row["store_model_s"] == link.transfer(WRITE, 0, n) / 1e9
+
+
+def test_sanitize_time_is_whole_transactions_and_one_latency() -> None:
+    """1 B and 65 B at k = 3 (leo-x16): 64 and 128 B charged, 3.84 -> 4 ns and 7.68 -> 8 ns."""
+    from emulator.commands.sanitize import sanitize_ns
+
+    params = LinkParams(lat_ns=(270, 270), fs_per_byte=(60_000, 60_000))
+    assert [sanitize_ns(params, 0), sanitize_ns(params, 1), sanitize_ns(params, 65)] == [0, 274, 278]
