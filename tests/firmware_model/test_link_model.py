@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emulator.dma import Descriptor, DmaEngine
-from emulator.timing import DataPath, SimClock, TimingConfig, c_available
+from emulator.timing import DataPath, ManualClock, TimingConfig, c_available
 from firmware_model.dma import DmaScheduler, TransferCost
 from firmware_model.link import (
     READ,
@@ -98,7 +98,7 @@ _transfers = st.lists(st.tuples(st.sampled_from(["read", "write"]), st.integers(
                                 st.integers(1, MAX_N), st.integers(0, 3000)), min_size=1, max_size=12)
 
 
-def _datapath(impl: str, cfg: TimingConfig, clock: SimClock) -> DataPath:
+def _datapath(impl: str, cfg: TimingConfig, clock: ManualClock) -> DataPath:
     media = bytearray(MEDIA)
     return DataPath(media, bytearray(MEDIA // 512), bytearray(4096), cfg, impl=impl, clock=clock)
 
@@ -112,7 +112,7 @@ def _through_model(params: LinkParams, ops) -> list[int]:
 
 
 def _through_datapath(impl: str, cfg: TimingConfig, ops) -> list[int]:
-    clock = SimClock(0)
+    clock = ManualClock(0)
     dp, out = _datapath(impl, cfg, clock), []
     for d, dpa, n, gap in ops:
         clock.advance(gap)
@@ -140,7 +140,7 @@ def _through_dma_model(cost: LinkParams, ops) -> list[float]:
 
 def _through_dma_engine(impl: str, cfg: TimingConfig, ops) -> list[int]:
     """The device's DMA engine over a simulated-clock data path, one descriptor a submission."""
-    clock = SimClock(0)
+    clock = ManualClock(0)
     dp, host, out = _datapath(impl, cfg, clock), bytearray(MAX_N), []
     with DmaEngine(dp, channels=1) as eng:
         for d, dpa, n, gap in ops:
@@ -153,7 +153,7 @@ def _through_dma_engine(impl: str, cfg: TimingConfig, ops) -> list[int]:
 @settings(max_examples=1000, deadline=None)
 @given(cfg=_timing, ops=_transfers)
 def test_every_transfer_completes_at_the_same_time_everywhere(cfg: TimingConfig, ops) -> None:
-    """Random workloads through the link model, DataPath(SimClock) impl='c' and 'py', and the
+    """Random workloads through the link model, DataPath(ManualClock) impl='c' and 'py', and the
     firmware's DmaScheduler (its TransferCost built from the same ns and GB/s numbers)."""
     expected = _through_model(cfg.link_params(), ops)
     cost = TransferCost(read_latency_ns=cfg.read_latency_ns, write_latency_ns=cfg.write_latency_ns,
@@ -192,7 +192,7 @@ def test_copies_and_empty_transfers_agree_with_the_model(cfg: TimingConfig, ops)
         return out
 
     def datapath(impl: str) -> list[int]:
-        clock = SimClock(0)
+        clock = ManualClock(0)
         dp, out = _datapath(impl, cfg, clock), []
         for kind, a, b, n, gap in ops:
             clock.advance(gap)
