@@ -13,11 +13,10 @@ from typing import Any
 from driver._cmd_base import CommandMixin
 from driver.mailbox import Progress
 from emulator.spec import payloads_memdev as P
+from emulator.spec.payloads_memdev import CAPACITY_UNIT
 from emulator.spec.layout import Layout
 from emulator.spec.opcodes import Opcode
 from emulator.spec.registers import MAILBOX_PAYLOAD_SIZE
-
-CAPACITY_UNIT = 256 << 20
 
 
 @dataclass(frozen=True)

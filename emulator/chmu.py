@@ -132,7 +132,7 @@ class ChmuDevice:
         with self._lock:
             return self.unit.record(dpas, is_write)
 
-    def service(self, now_ns: float) -> None:
+    def service(self, now_ns: int) -> None:
         """One runner pass: reset / enable / disable requests, head updates, epoch ends, publish."""
         with self._lock:
             r = self.regs
@@ -156,7 +156,7 @@ class ChmuDevice:
             self.unit.advance(now_ns)
             self._publish()
 
-    def _enable(self, cfg0: int, now_ns: float) -> None:
+    def _enable(self, cfg0: int, now_ns: int) -> None:
         try:
             config = decode_config(cfg0, self.regs.q(CFG1), self.regs.q(CFG2), self.regs.bitmap(),
                                    self.capacity, self.seed)

@@ -38,7 +38,7 @@ from emulator.spec import registers as R
 from emulator.spec.errors import ConfigError, DeviceNotFound
 from emulator.timing.config import TimingConfig
 
-CAPACITY_UNIT = 256 << 20  # §8.2.9.9.1.1: capacities are reported in 256 MiB multiples
+from emulator.spec.payloads_memdev import CAPACITY_UNIT
 POISON_GRANULE = 64
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
 _STAGING_PREFIX = ".new-"  # a device being created: <runtime dir>/.new-<name>-<pid>

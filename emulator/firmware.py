@@ -39,6 +39,8 @@ from emulator.regfile import RegisterFile, init_device_registers
 from emulator.spec import registers as R
 from emulator.spec.payloads_memdev import TIMESTAMP_MODULUS
 from emulator.spec.retcodes import RetCode
+from emulator.timing.clock import WallClock
+from firmware_model.clock import Clock
 
 if TYPE_CHECKING:
     from emulator.device_dir import DeviceFiles
@@ -56,8 +58,11 @@ class Firmware:
     """Device state the command handlers act on: the registers and media, and each command
     group's state as a named field (QEMU's CXLType3Dev keeps them the same way)."""
 
-    def __init__(self, files: DeviceFiles) -> None:
+    def __init__(self, files: DeviceFiles, *, clock: Clock | None = None) -> None:
+        """``clock``: the device's time (default the wall clock): boot time, the Set Timestamp
+        clock, what the runner passes its services, the firmware transfer timeout."""
         self.files = files
+        self.clock: Clock = clock if clock is not None else WallClock()
         self.config = files.config
         self.regs = RegisterFile(files.bar)
         # Boot (a power cycle): a new generation in the state word, down until ready, so hosts
@@ -72,7 +77,7 @@ class Firmware:
         self.services: list[Service] = []
         self.error_hooks: list[Callable[[int, BaseException], None]] = []
         self.internal_errors = 0
-        self.boot_ns = time.monotonic_ns()
+        self.boot_ns = self.clock.now_ns()
         self._ts_base: int | None = None  # host time at _ts_mono, once Set Timestamp ran
         self._ts_mono = 0
         self._bg: BackgroundJob | None = None
@@ -87,8 +92,8 @@ class Firmware:
         # the command groups' state (emulator/commands/): firmware slots (fw), health and alerts
         # (health), interrupt policy (event_policy), event logs (events), poison list (poison),
         # the last media scan (scan)
-        self.fwslots = FwSlots(self.config.fw_revision)
-        self.health = HealthState(start_ns=time.monotonic_ns())
+        self.fwslots = FwSlots(self.config.fw_revision, clock=self.clock.now_ns)
+        self.health = HealthState(start_ns=self.boot_ns)
         self.services.append(HealthService(self))
         self.event_policy = EventInterruptPolicy()
         self.events = EventLogs(self.regs, self.timestamp_ns)
@@ -105,7 +110,7 @@ class Firmware:
 
     # time ------------------------------------------------------------------------------------
     def set_timestamp(self, host_ns: int) -> None:
-        self._ts_base, self._ts_mono = host_ns, time.monotonic_ns()
+        self._ts_base, self._ts_mono = host_ns, self.clock.now_ns()
 
     def timestamp_ns(self) -> int:
         """Device time: the host's last Set Timestamp plus elapsed time, modulo 2**64 (a u64
@@ -113,7 +118,7 @@ class Firmware:
         one was set (§8.2.9.4)."""
         if self._ts_base is None:
             return 0
-        return (self._ts_base + (time.monotonic_ns() - self._ts_mono)) % TIMESTAMP_MODULUS
+        return (self._ts_base + (self.clock.now_ns() - self._ts_mono)) % TIMESTAMP_MODULUS
 
     @property
     def capacity_used_bytes(self) -> int:
@@ -264,7 +269,7 @@ class FirmwareRunner:
         a background job had work, a service had work)."""
         busy = self.fw.service_mailbox()
         busy = self.fw.step_background() or busy
-        now = time.monotonic_ns()
+        now = self.fw.clock.now_ns()
         serviced = False
         for service in self.fw.services:
             try:

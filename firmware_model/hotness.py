@@ -19,10 +19,12 @@ Facts from the CHMU RFC as summarised in reference/cxl.md ("CXL 3.2 Hotness Moni
   interrupt, if enabled); reaching the notification fill threshold raises the level interrupt.
 
 Counting is batched with numpy (an unbuffered scatter-add over unit indices), so the cost per
-access is a few vectorised operations. Time comes in as ``now`` (ns) or from a simpy process.
+access is a few vectorised operations. Time comes in as ``now`` (integer ns), from a
+:class:`~firmware_model.clock.Clock` or from a simpy process.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,7 +155,7 @@ class HotnessStatus:
     epochs: int = 0
     counted: int = 0
     dropped: int = 0
-    interrupts: list[tuple[float, str]] = field(default_factory=list)
+    interrupts: list[tuple[int, str]] = field(default_factory=list)
 
 
 class HotnessUnit:
@@ -169,7 +171,7 @@ class HotnessUnit:
         self.clock = clock
         self.configure(config or HotnessConfig())
 
-    def configure(self, config: HotnessConfig, now: float | None = None) -> None:
+    def configure(self, config: HotnessConfig, now: int | None = None) -> None:
         """Apply a configuration: counters, hotlist and status reset; a new epoch starts at ``now``
         (default: the clock's time, or 0 without a clock)."""
         if now is None:
@@ -193,10 +195,10 @@ class HotnessUnit:
         self.enabled = True
 
     @property
-    def epoch_end(self) -> float:
+    def epoch_end(self) -> int:
         return self.epoch_start + self.config.epoch_ns
 
-    def record(self, dpas: np.ndarray, is_write: np.ndarray | bool = False, now: float | None = None) -> int:
+    def record(self, dpas: np.ndarray, is_write: np.ndarray | bool = False, now: int | None = None) -> int:
         """Count a batch of accesses (DPAs, optionally per-access write flags); returns how many counted.
 
         In epoch mode the epochs that finished before this batch end first, by ``now`` or, when it
@@ -246,7 +248,7 @@ class HotnessUnit:
             new = np.minimum(new, self.config.counter_max)
         return old, new
 
-    def advance(self, now: float) -> int:
+    def advance(self, now: int) -> int:
         """Epoch mode: end every epoch that finished at or before ``now``; returns how many ended."""
         ended = 0
         while self.enabled and self.config.mode == "epoch" and self.epoch_end <= now:
@@ -266,7 +268,7 @@ class HotnessUnit:
 
     def run(self, env: simpy.Environment) -> Generator[Any, Any, None]:
         """A simpy process ending each epoch exactly at its end time (epoch mode)."""
-        self.epoch_start = env.now
+        self.epoch_start = math.floor(env.now)  # whole ns, as a SimpyClock reads it
         while self.enabled and self.config.mode == "epoch":
             yield env.timeout(self.epoch_end - env.now)
             self.end_epoch()

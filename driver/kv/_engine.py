@@ -27,7 +27,6 @@ token changes (:class:`LoadRecovery`). Every decision can be reported to ``recor
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -44,21 +43,14 @@ from driver.kv._recompute import KVLoadError, LoadRecovery, Recompute
 from driver.kv._store import BlockStore, Extent, Transfer
 from driver.kv._writeback import PendingWrite, WriteBack
 from emulator.spec.errors import DmaError, PoisonError
+from emulator.timing.clock import WallClock
 from firmware_model.clock import Clock
 from firmware_model.dma import QueueFullError
 from firmware_model.link import LinkParams
 from firmware_model.policies import NoVictimError, make_policy
 from firmware_model.prefetch import PrefetchQueue, PrefetchStats, resolve_window
 
-__all__ = ["Decision", "KVLoadError", "ResidencyEngine", "WallClock"]
-
-class WallClock:
-    """The default clock of the engine: the host's monotonic wall clock, ns (a decision taken
-    on it depends on how fast this host computes; tests pass a simulated one)."""
-
-    @staticmethod
-    def now_ns() -> int:
-        return time.perf_counter_ns()
+__all__ = ["Decision", "KVLoadError", "ResidencyEngine"]
 
 
 #: What the engine reports to ``record`` (tests assert exact sequences of them):

@@ -54,7 +54,7 @@ __all__ = ["CxlOffloadingManager", "CxlOffloadingSpec", "DeviceHotlist", "privat
 
 logger = init_logger(__name__)
 
-CAPACITY_UNIT = 256 << 20  # a device's capacity is a multiple of this (CXL's 256 MiB granule)
+from emulator.spec.payloads_memdev import CAPACITY_UNIT  # noqa: E402
 
 
 def private_device_name(engine_id: str) -> str:

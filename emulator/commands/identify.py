@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from emulator.mailbox import COMMANDS, command
 from emulator.spec import payloads_events as E
 from emulator.spec import payloads_memdev as P
+from emulator.spec.payloads_memdev import CAPACITY_UNIT
 from emulator.spec.layout import u24
 from emulator.spec.opcodes import Opcode
 from emulator.spec.payloads_poison import INJECT_POISON_LIMIT, POISON_LIST_LIMIT
@@ -19,8 +20,6 @@ from emulator.spec.retcodes import RetCode
 
 if TYPE_CHECKING:
     from emulator.firmware import Firmware
-
-CAPACITY_UNIT = 256 << 20  # §8.2.9.9.1.1: capacities are multiples of 256 MiB
 
 # What Identify Memory Device reports about the logs and lists other groups own: the event logs'
 # capacities (records, emulator.events) and the poison list's limits (emulator.poison).

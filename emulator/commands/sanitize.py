@@ -7,9 +7,10 @@
 
 Zeroing punches holes in the media file (`madvise(MADV_REMOVE)`: the pages read back as zeros in
 every process mapping them, and a sparse device stays sparse); where the filesystem cannot, it
-writes zeros. Rewriting every line also removes all poison. The job paces itself at the device's
-write bandwidth when one is configured (a real sanitize overwrites the whole media), else runs
-as fast as the work goes. It cannot be aborted: the spec keeps media disabled after a sanitize
+writes zeros. Rewriting every line also removes all poison. The job paces itself on the link model
+(a real sanitize overwrites the whole media): the first n bytes are done no sooner than a write of
+n bytes on the idle link completes (`sanitize_ns`); on an untimed link it runs as fast as the
+work goes. It cannot be aborted: the spec keeps media disabled after a sanitize
 that did not finish, so stopping half-way would only leave the device unusable.
 
 Secure Erase (§8.2.9.9.5.2, opcode 4401h; Linux `cxl sanitize-memdev --erase`, sysfs
@@ -44,6 +45,8 @@ cxlemu's own driver waits for it like any background command.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from emulator.commands.scan import ScanState, paced_slices
@@ -51,6 +54,7 @@ from emulator.mailbox import BackgroundJob, Effect, command
 from emulator.spec.opcodes import Opcode
 from emulator.spec.payloads_poison import POISON_LINE
 from emulator.spec.retcodes import RetCode
+from firmware_model.link import WRITE, LinkParams
 
 if TYPE_CHECKING:
     from emulator.firmware import Firmware
@@ -67,22 +71,25 @@ def sanitize(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     return RetCode.BACKGROUND_COMMAND_STARTED, b""
 
 
-def _ns_per_byte(fw: Firmware) -> float:
-    gbps = fw.config.timing.write_bandwidth_gbps  # 1 GB/s is 1 byte per ns
-    return fw.config.timing.time_scale / gbps if gbps else 0.0
+def sanitize_ns(link: LinkParams, nbytes: int) -> int:
+    """How long rewriting the first ``nbytes`` of the media takes: one write of that many bytes
+    at DPA 0 on the device's idle ``link``, the link model's figure (whole transactions, latency
+    once; 0 on an untimed link)."""
+    return link.duration_ns(WRITE, nbytes)
 
 
-def _zero_media(fw: Firmware, ns_per_byte: float) -> BackgroundJob:
-    """Zero the media and its poison bits in slices, yielding percent complete."""
+def _zero_media(fw: Firmware, cost_ns: Callable[[int], float] | None) -> BackgroundJob:
+    """Zero the media and its poison bits in slices no faster than ``cost_ns`` (None: as fast as
+    the work goes), yielding percent complete."""
     capacity = fw.config.capacity
-    for lo, hi in paced_slices(capacity, ns_per_byte, SLICE_BYTES, granule=mmap.PAGESIZE):
+    for lo, hi in paced_slices(capacity, cost_ns, SLICE_BYTES, granule=mmap.PAGESIZE):
         _zero_slice(fw, lo, hi)
         yield 100 * hi // capacity
     return RetCode.SUCCESS
 
 
 def _sanitize(fw: Firmware) -> BackgroundJob:
-    yield from _zero_media(fw, _ns_per_byte(fw))
+    yield from _zero_media(fw, partial(sanitize_ns, fw.config.timing.link_params()))
     fw.lsa[:] = 0
     fw.poison.reset()
     fw.events.discard_all()
@@ -102,7 +109,7 @@ def secure_erase(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
 def _secure_erase(fw: Firmware) -> BackgroundJob:
     """User data only: media and poison go, the LSA and the event logs stay (module docstring)."""
     try:
-        yield from _zero_media(fw, 0.0)  # a key change: no pacing at the write bandwidth
+        yield from _zero_media(fw, None)  # a key change: no pacing at the write bandwidth
         fw.poison.reset()
         fw.scan_media = ScanState()
     finally:

@@ -14,7 +14,7 @@ duration the scan takes, and progress is honest.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -64,23 +64,26 @@ class ScanState:
             self.results.append(rec)
 
 
-def paced_slices(total: int, ns_per_unit: float, max_per_slice: int, granule: int = 1) -> Iterator[tuple[int, int]]:
-    """Split [0, total) into slices done no faster than `ns_per_unit` (0: as fast as the work
-    goes), each ending on a multiple of `granule` or at `total`.
+def paced_slices(total: int, cost_ns: Callable[[int], float] | None, max_per_slice: int,
+                 granule: int = 1) -> Iterator[tuple[int, int]]:
+    """Split [0, total) into slices done no faster than ``cost_ns(n)``, the ns by which the first
+    ``n`` units may be done (it grows with ``n``; None or 0 for all: as fast as the work goes),
+    each ending on a multiple of `granule` or at `total`.
 
     A paced job that is ahead of its schedule naps (at most the runner's own idle nap) until a
     slice's worth of work is due, rather than yielding empty slices in a busy loop; a slice can
     still be empty, and the mailbox is never kept waiting longer than an idle firmware keeps it."""
     t0 = time.monotonic_ns()
     done = 0
-    chunk = max(granule, int(PACED_NAP_S * 1e9 / ns_per_unit)) if ns_per_unit > 0 else total
+    cost = cost_ns if cost_ns is not None and cost_ns(total) > 0 else None
+    chunk = total if cost is None else max(granule, _units_within(cost, PACED_NAP_S * 1e9, total))
     while done < total:
-        if ns_per_unit > 0:
-            due_ns = t0 + min(total, done + chunk) * ns_per_unit
-            wait_ns = due_ns - time.monotonic_ns()
+        allowed = total
+        if cost is not None:
+            wait_ns = t0 + cost(min(total, done + chunk)) - time.monotonic_ns()
             if wait_ns > 0:
                 time.sleep(min(wait_ns / 1e9, PACED_NAP_S))
-        allowed = total if ns_per_unit <= 0 else min(total, int((time.monotonic_ns() - t0) / ns_per_unit))
+            allowed = _units_within(cost, time.monotonic_ns() - t0, total)
         hi = min(allowed, done + max_per_slice)
         if hi < total:
             hi = max(done, hi - hi % granule)
@@ -88,8 +91,25 @@ def paced_slices(total: int, ns_per_unit: float, max_per_slice: int, granule: in
         done = hi
 
 
+def _units_within(cost_ns: Callable[[int], float], budget_ns: float, total: int) -> int:
+    """The most units, up to ``total``, done within ``budget_ns`` (bisection: ``cost_ns`` need
+    not be linear, the link model's is not)."""
+    lo, hi = 0, total
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cost_ns(mid) <= budget_ns:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def scan_ns_per_line(fw: Firmware) -> float:
     return SCAN_NS_PER_LINE * fw.config.timing.time_scale
+
+
+def _linear(ns_per_unit: float) -> Callable[[int], float]:
+    return lambda n: n * ns_per_unit
 
 
 def scan_running(fw: Firmware) -> bool:
@@ -132,7 +152,7 @@ def _scan(fw: Firmware, state: ScanState, start: int, lines: int, log_events: bo
     done = 0
     pending: tuple[int, int] | None = None  # a run reaching a slice's end may go on in the next
     try:
-        for lo, hi in paced_slices(lines, scan_ns_per_line(fw), MAX_LINES_PER_SLICE):
+        for lo, hi in paced_slices(lines, _linear(scan_ns_per_line(fw)), MAX_LINES_PER_SLICE):
             if hi > lo:
                 a, b = start + lo * POISON_LINE, start + hi * POISON_LINE
                 runs = fw.poison.bad_runs(a, b)

@@ -10,6 +10,9 @@ import uuid
 
 from emulator.spec.layout import Layout
 
+# §8.2.9.9.1.1: capacities are reported in 256 MiB units, so a device's capacity is a multiple of it
+CAPACITY_UNIT = 256 << 20
+
 # §8.2.9.9.1.1 Identify Memory Device Output Payload. r3.0 added the Dynamic Capacity Event Log
 # Size at 43h, making it 0x45 bytes. QEMU's cmd_identify_memory_device answers 0x45 (it fills
 # dc_event_log_size); Linux's struct cxl_mbox_identify stops at qos_telemetry_caps, 0x43 bytes

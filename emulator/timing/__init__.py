@@ -8,7 +8,7 @@ is built.  A transfer of n bytes in direction d completes at
 of one device shares one link.
 
 Real time (``clock=None``): the call returns when the transfer has completed, having spun in
-C with the GIL released.  Simulated (``clock=SimClock()``): nothing waits; the completion time
+C with the GIL released.  Simulated (``clock=ManualClock()``): nothing waits; the completion time
 is returned for the caller's event loop.
 """
 from __future__ import annotations
@@ -21,11 +21,14 @@ from emulator.spec.errors import ConfigError, DeviceGone, MediaDisabled, PoisonE
 from emulator.timing import linkstate
 from emulator.timing._buffers import host_view
 from emulator.timing._pyimpl import E_DISABLED, E_GONE, E_POISON, E_RANGE, PyCore, first_poisoned
-from emulator.timing.clock import Clock, SimClock, SimpyClock
+from emulator.timing.clock import WallClock
 from emulator.timing.config import LinkParams, TimingConfig
+from firmware_model.clock import Clock, ManualClock
 
-__all__ = ["Clock", "DataPath", "HostBuffer", "LinkParams", "SimClock", "SimpyClock", "TimingConfig",
+__all__ = ["Clock", "DataPath", "HostBuffer", "LinkParams", "ManualClock", "TimingConfig", "WallClock",
            "c_available", "first_poisoned", "host_view"]
+
+_WALL = WallClock()
 
 _IMPLS = ("auto", "c", "py")
 
@@ -93,7 +96,7 @@ class DataPath:
         if impl not in _IMPLS:
             raise ConfigError(f"impl must be one of {', '.join(_IMPLS)}, got {impl!r}")
         if clock is not None and not isinstance(clock, Clock):
-            raise ConfigError(f"clock must have now_ns() -> int (e.g. SimClock), got {type(clock).__name__}")
+            raise ConfigError(f"clock must have now_ns() -> int (e.g. ManualClock), got {type(clock).__name__}")
         self.config = config
         self.clock = clock
         self.name = name
@@ -308,10 +311,8 @@ class DataPath:
                 py_wait(completion_ns)
 
     def now_ns(self) -> int:
-        """The data path's clock: the simulated clock, or CLOCK_MONOTONIC."""
-        import time
-
-        return time.monotonic_ns() if self.clock is None else int(self.clock.now_ns())
+        """The data path's clock: the simulated clock, or the wall clock (CLOCK_MONOTONIC)."""
+        return (self.clock or _WALL).now_ns()
 
     def counters(self) -> dict[str, int]:
         """Bytes, transfers, busy and latency ns, errors and the log2 latency histogram per

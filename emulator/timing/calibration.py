@@ -20,6 +20,7 @@ from emulator.timing._cimpl import _ABI_VERSION, CCore, lib
 from emulator.timing.chase import build_chase_ring, trimmed_mean
 from emulator.timing.config import LinkParams
 from emulator.timing.localmem import cache_dir, host_fingerprint
+from firmware_model.link import READ
 
 # The calibration chases a 256 KiB ring (past L1, inside L2), at a short latency, in many short
 # interleaved rounds (see _calibrate_native).  The ring's size moves the figure a little, as
@@ -65,14 +66,13 @@ def _calibrate_native(fs_per_byte: int) -> float:
     lines = _CALIBRATE_RING_BYTES // 64
     ring = mmap.mmap(-1, _CALIBRATE_RING_BYTES)  # page-aligned, returned to the OS after
     media = memoryview(ring)
-    expected = _CALIBRATE_LAT_NS + (64 * fs_per_byte + 500_000) // 1_000_000
+    params = LinkParams(lat_ns=(_CALIBRATE_LAT_NS, 0), fs_per_byte=(fs_per_byte, 0), txn_bytes=64)
+    expected = params.duration_ns(READ, 64)  # what each hop's 64-B line adds, by the link model
     # a state word that admits access, so the chase checks it as a device's data path does
     state_ok = 1 | lib.CXL_ST_UP | lib.CXL_ST_MEDIA
     state = memoryview(bytearray(8)).cast("Q")
     state[0] = state_ok
-    core = CCore(media, None, memoryview(bytearray(ls.USED_BYTES)).cast("Q"),
-                 LinkParams(lat_ns=(_CALIBRATE_LAT_NS, 0), fs_per_byte=(fs_per_byte, 0), txn_bytes=64),
-                 state=(state, state_ok))
+    core = CCore(media, None, memoryview(bytearray(ls.USED_BYTES)).cast("Q"), params, state=(state, state_ok))
     passes = []
     try:
         core.chase(build_chase_ring(media, 0, lines), 20_000, True)

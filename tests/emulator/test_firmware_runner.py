@@ -4,6 +4,7 @@ has work."""
 from __future__ import annotations
 
 from emulator.firmware import FirmwareRunner
+from firmware_model.clock import ManualClock
 
 
 class _Firmware:
@@ -14,6 +15,8 @@ class _Firmware:
         self.busy, self.feed = busy, feed
         self.services = [self._feed]
         self.passes = 0
+        self.clock = ManualClock(5_000)
+        self.told: list[int] = []
 
     def service_mailbox(self) -> bool:
         self.passes += 1
@@ -23,6 +26,7 @@ class _Firmware:
         return False
 
     def _feed(self, now_ns: int) -> bool:
+        self.told.append(now_ns)
         return self.feed.pop(0) if self.feed else False
 
     def note_internal_error(self, code: int, exc: BaseException) -> None:
@@ -69,3 +73,12 @@ def test_a_service_with_work_keeps_the_shortest_nap() -> None:
 def test_served_device_defaults() -> None:
     runner = FirmwareRunner(_Firmware([], []))  # type: ignore[arg-type]
     assert (runner.idle_sleep_s, runner.max_idle_sleep_s, runner.spin_s) == (0.0005, 0.016, 0.005)
+
+
+def test_services_are_told_the_firmware_clocks_time() -> None:
+    fw = _Firmware([], [])
+    runner = FirmwareRunner(fw)  # type: ignore[arg-type]
+    runner.step()
+    fw.clock.advance(7)
+    runner.step()
+    assert fw.told == [5_000, 5_007]

@@ -23,6 +23,7 @@ from emulator.spec.payloads_events import (
     TransactionType,
 )
 from emulator.spec.retcodes import RetCode
+from firmware_model.clock import ManualClock
 
 GENERAL_MEDIA = uuid.UUID("fbcd0a77-c260-417f-85a9-088b1621eba6").bytes
 MEMORY_MODULE = uuid.UUID("fe927475-dd59-4339-a586-79bab113b774").bytes
@@ -31,24 +32,15 @@ FAIL = EventLog.FAILURE
 
 
 
-class Clock:
+@pytest.fixture
+def clock() -> ManualClock:
     """A clock the test sets: exact timestamps in records and overflow fields."""
-
-    def __init__(self) -> None:
-        self.now = 1_000
-
-    def __call__(self) -> int:
-        return self.now
+    return ManualClock(1_000)
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def logs(clock: Clock) -> EventLogs:
-    return EventLogs(RegisterFile(bytearray(R.BAR_SIZE)), clock)
+def logs(clock: ManualClock) -> EventLogs:
+    return EventLogs(RegisterFile(bytearray(R.BAR_SIZE)), clock.now_ns)
 
 
 def clear_payload(log: int, handles: list[int], flags: int = 0) -> bytes:
@@ -136,12 +128,12 @@ def test_clear_payload_length_and_log_are_checked(fw: Firmware) -> None:
     assert dispatch(fw, Opcode.GET_EVENT_RECORDS, b"") == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
 
 
-def test_overflow_counts_dropped_records_with_first_and_last_time(logs: EventLogs, clock: Clock) -> None:
+def test_overflow_counts_dropped_records_with_first_and_last_time(logs: EventLogs, clock: ManualClock) -> None:
     size = EVENT_LOG_SIZES[FAIL]
     handles = [logs.general_media(FAIL, i * 64) for i in range(size)]
     assert handles == list(range(1, size + 1))
     for t in (7_000, 8_000, 9_000):
-        clock.now = t
+        clock.set(t)
         assert logs.general_media(FAIL, 0) is None  # dropped
     batch = logs.get(FAIL, 15)
     assert (batch.overflow_count, batch.first_overflow_ns, batch.last_overflow_ns) == (3, 7_000, 9_000)

@@ -152,6 +152,26 @@ def test_a_timestamp_just_below_2_64_wraps_and_the_device_lives_on(fw):
     assert fw.internal_errors == 0
 
 
+def test_timestamp_counts_on_by_the_device_clock(device_name):
+    """On a ManualClock the device time is exact: the host's value plus the ns the clock moved;
+    boot time and the health model start on the same clock."""
+    from emulator.device import DeviceConfig, DeviceFiles
+    from emulator.firmware import Firmware
+    from firmware_model.clock import ManualClock
+
+    clock = ManualClock(5_000)
+    files = DeviceFiles.create(DeviceConfig(name=device_name, capacity=256 << 20))
+    fw = Firmware(files, clock=clock)
+    try:
+        assert fw.boot_ns == fw.health.start_ns == 5_000
+        assert dispatch(fw, 0x0301, struct.pack("<Q", 1_700_000_000_123_456_789))[0] == RetCode.SUCCESS
+        clock.advance(2_500)
+        assert dispatch(fw, 0x0300, b"") == (RetCode.SUCCESS, struct.pack("<Q", 1_700_000_000_123_459_289))
+    finally:
+        fw.close()
+        files.destroy()
+
+
 def test_supported_logs_lists_the_cel_with_its_size(fw):
     rc, out = dispatch(fw, 0x0400, b"")
     assert rc == RetCode.SUCCESS and len(out) == 8 + 20

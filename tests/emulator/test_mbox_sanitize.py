@@ -3,6 +3,7 @@ afterwards media, LSA, poison and events all gone, media enabled again. Secure E
 same job shape, but user data only: media and poison go, the LSA and the event logs stay."""
 from __future__ import annotations
 
+import functools
 import struct
 import threading
 from collections.abc import Iterator
@@ -157,10 +158,10 @@ def held_erase(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     gate = threading.Event()
     zero_media = sanitize_mod._zero_media
 
-    def held(fw: Firmware, ns_per_byte: float) -> Any:
+    def held(fw: Firmware, cost_ns: Any) -> Any:
         while not gate.is_set():
             yield 0
-        return (yield from zero_media(fw, ns_per_byte))
+        return (yield from zero_media(fw, cost_ns))
 
     monkeypatch.setattr(sanitize_mod, "_zero_media", held)
     yield gate
@@ -205,3 +206,33 @@ def test_secure_erase_driver_wrapper_and_command_effects_log(memdev: Any) -> Non
     cel = {e.opcode: e.effects for e in md.command_effects_log()}
     # Immediate Data Change (bit 2) | Security State Change (bit 5) | Background Operation (bit 6)
     assert cel[Opcode.SECURE_ERASE] == 0x64 == cel[Opcode.SANITIZE]
+
+
+class _FakeTime:
+    """A clock that moves only when the job naps: its slices are then exact."""
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def monotonic_ns(self) -> int:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += round(s * 1e9)
+
+
+def test_sanitize_is_paced_on_the_link_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """2,000,000 B at 1 GB/s, 100 ns latency: slices of what the link has written by each nap
+    (0.5 ms: 499,840 B, whole 64-B transactions) and the last byte exactly when a write of the
+    whole on the idle link completes, 2,000,100 ns."""
+    from emulator.commands import scan as scan_mod
+    from firmware_model.link import WRITE, Link, LinkParams
+
+    clock = _FakeTime()
+    monkeypatch.setattr(scan_mod, "time", clock)
+    link = LinkParams(lat_ns=(0, 100), fs_per_byte=(0, 1_000_000))
+    cost = functools.partial(sanitize_mod.sanitize_ns, link)
+    slices = list(scan_mod.paced_slices(2_000_000, cost, 1 << 30))
+    ends = [499_840 * i for i in range(5)] + [2_000_000]
+    assert slices == list(zip(ends, ends[1:]))
+    assert clock.now == Link(link).transfer(WRITE, 0, 2_000_000) == 2_000_100

@@ -3,13 +3,15 @@ path and its Python twin on a simulated clock, the firmware's DMA scheduling mod
 device's DMA engine complete every transfer of random workloads at the same simulated time."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emulator.dma import Descriptor, DmaEngine
-from emulator.timing import DataPath, SimClock, TimingConfig, c_available
+from emulator.timing import DataPath, ManualClock, TimingConfig, c_available
 from firmware_model.dma import DmaScheduler, TransferCost
 from firmware_model.link import (
     READ,
@@ -96,7 +98,7 @@ _transfers = st.lists(st.tuples(st.sampled_from(["read", "write"]), st.integers(
                                 st.integers(1, MAX_N), st.integers(0, 3000)), min_size=1, max_size=12)
 
 
-def _datapath(impl: str, cfg: TimingConfig, clock: SimClock) -> DataPath:
+def _datapath(impl: str, cfg: TimingConfig, clock: ManualClock) -> DataPath:
     media = bytearray(MEDIA)
     return DataPath(media, bytearray(MEDIA // 512), bytearray(4096), cfg, impl=impl, clock=clock)
 
@@ -110,7 +112,7 @@ def _through_model(params: LinkParams, ops) -> list[int]:
 
 
 def _through_datapath(impl: str, cfg: TimingConfig, ops) -> list[int]:
-    clock = SimClock(0)
+    clock = ManualClock(0)
     dp, out = _datapath(impl, cfg, clock), []
     for d, dpa, n, gap in ops:
         clock.advance(gap)
@@ -138,7 +140,7 @@ def _through_dma_model(cost: LinkParams, ops) -> list[float]:
 
 def _through_dma_engine(impl: str, cfg: TimingConfig, ops) -> list[int]:
     """The device's DMA engine over a simulated-clock data path, one descriptor a submission."""
-    clock = SimClock(0)
+    clock = ManualClock(0)
     dp, host, out = _datapath(impl, cfg, clock), bytearray(MAX_N), []
     with DmaEngine(dp, channels=1) as eng:
         for d, dpa, n, gap in ops:
@@ -151,7 +153,7 @@ def _through_dma_engine(impl: str, cfg: TimingConfig, ops) -> list[int]:
 @settings(max_examples=1000, deadline=None)
 @given(cfg=_timing, ops=_transfers)
 def test_every_transfer_completes_at_the_same_time_everywhere(cfg: TimingConfig, ops) -> None:
-    """Random workloads through the link model, DataPath(SimClock) impl='c' and 'py', and the
+    """Random workloads through the link model, DataPath(ManualClock) impl='c' and 'py', and the
     firmware's DmaScheduler (its TransferCost built from the same ns and GB/s numbers)."""
     expected = _through_model(cfg.link_params(), ops)
     cost = TransferCost(read_latency_ns=cfg.read_latency_ns, write_latency_ns=cfg.write_latency_ns,
@@ -190,7 +192,7 @@ def test_copies_and_empty_transfers_agree_with_the_model(cfg: TimingConfig, ops)
         return out
 
     def datapath(impl: str) -> list[int]:
-        clock = SimClock(0)
+        clock = ManualClock(0)
         dp, out = _datapath(impl, cfg, clock), []
         for kind, a, b, n, gap in ops:
             clock.advance(gap)
@@ -208,3 +210,43 @@ def test_copies_and_empty_transfers_agree_with_the_model(cfg: TimingConfig, ops)
 def test_an_untimed_link_completes_at_the_request_time() -> None:
     link = Link(LinkParams())
     assert [link.transfer("read", 5, 1 << 20), link.copy(0, 64, 64, 9)] == [5, 9] and link.free == [0, 0]
+
+
+# ------------------------------------------------------------------------------ the model's users
+ODD_SIZES = [1, 63, 65, 4097, (2 << 20) + 7]  # none a whole number of 64-B transactions
+
+
+@pytest.mark.parametrize("n", ODD_SIZES)
+def test_the_link_cost_outside_the_data_path_is_the_models(n: int) -> None:
+    """Sanitize's pacing, `bench kv`'s transfer bound and `sim validate`'s replay of a bench's
+    jobs (each once a formula of its own) give the link model's times on sizes that are not
+    whole transactions: leo-x16 at k = 3, 270 ns and 60,000 fs/B each way."""
+    from emulator import presets
+    from emulator.commands.sanitize import sanitize_ns
+    from tools.bench.kv import transfer_bound_s
+    from tools.sim import hardware as hw
+    from tools.sim.validate import link_check
+
+    params = hw.link_params("leo-x16", 3.0)
+    assert params == LinkParams(lat_ns=(270, 270), fs_per_byte=(60_000, 60_000), txn_bytes=64)
+    assert params == dataclasses.replace(presets.load("leo-x16").timing, time_scale=3.0).link_params()
+    assert sanitize_ns(params, n) == Link(params).transfer(WRITE, 0, n)
+    frames = Link(params)
+    last = [frames.transfer(READ, 0, n) for _ in range(3)][-1]
+    assert transfer_bound_s(params, 3, n) == last / 1e9
+    jobs = [[0.0, "load", 1, 1.0, 1.0, True], [0.0, "load", 1, 1.0, 1.0, True], [0.0, "store", 1, 1.0, 1.0, True]]
+    report = {"config": {"block_bytes": n}, "time_scale": {"time_scale": 3.0},
+              "modes": {"cxl-lru": {"mode": {"preset": "leo-x16"}, "levels": {"1": {"jobs": jobs}}}}}
+    row = link_check(report)["cxl-lru"]
+    link = Link(params)
+    loads = [link.transfer(READ, 0, n) / 1e9 for _ in range(2)]
+    assert row["load_model_s"] == 0.0 + loads[0] + loads[1]
+    assert row["store_model_s"] == link.transfer(WRITE, 0, n) / 1e9
+
+
+def test_sanitize_time_is_whole_transactions_and_one_latency() -> None:
+    """1 B and 65 B at k = 3 (leo-x16): 64 and 128 B charged, 3.84 -> 4 ns and 7.68 -> 8 ns."""
+    from emulator.commands.sanitize import sanitize_ns
+
+    params = LinkParams(lat_ns=(270, 270), fs_per_byte=(60_000, 60_000))
+    assert [sanitize_ns(params, 0), sanitize_ns(params, 1), sanitize_ns(params, 65)] == [0, 274, 278]

@@ -14,7 +14,7 @@ For each: tokens/s and the decode step time over max(compute time, transfer time
 the best residency must move). Compute time is the fastest step that moved no byte (the resident
 run, or a ``CxlCache`` whose budget holds all the KV). The transfer bound comes from Belady's OPT
 (``firmware_model.policies.BeladyPolicy``) on the layer loop with the same number of frames:
-its misses per step times a layer's bytes over the link's bandwidth, plus one latency. Tokens of
+its misses per step of a layer's bytes on the link model, plus one latency (``transfer_bound_s``). Tokens of
 every mode are checked against ``resident``.
 """
 from __future__ import annotations
@@ -24,6 +24,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from firmware_model.link import READ, LinkParams
 
 WARMUP_STEPS = 2
 
@@ -66,6 +68,16 @@ def opt_misses_per_step(layers: int, frames: int, cycles: int = 12) -> float:
         if i >= layers * (cycles // 2):
             misses_late += 1
     return misses_late / (cycles - cycles // 2)
+
+
+def transfer_bound_s(link: LinkParams, misses: float, frame_bytes: int) -> float:
+    """A decode step's transfer bound: ``misses`` layer frames (a mean, so maybe fractional) read
+    back to back over an idle ``link``. The link model's figures, whole transactions and all:
+    each frame holds the link for its occupancy and the latency is paid once, as for ``misses``
+    reads issued together on a ``firmware_model.link.Link``; 0 without a miss."""
+    if not misses:
+        return 0.0
+    return (misses * link.occupancy(READ, 0, frame_bytes) + link.lat_ns[READ]) / 1e9
 
 
 def seeded_context(layers: int, kv_heads: int, head_dim: int, tokens: int, seed: int = 7):
@@ -147,8 +159,7 @@ def run(*, layers: int, hidden: int, heads: int, kv_heads: int, contexts: list[i
                 _, tokens, times, stats = best[(name, pct)]
                 frames = stats.get("frames", layers)
                 misses = opt_misses_per_step(layers, frames)
-                link_ns = misses * lay.frame_bytes(ctx + steps // 2) / timing.read_bandwidth_gbps
-                bound = (link_ns + timing.read_latency_ns) * timing.time_scale / 1e9 if misses else 0.0
+                bound = transfer_bound_s(timing.link_params(), misses, lay.frame_bytes(ctx + steps // 2))
                 rows.append(_row(ctx, pct, name, frames, times, max(compute, bound), stats, tokens == ref_tokens))
     return rows
 

@@ -118,6 +118,7 @@ class Tier:
 
     def __init__(self, env: simpy.Environment, cfg: TierConfig) -> None:
         self.env, self.cfg = env, cfg
+        self.clock = SimpyClock(env)  # what the policies and the CHMU are told: whole ns
         self.policy = make_policy(cfg.policy, cfg.capacity_blocks)
         self.dma = DmaScheduler(env, cfg.link, channels=64, queue_depth=1 << 30)
         self.storing: set[Any] = set()
@@ -128,7 +129,7 @@ class Tier:
         self._layer_steps = 0
         self.chmu: _Chmu | None = None
         if isinstance(self.policy, HotnessPolicy):  # the smart firmware's heat: the device's own CHMU
-            self.chmu = _Chmu(env, self.policy, cfg.capacity_blocks, cfg.block_bytes)
+            self.chmu = _Chmu(self.clock, self.policy, cfg.capacity_blocks, cfg.block_bytes)
 
     def __contains__(self, key: Any) -> bool:
         return key in self.policy
@@ -144,7 +145,7 @@ class Tier:
         return n
 
     def _pin(self, keys: Sequence[Any]) -> None:
-        now = int(self.env.now)
+        now = self.clock.now_ns()
         for k in keys:
             self.loading[k] = self.loading.get(k, 0) + 1
             self.policy.touch(k, now)
@@ -225,7 +226,7 @@ class Tier:
         return req.done, todo
 
     def _stored(self, keys: tuple[Any, ...]) -> None:
-        now = int(self.env.now)
+        now = self.clock.now_ns()
         pol = self.policy
         for k in keys:
             self.storing.discard(k)
@@ -259,12 +260,12 @@ class _Chmu:
     there; at each epoch's end (100 ms) the hotlist is read, its units mapped back to blocks, and
     their counts added to the hotness policy's heat (as the vLLM tier feeds a served device's)."""
 
-    def __init__(self, env: simpy.Environment, policy: HotnessPolicy, slots: int, block_bytes: int) -> None:
-        self.env, self.policy = env, policy
+    def __init__(self, clock: SimpyClock, policy: HotnessPolicy, slots: int, block_bytes: int) -> None:
+        self.policy = policy
         self.unit = 1 << max(8, (block_bytes - 1).bit_length())  # a power of two >= 256 B holding a block
         self.unit_shift = self.unit.bit_length() - 1
         self.hw = HotnessUnit(slots * self.unit, HotnessConfig(unit_size=self.unit, threshold=1, epoch_ns=100_000_000,
-                                                               hotlist_size=4096))
+                                                               hotlist_size=4096), clock=clock)
         self.slot_of: dict[Any, int] = {}
         self.key_at: dict[int, Any] = {}
         self.free: list[int] = []
@@ -287,7 +288,7 @@ class _Chmu:
 
     def access(self, keys: Sequence[Any], *, write: bool) -> None:
         dpas = np.array([self._slot(k) << self.unit_shift for k in keys if k in self.policy], dtype=np.uint64)
-        self.hw.record(dpas, is_write=write, now=self.env.now)
+        self.hw.record(dpas, is_write=write)  # at the clock's time
         entries = self.hw.hotlist.consume()
         if entries:
             hot = [(self.key_at[u], c) for u, c in entries if u in self.key_at]

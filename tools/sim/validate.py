@@ -26,6 +26,7 @@ import math
 from dataclasses import asdict, replace
 from typing import Any
 
+from firmware_model.link import READ, WRITE, Link
 from tools.sim import hardware as hw
 from tools.sim.run import Point, simulate
 
@@ -77,7 +78,7 @@ def mode_factors(report: dict[str, Any], cost: hw.LinearCost) -> dict[str, float
 def link_check(reports: dict[str, Any] | list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per tier mode, its recorded jobs (reports made since ``cxlemu bench serve`` records them;
     a layer-wise mode's stores only) against the one link model: each direction's jobs replayed in submission order on
-    ``link_free`` (``firmware_model.dma``'s rule), the model's seconds from submission to the
+    a ``firmware_model.link.Link`` (what the DMA scheduling model runs on), the model's seconds from submission to the
     last byte beside the measured ones; and how long after landing vLLM heard of a load
     (``get_finished`` runs once a step)."""
     out: dict[str, dict[str, float]] = {}
@@ -88,30 +89,35 @@ def link_check(reports: dict[str, Any] | list[dict[str, Any]]) -> dict[str, dict
             preset = data.get("mode", {}).get("preset")
             if preset is None:
                 continue
-            link = hw.link_params(preset, k)
+            params = hw.link_params(preset, k)
             # a layer-wise load is issued layer by layer as the forward progresses: its span is
             # the forward's, not the link's, so only its stores are held to the link model
             layerwise = data["mode"].get("prefetch") == "layer"
             row = out.setdefault(name, {"jobs": 0, "load_s": 0.0, "load_model_s": 0.0, "store_s": 0.0,
                                         "store_model_s": 0.0, "load_heard_after_s": 0.0, "loads": 0})
             for level in data.get("levels", {}).values():
-                free = [0.0, 0.0]
-                for sub, kind, blocks, link_s, seen_s, _ok in sorted(level.get("jobs", [])):
-                    d = 0 if kind == "load" else 1
-                    if (layerwise and d == 0) or link_s is None:
-                        continue
-                    start = max(sub, free[d])
-                    free[d] = start + link.occupancy(d, 0, blocks * block_bytes) / 1e9
-                    row["jobs"] += 1
-                    row[f"{kind}_s"] += link_s
-                    row[f"{kind}_model_s"] += free[d] + link.lat_ns[d] / 1e9 - sub
-                    if d == 0:
-                        row["loads"] += 1
-                        row["load_heard_after_s"] += seen_s - link_s
+                _replay_jobs(Link(params), level.get("jobs", []), block_bytes, layerwise, row)
     for row in out.values():
         if row["loads"]:
             row["load_heard_after_s"] /= row["loads"]
     return {name: row for name, row in out.items() if row["jobs"]}
+
+
+def _replay_jobs(link: Link, jobs: list[list[Any]], block_bytes: int, layerwise: bool,
+                 row: dict[str, float]) -> None:
+    """One level's recorded jobs, in submission order, through ``link`` (times in seconds there,
+    ns on the link: the link model's own arithmetic, whole transactions and all)."""
+    for sub, kind, blocks, link_s, seen_s, _ok in sorted(jobs):
+        d = READ if kind == "load" else WRITE
+        if (layerwise and d == READ) or link_s is None:
+            continue
+        done_ns = link.transfer(d, sub * 1e9, blocks * block_bytes)
+        row["jobs"] += 1
+        row[f"{kind}_s"] += link_s
+        row[f"{kind}_model_s"] += done_ns / 1e9 - sub
+        if d == READ:
+            row["loads"] += 1
+            row["load_heard_after_s"] += seen_s - link_s
 
 
 def _as_list(reports: dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -13,8 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from driver.kv import KVLayout, MemoryBlockStore
-from driver.kv._engine import Decision, ResidencyEngine, WallClock
+from driver.kv._engine import Decision, ResidencyEngine
 from driver.kv.testing import GatedStore
+from emulator.timing import WallClock
 from firmware_model.clock import ManualClock
 from firmware_model.link import READ, LinkParams
 from firmware_model.prefetch import window_points

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emulator.spec.errors import ConfigError, PoisonError
-from emulator.timing import DataPath, SimClock, TimingConfig, c_available, linkstate
+from emulator.timing import DataPath, ManualClock, TimingConfig, c_available, linkstate
 
 MEDIA = 1 << 16
 
@@ -48,7 +48,7 @@ QEMU = TimingConfig(read_latency_ns=150, write_latency_ns=250,
 @pytest.mark.parametrize("impl", IMPLS)
 def test_completion_follows_link_model(impl):
     """4 KiB at 16 GB/s occupies 256 ns; a second read at the same instant queues behind it."""
-    clock = SimClock(1000)
+    clock = ManualClock(1000)
     dp, *_ = make(impl, QEMU, clock=clock)
     assert dp.read(0, bytearray(4096)) == 1000 + 256 + 150
     assert dp.read(4096, bytearray(4096)) == 1256 + 256 + 150
@@ -59,7 +59,7 @@ def test_completion_follows_link_model(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_idle_link_starts_at_now(impl):
     """A request after the link went idle starts at its own time."""
-    clock = SimClock(0)
+    clock = ManualClock(0)
     dp, *_ = make(impl, QEMU, clock=clock)
     dp.read(0, bytearray(64))
     clock.advance(10_000)
@@ -72,7 +72,7 @@ def test_idle_link_starts_at_now(impl):
 def test_whole_transactions_are_charged(impl, dpa, n, txn, charged):
     """Bandwidth is charged per aligned transaction touched (1 GB/s: 1 ns per byte)."""
     cfg = TimingConfig(read_bandwidth_gbps=1, transaction_bytes=txn)
-    dp, *_ = make(impl, cfg, clock=SimClock(0))
+    dp, *_ = make(impl, cfg, clock=ManualClock(0))
     assert dp.read(dpa, bytearray(n)) == charged
 
 
@@ -83,7 +83,7 @@ def test_link_time_is_exact_past_64_bits(impl, gbps, scale, n):
     """bytes x fs/B past 2**64 (32 MiB at 1 MB/s x 1000: 3.4e19 fs) takes the 128-bit
     arithmetic, the rest the 64-bit one; both round half up to the ns."""
     cfg = TimingConfig(read_bandwidth_gbps=gbps, time_scale=scale)
-    dp, *_ = make(impl, cfg, clock=SimClock(0), size=max(MEDIA, n))
+    dp, *_ = make(impl, cfg, clock=ManualClock(0), size=max(MEDIA, n))
     fs = cfg.link_params().fs_per_byte[0]
     assert dp.read(0, bytearray(n)) == (n * fs + 500_000) // 1_000_000
 
@@ -145,7 +145,7 @@ def test_calibration_history_per_host(monkeypatch, tmp_path):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_time_scale_multiplies_every_device_time(impl):
     cfg = TimingConfig(read_latency_ns=100, read_bandwidth_gbps=8, time_scale=2.5)
-    dp, *_ = make(impl, cfg, clock=SimClock(0))
+    dp, *_ = make(impl, cfg, clock=ManualClock(0))
     assert dp.read(0, bytearray(768)) == round(100 * 2.5) + round(768 / 8 * 2.5)
 
 
@@ -154,7 +154,7 @@ def test_copy_holds_both_directions(impl):
     """A device-internal copy pays both latencies once, after the slower direction drains."""
     cfg = TimingConfig(read_latency_ns=100, write_latency_ns=200,
                        read_bandwidth_gbps=2, write_bandwidth_gbps=1)
-    dp, media, *_ = make(impl, cfg, clock=SimClock(0))
+    dp, media, *_ = make(impl, cfg, clock=ManualClock(0))
     expect = bytes(media[0:1024])
     assert dp.copy(0, 8192, 1024) == 1024 + 300
     assert bytes(media[8192:9216]) == expect
@@ -165,7 +165,7 @@ def test_copy_holds_both_directions(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_counters_and_histogram(impl):
-    dp, *_ = make(impl, QEMU, clock=SimClock(0))
+    dp, *_ = make(impl, QEMU, clock=ManualClock(0))
     dp.read(0, bytearray(64))        # 4 + 150 = 154 ns -> bucket 7 (128..255)
     dp.read(64, bytearray(64))       # queues 4 ns: 158 ns
     dp.write(0, bytes(128))          # 8 + 250 = 258 ns -> bucket 8
@@ -177,7 +177,7 @@ def test_counters_and_histogram(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_untimed_config_counts_without_a_clock(impl):
-    dp, *_ = make(impl, TimingConfig(), clock=SimClock(42))
+    dp, *_ = make(impl, TimingConfig(), clock=ManualClock(42))
     assert dp.read(0, bytearray(100)) == 42
     c = dp.counters()
     assert (c["read_bytes"], c["read_transfers"], c["read_latency_ns"]) == (100, 1, 0)
@@ -185,7 +185,7 @@ def test_untimed_config_counts_without_a_clock(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_data_round_trips_through_numpy_and_bytes(impl):
-    dp, media, *_ = make(impl, QEMU, clock=SimClock(0))
+    dp, media, *_ = make(impl, QEMU, clock=ManualClock(0))
     src = np.arange(1000, dtype=np.uint32)
     dp.write(4000, src)
     out = np.zeros(1000, dtype=np.uint32)
@@ -199,7 +199,7 @@ def test_data_round_trips_through_numpy_and_bytes(impl):
 
 # -- poison and range ---------------------------------------------------------------------
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("clock", [None, SimClock(0)], ids=["real", "sim"])
+@pytest.mark.parametrize("clock", [None, ManualClock(0)], ids=["real", "sim"])
 def test_poisoned_read_fails_before_copying(impl, clock):
     dp, _media, poison, _ = make(impl, QEMU, clock=clock)
     poison_line(poison, 0x1C0)
@@ -216,7 +216,7 @@ def test_poisoned_read_fails_before_copying(impl, clock):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_write_to_poisoned_line_is_allowed(impl):
-    dp, media, poison, _ = make(impl, QEMU, clock=SimClock(0))
+    dp, media, poison, _ = make(impl, QEMU, clock=ManualClock(0))
     poison_line(poison, 0)
     dp.write(0, b"\x01" * 64)
     assert bytes(media[:64]) == b"\x01" * 64
@@ -224,7 +224,7 @@ def test_write_to_poisoned_line_is_allowed(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_copy_from_poison_fails_and_leaves_destination(impl):
-    dp, media, poison, _ = make(impl, QEMU, clock=SimClock(0))
+    dp, media, poison, _ = make(impl, QEMU, clock=ManualClock(0))
     poison_line(poison, 0x4000 + 128)
     before = bytes(media[0x8000:0x9000])
     with pytest.raises(PoisonError) as exc:
@@ -235,7 +235,7 @@ def test_copy_from_poison_fails_and_leaves_destination(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("op", ["read", "write", "copy_src", "copy_dst", "untimed"])
 def test_out_of_range_names_the_bound_and_touches_nothing(impl, op):
-    dp, media, _, _ = make(impl, QEMU, clock=SimClock(0))
+    dp, media, _, _ = make(impl, QEMU, clock=ManualClock(0))
     before = bytes(media)
     out = bytearray(b"\x55" * 128)
     call = {"read": lambda: dp.read(MEDIA - 64, out),
@@ -251,7 +251,7 @@ def test_out_of_range_names_the_bound_and_touches_nothing(impl, op):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_negative_dpa_and_bad_buffers_are_refused(impl):
-    dp, *_ = make(impl, QEMU, clock=SimClock(0))
+    dp, *_ = make(impl, QEMU, clock=ManualClock(0))
     with pytest.raises(ValueError, match="DPA must be an int >= 0"):
         dp.read(-64, bytearray(64))
     with pytest.raises(ValueError, match="read-only"):
@@ -315,7 +315,7 @@ _cfgs = st.builds(TimingConfig,
 
 
 def _run(impl, cfg, ops, poisoned):
-    clock = SimClock(5)
+    clock = ManualClock(5)
     dp, media, poison, _link = make(impl, cfg, clock=clock)
     for dpa in poisoned:
         poison_line(poison, dpa)
@@ -414,7 +414,7 @@ def test_a_long_real_time_transfer_is_stamped_before_its_validation(monkeypatch)
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_registered_host_buffers_move_the_same_bytes(impl):
-    dp, media, *_ = make(impl, QEMU, clock=SimClock(0))
+    dp, media, *_ = make(impl, QEMU, clock=ManualClock(0))
     out = np.zeros(4096, np.uint8)
     with dp.register(out) as reg:
         assert dp.read(0x100, reg) == 256 + 150
@@ -479,7 +479,7 @@ def test_the_c_core_takes_plain_buffers_in_one_call():
     assert (_cimpl.fast_issue is not None) == (_cimpl.handle_base is not None) == expected
 
 
-@pytest.mark.parametrize("clock", [None, SimClock(500)], ids=["real", "sim"])
+@pytest.mark.parametrize("clock", [None, ManualClock(500)], ids=["real", "sim"])
 def test_every_buffer_kind_moves_the_same_bytes_on_both_twins(clock):
     """numpy arrays of any dtype, bytearray, memoryview slices, array.array; reads never touch
     a byte outside the view they were given."""

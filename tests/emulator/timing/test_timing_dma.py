@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from emulator.dma import Descriptor, Direction, DmaEngine, DmaHandle
 from emulator.spec.errors import DmaError
-from emulator.timing import DataPath, SimClock, TimingConfig, c_available
+from emulator.timing import DataPath, ManualClock, TimingConfig, c_available
 
 MEDIA = 1 << 20
 QEMU = TimingConfig(read_latency_ns=150, write_latency_ns=250,
@@ -51,7 +51,7 @@ def test_scatter_gather_round_trip(impl):
 
 def test_descriptors_pipeline_on_the_link(impl):
     """On a simulated clock: one latency each, link time back to back (16 GB/s: 256 ns/4 KiB)."""
-    dp, *_ = make(impl, clock=SimClock(0))
+    dp, *_ = make(impl, clock=ManualClock(0))
     buf = bytearray(8192)
     with DmaEngine(dp, channels=1) as eng:
         results = eng.submit([Descriptor("read", 0, buf, 0, 4096),
@@ -60,7 +60,7 @@ def test_descriptors_pipeline_on_the_link(impl):
 
 
 def test_bad_descriptors_fail_alone_and_write_nothing(impl):
-    dp, media, poison = make(impl, clock=SimClock(0))
+    dp, media, poison = make(impl, clock=ManualClock(0))
     poison[0x2000 >> 9] |= 1 << ((0x2000 >> 6) & 7)
     host = bytearray(b"\x11" * 8192)
     before_media, before_host = bytes(media), bytes(host)
@@ -101,7 +101,7 @@ def test_channel_is_fifo_and_completion_queue_follows(impl):
 
 
 def test_callbacks_and_round_robin(impl):
-    dp, *_ = make(impl, clock=SimClock(0))
+    dp, *_ = make(impl, clock=ManualClock(0))
     seen: list[int] = []
     ev = threading.Event()
     with DmaEngine(dp, channels=2) as eng:
@@ -162,7 +162,7 @@ def test_batched_c_path_matches_the_python_twin():
     from emulator.dma import BATCH_MIN
 
     def run(impl):
-        dp, media, poison = make(impl, clock=SimClock(100))
+        dp, media, poison = make(impl, clock=ManualClock(100))
         poison[0x4000 >> 9] |= 1 << ((0x4000 >> 6) & 7)  # descriptor 4 reads it
         host = bytearray(1 << 16)
         descs = [Descriptor("read" if i % 3 else "write", i * 0x1000, host, i * 512, 512 + i)
@@ -201,7 +201,7 @@ def test_small_submission_to_an_idle_channel_completes_in_submit(impl, config):
 def test_inline_errors_match_the_python_twin():
     """One, two and three descriptors (the inline paths below the batch call) fail alike."""
     def run(impl):
-        dp, media, poison = make(impl, clock=SimClock(100))
+        dp, media, poison = make(impl, clock=ManualClock(100))
         poison[0x2000 >> 9] |= 1 << ((0x2000 >> 6) & 7)
         host = bytearray(4096)
         subs = [[Descriptor("read", 0x2000, host, 0, 64)],
@@ -340,7 +340,7 @@ def test_c_and_python_engines_agree(subs, poisoned):
     the descriptor is built; lists of 2-6: the per-descriptor and batched paths), resubmitted
     descriptors included: same completion times, errors, bytes and counters on both twins."""
     def run(impl):
-        clock = SimClock(10)
+        clock = ManualClock(10)
         dp, media, poison = make(impl, config=QEMU, clock=clock)
         for dpa in poisoned:
             poison[dpa >> 9] |= 1 << ((dpa >> 6) & 7)
