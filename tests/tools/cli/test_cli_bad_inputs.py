@@ -54,9 +54,15 @@ def test_replay_refuses_a_negative_compute_time(zipf_trace: Path) -> None:
 
 # 11. --policy os:getcwd: not a policy; the message says what the contract needs -----------------
 
-def test_replay_refuses_a_function_that_is_no_policy(zipf_trace: Path) -> None:
-    assert refused("trace", "replay", str(zipf_trace), "--capacity", "4", "--policy", "os:getcwd") == (
-        f"argument --policy: eviction policy os:getcwd is {os.getcwd!r}, which cannot be called as "
+@pytest.mark.parametrize("argv, prefix", [
+    (("trace", "replay", "{trace}", "--capacity", "4"), "argument --policy: "),
+    (("bench", "kv"), ""),  # checked before a model is built
+])
+def test_policy_flags_refuse_a_function_that_is_no_policy(zipf_trace: Path, argv: tuple[str, ...],
+                                                          prefix: str) -> None:
+    argv = tuple(a.format(trace=zipf_trace) for a in argv)
+    assert refused(*argv, "--policy", "os:getcwd") == (
+        f"{prefix}eviction policy os:getcwd is {os.getcwd!r}, which cannot be called as "
         f"f(capacity) (its signature is ()): expected {CONTRACT}")
 
 
