@@ -203,7 +203,7 @@ def cmd_bandwidth(args: Any) -> int:
                        "--region (at most the device's capacity)")
     results = []
     try:
-        with open_target(args) as target, scratch_region(target.datapath, dpa, region_size):
+        with open_target(args) as target, scratch_region(target.datapath, dpa, region_size, "--region"):
             for mode in modes:
                 for size in sizes:
                     if args.processes > 1:

@@ -88,6 +88,12 @@ def test_bench_bandwidth_says_the_size_limit() -> None:
         "--size of at most 64M, or a larger --region (at most the device's capacity)")
 
 
+def test_bench_bandwidth_names_its_own_flag_for_a_region_past_the_device() -> None:
+    assert refused("bench", "bandwidth", "--region", "1G", "--size", "512M") == (
+        "probe region [0x0, 0x40000000) must be 64-B aligned and inside the media (0x10000000 B): pass a "
+        "smaller --region or another --dpa")
+
+
 # 11. sim sweep --address nonsense: refused before a cluster is asked -------------------------------
 
 @pytest.mark.parametrize("address, message", [
