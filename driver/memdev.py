@@ -11,6 +11,7 @@ raises `MailboxError` on a device return code. `send()` is the raw path and neve
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -100,6 +101,13 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
         if reason is None and thorough and self._watch is not None and not liveness.WATCHER.check(self._watch):
             reason = liveness.gone_reason(self._state[0], self._expected) or "its firmware stopped"
         return reason
+
+    def identity(self) -> dict[str, Any]:
+        """Who the device is, as one record: Identify (§8.2.9.1.1: PCI ids, serial, message size)
+        and Identify Memory Device (§8.2.9.9.1.1: firmware revision, capacities, log sizes, poison
+        limits). ``cxlemu identify NAME`` prints exactly this (and the name); ``identify()`` and
+        ``identify_memdev()`` are the two commands' typed results."""
+        return {**asdict(self.identify()), **asdict(self.identify_memdev())}
 
     @property
     def media_status(self) -> int:

@@ -23,8 +23,10 @@ from firmware_model.policies.base import (
     PolicyProtocolError,
     check_capacity,
     check_policy_class,
+    check_policy_factory,
     check_policy_instance,
     import_spec,
+    protocol_summary,
     spec_label,
 )
 from firmware_model.policies.hotness import (
@@ -114,10 +116,7 @@ def resolve_policy(spec: PolicySpec) -> Callable[..., EvictionPolicy]:
     label = policy_label(spec)
     if isinstance(obj, type):
         return check_policy_class(obj, label)
-    if not callable(obj):
-        raise PolicyProtocolError(f"eviction policy {label} is {obj!r}: expected a class (or a factory "
-                                  f"f(capacity, **options)) implementing the EvictionPolicy protocol")
-    return obj
+    return check_policy_factory(obj, label)  # type: ignore[return-value]
 
 
 def _import_policy(spec: str) -> object:
@@ -138,4 +137,10 @@ def make_policy(spec: PolicySpec, capacity: int, **kwargs: Any) -> EvictionPolic
     if isinstance(spec, str) and spec in _FACTORIES:
         return factory(capacity, **kwargs)
     check_capacity(capacity)
-    return check_policy_instance(factory(capacity, **kwargs), policy_label(spec))
+    label = policy_label(spec)
+    try:
+        built = factory(capacity, **kwargs)
+    except TypeError as exc:  # a callable that takes one argument but is no policy factory (os:getenv)
+        raise PolicyProtocolError(f"eviction policy {label}: calling it as f({capacity}) raised TypeError: {exc}; "
+                                  f"expected {protocol_summary()}") from exc
+    return check_policy_instance(built, label)

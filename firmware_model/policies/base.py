@@ -22,6 +22,7 @@ __all__ = [
     "PolicyProtocolError",
     "check_capacity",
     "check_policy_class",
+    "check_policy_factory",
     "check_policy_instance",
     "import_spec",
     "spec_label",
@@ -188,6 +189,31 @@ def _shape_problems(cls: type) -> list[str]:
     if not isinstance(name, str):
         problems.append(f"its name is {name!r}, not a str (expected name = \"a label for reports\")")
     return problems
+
+
+def protocol_summary() -> str:
+    """What a policy must be, in one sentence: the class, its members and its constructor, or a factory."""
+    members = "; ".join(expected for _, expected in PROTOCOL_METHODS.values())
+    return (f"a class implementing EvictionPolicy (firmware_model.policies.base) with name: str; {members}; "
+            f"built as {CONSTRUCTOR}, or a factory f(capacity, **options) returning one")
+
+
+def check_policy_factory(factory: object, label: str) -> object:
+    """Refuse a non-class object named as a policy that cannot be called as ``factory(capacity)``
+    (a module, a constant, a function taking other arguments), saying what a policy must be;
+    returns ``factory``. A callable without a readable signature passes: what it builds is
+    checked by :func:`check_policy_instance`."""
+    if not callable(factory):
+        raise PolicyProtocolError(f"eviction policy {label} is {factory!r}, not callable: expected "
+                                  f"{protocol_summary()}")
+    sig = _signature(factory)
+    if sig is not None:
+        try:
+            sig.bind(1)
+        except TypeError:
+            raise PolicyProtocolError(f"eviction policy {label} is {factory!r}, which cannot be called as "
+                                      f"f(capacity) (its signature is {sig}): expected {protocol_summary()}") from None
+    return factory
 
 
 def _refuse(label: str, problems: list[str]) -> PolicyProtocolError:

@@ -196,9 +196,14 @@ def cmd_bandwidth(args: Any) -> int:
     if args.processes < 1 or args.channels < 1 or args.seconds <= 0:
         raise CliError("--processes and --channels must be >= 1 and --seconds > 0")
     dpa, region_size = parse_int(args.dpa, "--dpa"), parse_size(args.region)
+    too_big = [text for text, size in zip(args.size or [], sizes) if size > region_size]
+    if too_big:  # checked before a device is served or a host buffer of that size allocated
+        raise CliError(f"--size {too_big[0]} is larger than the region the probe streams through (--region "
+                       f"{args.region}, {region_size:#x} B): give a --size of at most {args.region}, or a larger "
+                       "--region (at most the device's capacity)")
     results = []
     try:
-        with open_target(args) as target, scratch_region(target.datapath, dpa, region_size):
+        with open_target(args) as target, scratch_region(target.datapath, dpa, region_size, "--region"):
             for mode in modes:
                 for size in sizes:
                     if args.processes > 1:

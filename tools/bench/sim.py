@@ -79,6 +79,12 @@ def cmd_sim(args: Any) -> int:
     modes = args.modes
     if args.concurrency < 1:
         raise CliError(f"--concurrency must be >= 1, got {args.concurrency}")
+    from tools.sim.run import ConcurrencyError, Point
+
+    try:  # the sessions open at once, within what the KV space holds
+        Point(model=args.model, accelerator=args.accelerator, concurrency=args.concurrency).check_concurrency()
+    except ConcurrencyError as exc:
+        raise CliError(f"--concurrency: {exc}") from None
     err = Console(stderr=True)
     with err.status("bench sim") as status:
         rows = measure(sizes, modes, model=args.model, accelerator=args.accelerator, concurrency=args.concurrency,

@@ -85,12 +85,13 @@ def open_target(args: argparse.Namespace) -> Iterator[Target]:
 
 
 @contextlib.contextmanager
-def scratch_region(dp: DataPath, dpa: int, size: int) -> Iterator[memoryview]:
+def scratch_region(dp: DataPath, dpa: int, size: int, size_flag: str = "--working-set") -> Iterator[memoryview]:
     """A region of media a probe may overwrite; its contents are saved and restored, so a
-    probe leaves a served device's data as it found it."""
+    probe leaves a served device's data as it found it. ``size_flag`` is the option that sized
+    it, named in the error."""
     if dpa % 64 or dpa + size > dp.size:
         raise ValueError(f"probe region [{dpa:#x}, {dpa + size:#x}) must be 64-B aligned and inside "
-                         f"the media ({dp.size:#x} B): pass a smaller --working-set or another --dpa")
+                         f"the media ({dp.size:#x} B): pass a smaller {size_flag} or another --dpa")
     saved = bytearray(size)
     dp.read_untimed(dpa, saved)  # also refuses a region holding poison
     try:

@@ -1,6 +1,6 @@
 """Memory-device commands: identify, health, partition, timestamp, LSA, firmware update.
 
-    cxlemu identify mem0                      Identify Memory Device
+    cxlemu identify mem0                      Identify and Identify Memory Device (MemDev.identity())
     cxlemu health mem0 [--alerts]             Get Health Info [+ Get Alert Configuration], `cxl list -H -A` keys
     cxlemu set-alert-config mem0 --over-temperature-threshold 70 --over-temperature-alert on
     cxlemu partition mem0                     Get Partition Info
@@ -60,7 +60,7 @@ def _named(parent: argparse._SubParsersAction, cmd: str, help_text: str, func: A
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    _named(sub, "identify", "Identify Memory Device as JSON", cmd_identify)
+    _named(sub, "identify", "Identify and Identify Memory Device as JSON (MemDev.identity())", cmd_identify)
     p = _named(sub, "health", "health, temperature and alert state (Get Health Info)", cmd_health)
     p.add_argument("--alerts", action="store_true", help="add the alert configuration (like `cxl list -A`)")
     p = _named(sub, "set-alert-config", "program warning thresholds (like `cxl set-alert-config`)",
@@ -106,10 +106,8 @@ def _emit(args: argparse.Namespace, title: str, record: dict[str, Any]) -> int:
 
 def cmd_identify(args: argparse.Namespace) -> int:
     with device(args.name) as md:
-        ident = md.identify_memdev()
-    record = {"memdev": args.name, **asdict(ident)}
-    record["poison_caps"] = f"{ident.poison_caps:#04x}"
-    return _emit(args, f"{args.name}: Identify Memory Device", record)
+        record = {"memdev": args.name, **md.identity()}  # the driver's record, as `md.identity()` prints it
+    return _emit(args, f"{args.name}: Identify and Identify Memory Device", record)
 
 
 def health_json(h: Any) -> dict[str, Any]:

@@ -40,6 +40,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
         raise CliError(f"--frames must be >= 1, got {args.frames}")
     if args.width is not None and args.width < 60:
         raise CliError(f"--width must be >= 60 columns, got {args.width}")
+    _check_names(args.names)
     width = args.width
     if width is None and not sys.stdout.isatty():
         width = int(os.environ.get("COLUMNS", "0")) or 120  # rich would say 80: too narrow
@@ -47,6 +48,18 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     if args.frames is not None or not sys.stdout.isatty():
         return monitor.run_frames(args.frames)  # a pipe or a log: frames one after another
     return monitor.run_live()
+
+
+def _check_names(names: list[str]) -> None:
+    """A named device must exist when the monitor starts: a typo would otherwise wait forever on a
+    device that never appears (one that goes away later is shown as gone)."""
+    from emulator.device import list_devices, runtime_dir
+    from emulator.spec.errors import DeviceNotFound
+
+    known = set(list_devices())
+    for name in names:
+        if name not in known:
+            raise CliError(str(DeviceNotFound(name, str(runtime_dir()))))
 
 
 def cmd_exporter(args: argparse.Namespace) -> int:

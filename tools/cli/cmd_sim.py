@@ -101,8 +101,10 @@ def _register_serve(sub: Any) -> None:
     s.add_argument("--trace", metavar="FILE", help="a session trace (cxlemu trace gen sessions)")
     s.add_argument("--offload", type=parse_modes, default=None,
                    help="modes, comma-separated: none, host-lru, cxl-lru, cxl-smart (default all)")
-    s.add_argument("--concurrency", type=_levels, default=[1, 2, 4, 8, 16, 24, 32],
-                   help="N, a list 1,2,4, or a range 1..32 (step: 1..32:4); default 1,2,4,8,16,24,32")
+    s.add_argument("--concurrency", type=_levels, default=None,
+                   help="N, a list 1,2,4, or a range 1..32 (step: 1..32:4); default 1,2,4,8,16,24,32; at most "
+                        "what the KV space holds (one block a request); not with --workload trace (its "
+                        "clients are its concurrency)")
     s.add_argument("--pool-gb", type=_positive(float), default=1024.0, help="CXL pool size, GB (default 1024)")
     s.add_argument("--host-gb", type=_positive(float), default=256.0, help="host memory for host-lru, GB (256)")
     s.add_argument("--host-link", default="pcie-host", type=_choice(("pcie-host", "pcie5-host"), "host link"),
@@ -154,24 +156,55 @@ def base_point(args: argparse.Namespace) -> Any:
                  mfu=args.mfu or hw.DEFAULT_MFU, mbu=args.mbu or hw.DEFAULT_MBU)
 
 
+DEFAULT_LEVELS = [1, 2, 4, 8, 16, 24, 32]
+
+
+def _levels_and_trace(args: argparse.Namespace, base: Any) -> tuple[list[int], Any]:
+    """The concurrency levels to run, each within what the KV space holds, and a trace's clients
+    (None for a generated workload). A trace's concurrency is its number of clients: running it
+    at other levels would repeat the same run under another label, so --concurrency is refused."""
+    from dataclasses import replace
+
+    from tools.sim.run import ConcurrencyError, build_scripts
+    from tools.sim.workload import TraceError
+
+    if args.workload != "trace":
+        levels = args.concurrency or DEFAULT_LEVELS
+        try:
+            replace(base, concurrency=max(levels)).check_concurrency()
+        except ConcurrencyError as exc:
+            raise CliError(f"--concurrency: {exc}") from None
+        return levels, None
+    if args.concurrency is not None:
+        raise CliError("--concurrency does not apply to --workload trace: the trace's clients are its "
+                       "concurrency (write one at N with `cxlemu trace gen sessions --concurrency N`)")
+    try:
+        scripts = build_scripts(base.workload, 1)
+    except OSError as exc:
+        raise CliError(f"cannot read trace {args.trace}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        from tools.cli.cmd_trace import not_text_error
+
+        raise not_text_error(args.trace, exc, "a session trace is JSON lines (write one with "
+                                              "`cxlemu trace gen sessions`)") from None
+    except TraceError as exc:
+        raise CliError(f"trace {args.trace}: {exc}") from None
+    return [len(scripts)], scripts
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from tools.sim.run import MODES, build_scripts, simulate
     from tools.sim.sweep import json_rows
-    from tools.sim.workload import TraceError
 
     base = base_point(args)
+    levels, trace_scripts = _levels_and_trace(args, base)
     modes = args.offload or list(MODES)
     rows = []
     t0 = time.perf_counter()
-    for c in args.concurrency:
-        try:
-            scripts = build_scripts(base.workload, c, replace(base, concurrency=c))
-        except OSError as exc:
-            raise CliError(f"cannot read trace {args.trace}: {exc.strerror or exc}") from None
-        except TraceError as exc:
-            raise CliError(f"trace {args.trace}: {exc}") from None
+    for c in levels:
+        scripts = trace_scripts or build_scripts(base.workload, c, replace(base, concurrency=c))
         for mode in modes:
             try:
                 row = simulate(replace(base, mode=mode, concurrency=c), scripts)

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from tools.cli._common import CliError, print_json
+from tools.cli._common import ArgumentError, CliError, print_json
 
 _COST_FLAGS = ("block_bytes", "latency_ns", "bandwidth_gbps", "time_scale", "compute_ns")
 
@@ -72,8 +72,25 @@ def _register_replay(sub: Any) -> None:
     g.add_argument("--latency-ns", type=float, default=0.0, help="per-transfer latency, ns")
     g.add_argument("--bandwidth-gbps", type=float, default=0.0, help="link bandwidth, GB/s (0 = unthrottled)")
     g.add_argument("--time-scale", type=float, default=1.0, help="multiplies every device time")
-    g.add_argument("--compute-ns", type=int, default=0, help="compute time per access, ns")
+    g.add_argument("--compute-ns", type=non_negative_ns, default=0, help="compute time per access, ns (>= 0)")
     r.set_defaults(func=_cmd_replay)
+
+
+def non_negative_ns(text: str) -> int:
+    """A whole number of ns >= 0 (an argparse ``type=``): compute time cannot run backwards."""
+    try:
+        ns = int(text, 10)
+    except ValueError:
+        raise ArgumentError(f"malformed time {text!r}: use a whole number of ns >= 0, e.g. 2000") from None
+    if ns < 0:
+        raise ArgumentError(f"must be a whole number of ns >= 0, got {ns}")
+    return ns
+
+
+def not_text_error(path: str, exc: UnicodeDecodeError, expected: str) -> CliError:
+    """A trace file that is not UTF-8 text (a binary given by mistake), named, with what a trace is."""
+    return CliError(f"trace {path} is not a trace: it is binary, not JSON-lines text (byte "
+                    f"{exc.object[exc.start]:#04x} is not UTF-8); {expected}")
 
 
 def _cost_from(args: argparse.Namespace):  # -> TransferCost | None
@@ -146,6 +163,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                           args.prefetch_window)
     except OSError as exc:
         raise CliError(f"cannot read trace {args.file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:  # a ValueError too: caught first to name the file
+        raise not_text_error(args.file, exc, "a trace is JSON lines or a binary .npz (write one with "
+                                             "`cxlemu trace gen KIND --out FILE.npz`)") from None
     except (TraceFormatError, ValueError) as exc:
         raise CliError(str(exc)) from None
     if args.json:

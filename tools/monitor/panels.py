@@ -164,20 +164,30 @@ def _bucket_label(k: int) -> str:
     return f"{fmt_ns(lo)}–{fmt_ns((1 << (k + 1)) - 1)}" if k < linkstate.HIST_BUCKETS - 1 else f"≥{fmt_ns(lo)}"
 
 
+def timed_transfers(link: dict[str, int], name: str) -> int:
+    """Transfers of direction `name` since start that recorded a latency: the histogram's total.
+    An untimed link moves data without reading the clock, so it counts a transfer (what the
+    bandwidth panel shows) but no latency."""
+    return sum(link[f"{name}_hist_{k:02d}"] for k in range(linkstate.HIST_BUCKETS))
+
+
 def latency_panel(view: DeviceView, width: int = 30) -> Panel:
-    """Log2 latency histogram per direction over the window; mean latency since start."""
+    """Per direction: the transfers since start (the bandwidth panel's count, the same field), the
+    mean latency of the timed ones, and their log2 histogram over the window."""
     link = view.link
     if link is None:
         return Panel(Text("no data path yet", style="dim"), title=_title(view, "latency"))
     parts: list[RenderableType] = []
     for d, name in enumerate(DIRECTIONS):
         counts, span = view.history.latency_counts(d)
-        n = link[f"{name}_transfers"]
-        mean = fmt_ns(link[f"{name}_latency_ns"] / n) if n else "-"
-        parts.append(Text(f"{name}: mean {mean}, {span}", style="bold"))
+        n, timed = link[f"{name}_transfers"], timed_transfers(link, name)
+        mean = f"mean {fmt_ns(link[f'{name}_latency_ns'] / timed)}" if timed else "mean -"
+        parts.append(Text(f"{name}: {n:,} transfers, {mean}, {span}", style="bold"))
         used = [k for k, c in enumerate(counts) if c]
         if not used:
-            parts.append(Text("  no transfers", style="dim"))
+            note = ("no transfers" if not n else "none timed: an untimed link records no latency" if not timed
+                    else f"none timed in the {span}")
+            parts.append(Text(f"  {note}", style="dim"))
             continue
         top = max(counts)
         grid = Table.grid(padding=(0, 1))

@@ -26,10 +26,21 @@ from tools.sim import hardware as hw
 from tools.sim.engine import EngineConfig, Request, SimEngine, TierConfig
 from tools.sim.workload import ClientScript
 
-__all__ = ["MODES", "Point", "build_scripts", "simulate", "summarize"]
+__all__ = ["MAX_CLIENTS", "MODES", "ConcurrencyError", "Point", "build_scripts", "simulate", "summarize"]
 
 MODES = ("none", "host-lru", "cxl-lru", "cxl-smart")
 GB = 10**9
+#: the most clients one point takes, whatever its KV space (a huge --kv-blocks): 2^16 clients'
+#: scripts are ~100 MB and a run of them minutes; vLLM itself runs at most max_num_seqs (256) at once
+MAX_CLIENTS = 1 << 16
+
+
+class ConcurrencyError(ValueError):
+    """More clients than the KV space can hold at one block each (``Point.check_concurrency``)."""
+
+    def __init__(self, message: str, bound: int) -> None:
+        super().__init__(message)
+        self.bound = bound
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +108,25 @@ class Point:
                              max_num_batched_tokens=self.max_num_batched_tokens,
                              memory_utilization=self.memory_utilization)
         return int(cap["kv_tokens"] // self.block_tokens), cap
+
+    def client_bound(self) -> int:
+        """The most clients the KV space holds at once: a request in the engine holds at least one
+        block, and block 0 is vLLM's null block. Past it a client can never be admitted while the
+        others run, and each costs memory and time for nothing."""
+        return min(max(self.kv_space()[0] - 1, 0), MAX_CLIENTS)
+
+    def check_concurrency(self) -> None:
+        """Raise :class:`ConcurrencyError` (a ``ValueError``) when ``concurrency`` exceeds
+        :meth:`client_bound`. A point with no KV space at all is left to :func:`simulate`, which
+        says so."""
+        bound = self.client_bound()
+        if bound == MAX_CLIENTS and self.concurrency > bound:
+            raise ConcurrencyError(f"{self.concurrency} clients is more than the simulator takes: at most {bound} "
+                                   "(tools.sim.run.MAX_CLIENTS)", bound)
+        if bound and self.concurrency > bound:
+            raise ConcurrencyError(f"{self.concurrency} clients is more than {self.shape().name} on {self.accelerator} "
+                                   f"can hold: at most {bound} (its KV space is {bound + 1} blocks of "
+                                   f"{self.block_tokens} tokens, one block a request, one the null block)", bound)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,7 +211,9 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
     cfg = EngineConfig(block_tokens=p.block_tokens, kv_blocks=kv_blocks, max_num_seqs=p.max_num_seqs,
                        max_num_batched_tokens=p.max_num_batched_tokens,
                        long_prefill_token_threshold=p.long_prefill_token_threshold, jitter=p.jitter, seed=p.seed)
-    scripts = build_scripts(p.workload, p.concurrency, p) if scripts is None else scripts
+    if scripts is None:
+        p.check_concurrency()
+        scripts = build_scripts(p.workload, p.concurrency, p)
     tier = tier_config(p, shape)
     t0 = time.perf_counter()
     engine = SimEngine(scripts, p.cost(), cfg, tier=tier)

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.cli._common import ArgumentError, CliError
+from tools.cli._common import ArgumentError, CliError, parse_port
 from tools.sim import hardware as hw
-from tools.sim.run import MODES, Point, simulate
+from tools.sim.run import MODES, ConcurrencyError, Point, simulate
 
 __all__ = ["WORKLOADS", "Prices", "SweepError", "cmd_sweep", "cost_per_token", "expand", "parse_levels",
            "register_sweep", "run_sweep", "sort_key", "workload_label", "write_csv", "write_plots"]
@@ -146,6 +146,11 @@ def expand(grid: Mapping[str, Any]) -> list[Point]:
     workloads = _workload_specs(grid)
     if not workloads:
         raise SweepError("workloads", f"no workloads given: name at least one of {', '.join(WORKLOADS)}")
+    for model, acc in itertools.product(models, accs):  # each level within what the KV space holds
+        try:
+            Point(model=model, accelerator=acc, concurrency=max(levels)).check_concurrency()
+        except ConcurrencyError as e:
+            raise SweepError("concurrency", str(e)) from None
     out: list[Point] = []
     seen: set[str] = set()
     for model, acc, wl, mode in itertools.product(models, accs, workloads, modes):
@@ -394,6 +399,7 @@ def write_plots(rows: Sequence[Mapping[str, Any]], prefix: str | Path) -> list[P
 
 # --------------------------------------------------------------------------- the CLI
 
+MAX_LEVELS = 1024  # concurrency levels one run takes: each is a whole simulation
 _LEVELS_HELP = "a range 1..32, a list 1,2,4, or a range with a step 1..32:4 (items may be mixed: 1,2,4..32:4)"
 
 
@@ -418,8 +424,33 @@ def parse_levels(text: str) -> list[int]:
             raise ArgumentError(f"empty concurrency range {item!r}: the end must be >= the start")
         if step < 1:
             raise ArgumentError(f"concurrency step must be >= 1, got {item!r}")
-        levels.update(range(lo, hi + 1, step))
+        more = range(lo, hi + 1, step)
+        if len(levels) + len(more) > MAX_LEVELS:  # checked before a set of 10^8 levels is built
+            raise ArgumentError(f"too many concurrency levels in {text!r}: at most {MAX_LEVELS} (each is a "
+                                f"whole simulation); use a step, e.g. {lo}..{hi}:{max(1, (hi - lo) // 16)}")
+        levels.update(more)
     return sorted(levels)
+
+
+#: Dask's protocols a scheduler listens on; a bare HOST:PORT is tcp
+_SCHEDULER_PROTOCOLS = ("tcp", "tls", "ucx", "ws", "wss")
+_ADDRESS_RE = re.compile(r"(?:(?P<proto>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+)"
+                         r":(?P<port>[^:/\s]*)")
+
+
+def parse_address(text: str) -> str:
+    """A Dask scheduler address, ``[PROTOCOL://]HOST:PORT``, checked before a cluster is asked (an
+    argparse ``type=``); returns it stripped. Raises ArgumentError saying the form."""
+    address = text.strip()
+    m = _ADDRESS_RE.fullmatch(address)
+    if not m:
+        raise ArgumentError(f"malformed scheduler address {text!r}: use [PROTOCOL://]HOST:PORT, "
+                            "e.g. tcp://10.0.0.5:8786")
+    if m["proto"] and m["proto"] not in _SCHEDULER_PROTOCOLS:
+        raise ArgumentError(f"unknown protocol {m['proto']!r} in {text!r}: use one of "
+                            f"{', '.join(_SCHEDULER_PROTOCOLS)}, e.g. tcp://10.0.0.5:8786")
+    parse_port(m["port"])  # 1..65535, or an ArgumentError saying so
+    return address
 
 
 def _list(text: str) -> list[str]:
@@ -493,7 +524,7 @@ def register_sweep(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=None, help="the fixed workload's context in tokens (4096)")
     p.add_argument("--modes", default=",".join(d["modes"]), help=f"comma list of {', '.join(MODES)}")
     p.add_argument("--concurrency", default="1,2,4,8,16,32", help=_LEVELS_HELP)
-    p.add_argument("--address", default=None, help="an existing Dask scheduler, tcp://host:port "
+    p.add_argument("--address", type=parse_address, default=None, help="an existing Dask scheduler, tcp://host:port "
                                                    "(default: a LocalCluster here)")
     p.add_argument("--workers", type=int, default=None, help="LocalCluster worker processes (default: one per core)")
     p.add_argument("--price", action="append", default=None, metavar="ACC=USD_PER_HOUR",
@@ -515,8 +546,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise CliError(f"--workers must be >= 1, got {args.workers}")
     if args.workers is not None and args.address is not None:
         raise CliError("--workers sizes the local cluster: drop it when giving --address")
-    if args.address is not None and not args.address.strip():
-        raise CliError("--address: give a scheduler address such as tcp://host:8786")
     prices = Prices(accelerator=parse_prices(args.price),
                     pool_gb_hour=0.0 if args.pool_price is None else _float(args.pool_price, "--pool-price",
                                                                             "USD per GB-hour"),

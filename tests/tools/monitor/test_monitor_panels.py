@@ -145,10 +145,35 @@ def test_latency_histogram_rows() -> None:
     history = LinkHistory()
     history.add(1.0, counters)
     text = squeeze(render(P.latency_panel(view(link=counters, history=history), width=10)))
-    assert "read: mean 200 ns, since start" in text
+    assert "read: 15 transfers, mean 200 ns, since start" in text
     assert "128 ns–255 ns ██████████ 10" in text
     assert "256 ns–511 ns █████ 5" in text
-    assert "write: mean -, since start" in text and "no transfers" in text
+    assert "write: 0 transfers, mean -, since start" in text and "no transfers" in text
+
+
+def test_latency_and_bandwidth_count_transfers_from_one_field() -> None:
+    """An untimed link's 152 reads (counted, no latency recorded): both panels say 152, and the
+    latency panel says why it has no histogram instead of "no transfers"."""
+    counters = link(read_bytes=152 * 4096, read_transfers=152)
+    history = LinkHistory()
+    history.add(1.0, counters)
+    v = view(link=counters, history=history)
+    bandwidth = squeeze(render(P.bandwidth_panel(v, now=1.0, width=4))).splitlines()
+    latency = squeeze(render(P.latency_panel(v, width=10))).splitlines()
+    assert bandwidth[1] == "│ read measuring total 608.0 KiB, 152 transfers │"
+    assert latency[1:5] == ["│ read: 152 transfers, mean -, since start │",
+                            "│ none timed: an untimed link records no latency │",
+                            "│ write: 0 transfers, mean -, since start │",
+                            "│ no transfers │"]
+
+
+def test_latency_over_a_window_without_timed_transfers_says_so() -> None:
+    history = LinkHistory()
+    old = link(read_transfers=15, read_latency_ns=15 * 200, read_hist_07=15)
+    history.add(1.0, old)
+    history.add(3.0, old)
+    text = squeeze(render(P.latency_panel(view(link=old, history=history), width=10)))
+    assert "read: 15 transfers, mean 200 ns, last 2 s" in text and "none timed in the last 2 s" in text
 
 
 def test_kv_panel_rates() -> None:
