@@ -216,7 +216,7 @@ def register(bench: Any) -> None:
 def cmd_kv(args: Any) -> int:
     from dataclasses import replace
 
-    from tools.cli._common import CliError, print_json
+    from tools.common import CliError, print_json
 
     try:
         import torch

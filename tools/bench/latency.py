@@ -200,7 +200,7 @@ def register(bench: Any) -> None:
 
 def cmd_latency(args: Any) -> int:
     from tools.bench.target import open_target, scratch_region
-    from tools.cli._common import CliError, parse_int, parse_size, print_json
+    from tools.common import CliError, parse_int, parse_size, print_json
 
     if args.hops < 1000 or (args.rounds is not None and args.rounds < 1):
         raise CliError("--hops must be >= 1000 and --rounds >= 1")

@@ -60,7 +60,7 @@ class Target:
 def open_target(args: argparse.Namespace) -> Iterator[Target]:
     """Open the device named by ``args`` (or serve a private one) and its data path."""
     from emulator.device import DeviceConfig, DeviceFiles, serve
-    from tools.cli._common import CliError, parse_size
+    from tools.common import CliError, parse_size
 
     explicit = args.preset or any(getattr(args, k) is not None for k, _ in _TIMING_FLAGS)
     if args.name and explicit:

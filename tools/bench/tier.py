@@ -170,7 +170,7 @@ def register(bench: Any) -> None:
 
 
 def cmd_tier(args: Any) -> int:
-    from tools.cli._common import CliError, print_json
+    from tools.common import CliError, print_json
 
     for flag in ("layers", "page_kib", "jobs", "reps"):
         if getattr(args, flag) < 1:

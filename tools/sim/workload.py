@@ -117,9 +117,9 @@ def sessions(*, sessions: int, concurrency: int, turns: int = 4, system_tokens: 
 
 
 def from_bench(workload: Any, level: int, think_s: float) -> list[ClientScript]:
-    """``cxlemu bench serve``'s ``level`` clients (``tools.bench._serve_workload.clients``): the
+    """``cxlemu bench serve``'s ``level`` clients (``tools.sim.serve_workload.clients``): the
     same kinds, prompt lengths, arrival offsets and think times."""
-    from tools.bench._serve_workload import clients
+    from tools.sim.serve_workload import clients
 
     out = []
     for c in clients(workload, level):

@@ -246,7 +246,7 @@ def register(bench: Any) -> None:
 
 
 def cmd_fwmodel(args: Any) -> int:
-    from tools.cli._common import CliError, print_json
+    from tools.common import CliError, print_json
     from tools.trace.io import load_trace
 
     attention = None
