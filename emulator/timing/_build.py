@@ -2,7 +2,7 @@
 
 Built by setuptools at install (``cffi_modules`` in setup.py, paths relative to the repo
 root) or in place for a source checkout with ``python -m emulator.timing._build``.  The
-library also holds two plain CPython modules, loaded from the same file by ``_cimpl``:
+library also holds two plain CPython modules, loaded from the same file by ``cimpl``:
 ``emulator.timing._fastcall`` (``_fastcall.c``: the data path's entry points, plain host
 buffers through the buffer protocol) and ``emulator.timing._dmacall`` (``_dmacall.c``: the DMA
 engine's issue, channel claim word, handle fields and inline submission).

@@ -78,7 +78,7 @@ def _measure_copies(worker: Any, jobs: list[tuple[list[int], list[int]]], load: 
     """Process CPU us per block of the data movement alone: the same jobs' descriptors (planned
     before the clock starts) issued straight to the C data path (``cxl_issue_array``: the checks
     and the copy each descriptor costs, what a hardware DMA engine does), nothing else."""
-    from emulator.timing._cimpl import ffi, lib
+    from emulator.timing.cimpl import ffi, lib
 
     arrays = [worker._planner.plan("read" if load else "write", kv, ch) for kv, ch in jobs]
     most = max(len(a) for a in arrays)

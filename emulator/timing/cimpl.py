@@ -1,4 +1,6 @@
-"""The C core (cffi extension ``_cdatapath``) behind the same interface as ``PyCore``.
+"""The C core (cffi extension ``_cdatapath``) behind the same interface as ``PyCore``, and the
+extension's entry points that the DMA engine (``emulator.dma``) and the benches call as well.
+Importing it raises ImportError where the extension is not built (``c_available()`` says).
 
 The calibration of the emulator's own per-access cost, which the C core deducts from real-time
 waits, is in ``calibration.py``; the pointer-chase helpers in ``chase.py``.
