@@ -52,10 +52,8 @@ ffibuilder = make_builder()
 
 def build_in_place() -> pathlib.Path:
     """Compile next to the sources (a source checkout without `pip install -e .`), renamed into
-    place as ``firmware_model._fast_build.compile_in_place`` does for the replay library."""
-    from firmware_model._fast_build import (
-        compile_in_place,  # the build helper both libraries use
-    )
+    place as for the replay library."""
+    from firmware_model.cbuild import compile_in_place
 
     return compile_in_place(make_builder(str(_ROOT)), _ROOT / "emulator/timing")
 

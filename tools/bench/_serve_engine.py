@@ -186,7 +186,7 @@ def run_level(engine: Any, level_clients: list[Client], output_tokens: int,
     recorder = StepRecorder(engine, steps) if steps is not None else None
     worker = None
     if jobs is not None and device is not None:
-        from driver.vllm._worker import live_worker
+        from driver.vllm import live_worker
 
         worker = live_worker(device)
     if worker is not None:

@@ -82,7 +82,7 @@ def decode(model: Any, cache: Any, context: list, first_token: int, steps: int,
     (s). ``mark()`` is called when the timed steps (after the warm-up) begin."""
     import torch
 
-    from driver.kv._recompute import cache_argument
+    from driver.kv import cache_argument
 
     for layer, (k, v) in enumerate(context):
         cache.update(k, v, layer)

@@ -41,8 +41,7 @@ def _worker(name: str, chunks: int, layers: int, page: int, blocks: int) -> tupl
         CanonicalKVCacheTensor,
     )
 
-    from driver.vllm._config import TierConfig, reset_tier_stats, tier_stats
-    from driver.vllm._worker import CxlOffloadingWorker
+    from driver.vllm import CxlOffloadingWorker, TierConfig, reset_tier_stats, tier_stats
 
     reset_tier_stats(name)
     tensors = [torch.zeros((blocks, page), dtype=torch.int8) for _ in range(layers)]
