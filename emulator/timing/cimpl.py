@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from emulator.timing import _cdatapath
 from emulator.timing import linkstate as ls
 from emulator.timing._buffers import host_view
+from emulator.timing._cdatapath import __file__ as _LIBRARY  # its file holds two more modules
 from emulator.timing._cdatapath import ffi, lib  # ImportError when not built
 from emulator.timing.config import LinkParams
 
@@ -29,8 +29,8 @@ def _load_module(name: str) -> Any:
     import importlib.util
 
     qualified = f"emulator.timing.{name}"
-    loader = importlib.machinery.ExtensionFileLoader(qualified, _cdatapath.__file__)
-    spec = importlib.util.spec_from_file_location(qualified, _cdatapath.__file__, loader=loader)
+    loader = importlib.machinery.ExtensionFileLoader(qualified, _LIBRARY)
+    spec = importlib.util.spec_from_file_location(qualified, _LIBRARY, loader=loader)
     try:
         return importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     except ImportError:
