@@ -6,11 +6,13 @@ firmware_model, the layers inside tools, tools.sim alone, no cycle between the c
 package at any depth, private modules imported only from inside their parent package, argparse
 only in tools.cli. Every import counts, at module level or inside a function (a function-level
 import that closes a cycle only hides it); imports under ``if TYPE_CHECKING:`` do not (never
-executed). One cycle the sibling contract cannot see is checked here with grimp: a package whose
-``__init__`` imports a module of its own that imports the package back.
+executed). Checked here besides: a package whose ``__init__`` imports a module of its own that
+imports the package back (a cycle the sibling contract cannot see), and private *names*
+(``from pkg.mod import _name``) imported from outside their package, as private modules are.
 """
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -42,6 +44,29 @@ def packages_imported_back(graph: grimp.ImportGraph, roots: tuple[str, ...]) -> 
     return found
 
 
+def private_names_imported_across(root: Path, packages: tuple[str, ...]) -> list[str]:
+    """``file:line: from module import _name`` where the importer is outside the package that
+    holds ``module`` (its parent package; the package itself for an ``__init__``); a private
+    module imported that way is the private_modules contract's."""
+    found = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            importer = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+                    continue
+                is_package = (root / node.module.replace(".", "/") / "__init__.py").exists()
+                home = node.module if is_package else node.module.rpartition(".")[0]
+                if importer == home or importer.startswith(home + "."):
+                    continue
+                base = root / node.module.replace(".", "/")  # a private module: the contract's
+                found += [f"{path.relative_to(root)}:{node.lineno}: from {node.module} import {a.name}"
+                          for a in node.names if a.name.startswith("_") and not a.name.startswith("__")
+                          and not (base / f"{a.name}.py").exists() and not (base / a.name).is_dir()]
+    return found
+
+
 def test_the_import_contracts_hold() -> None:
     run = lint_imports(ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -51,6 +76,10 @@ def test_the_import_contracts_hold() -> None:
 def test_no_package_imports_itself_back() -> None:
     graph = grimp.build_graph(*PACKAGES, cache_dir=None, exclude_type_checking_imports=True)
     assert packages_imported_back(graph, PACKAGES) == []
+
+
+def test_no_private_name_is_imported_from_outside_its_package() -> None:
+    assert private_names_imported_across(ROOT, PACKAGES) == []
 
 
 def _project(tmp_path: Path, files: dict[str, str], contracts: str) -> Path:
@@ -122,3 +151,11 @@ def test_a_package_imported_back_by_its_own_module_is_found(tmp_path: Path,
     monkeypatch.syspath_prepend(str(tmp_path))
     graph = grimp.build_graph("toy", cache_dir=None, exclude_type_checking_imports=True)
     assert packages_imported_back(graph, ("toy",)) == ["toy.sub -> toy.sub.a -> toy.sub"]
+
+
+def test_a_private_name_imported_from_another_package_is_found(tmp_path: Path) -> None:
+    _project(tmp_path, {"toy/__init__.py": "", "toy/a/__init__.py": "", "toy/a/store.py": "def _claim(): pass\n",
+                        "toy/a/user.py": "from toy.a.store import _claim\n",
+                        "toy/b/__init__.py": "", "toy/b/worker.py": "import os\nfrom toy.a.store import _claim\n"}, "")
+    assert private_names_imported_across(tmp_path, ("toy",)) == [
+        "toy/b/worker.py:2: from toy.a.store import _claim"]
