@@ -24,6 +24,7 @@ import numpy as np
 
 from tools.sim import hardware as hw
 from tools.sim.engine import EngineConfig, Request, SimEngine, TierConfig
+from tools.sim.serve_workload import WorkloadConfig
 from tools.sim.workload import ClientScript
 
 __all__ = ["MODES", "Point", "build_scripts", "parse_modes", "simulate", "summarize"]
@@ -151,8 +152,6 @@ def build_scripts(workload: dict[str, Any], concurrency: int, point: Point | Non
         with open(spec["path"]) as f:
             return wl.load_trace(f)
     if kind == "bench":
-        from tools.sim.serve_workload import WorkloadConfig
-
         return wl.from_bench(WorkloadConfig(**spec["config"]), concurrency, spec["think_s"])
     raise ValueError(f"unknown workload kind {kind!r}: fixed, sessions, trace or bench")
 

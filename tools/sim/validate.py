@@ -27,6 +27,7 @@ from typing import Any
 
 from tools.sim import hardware as hw
 from tools.sim.run import Point, simulate
+from tools.sim.serve_workload import ModelSpec
 
 __all__ = ["TOLERANCE", "compare", "fit_from_report", "link_check", "mode_factors", "points_from_report"]
 
@@ -130,8 +131,6 @@ def fit_from_report(report: dict[str, Any], modes: tuple[str, ...] = FIT_MODES) 
 
 
 def _shape(report: dict[str, Any]) -> hw.ModelShape:
-    from tools.sim.serve_workload import ModelSpec
-
     return ModelSpec(**report["config"]["model"]).shape()
 
 
