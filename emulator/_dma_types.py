@@ -75,7 +75,7 @@ class Descriptor:
         cached = self.__dict__.get("_cdesc")
         if cached is not None:
             return cached
-        from emulator.timing._cimpl import ffi
+        from emulator.timing.cimpl import ffi
 
         window = self.window()
         host = ffi.from_buffer("uint8_t[]", window, require_writable=self.direction is Direction.READ)
@@ -94,7 +94,7 @@ class PinnedHosts:
     def __init__(self, hosts: list[Any], *, writable: bool = True) -> None:
         import numpy as np
 
-        from emulator.timing._cimpl import ffi
+        from emulator.timing.cimpl import ffi
 
         if ffi is None:
             raise RuntimeError("PinnedHosts needs the C data path (build it: python -m emulator.timing._build)")
@@ -128,7 +128,7 @@ class DescriptorArray:
         if DescriptorArray._DTYPE_NP is None:
             import numpy as np
 
-            from emulator.timing._cimpl import ffi
+            from emulator.timing.cimpl import ffi
 
             if ffi is None:
                 raise RuntimeError("DescriptorArray needs the C data path (build it: python -m emulator.timing._build)")
@@ -177,7 +177,7 @@ class DescriptorArray:
     def _adopt(self, rec: Any) -> None:
         """Take ``rec`` (cxl_desc records in numpy memory, the host pointers pinned by
         ``self._hosts``) as this array's descriptors."""
-        from emulator.timing._cimpl import ffi
+        from emulator.timing.cimpl import ffi
 
         self._rec_array = rec
         self.cdescs = ffi.from_buffer("cxl_desc[]", rec)  # the records, as cxl_issue_array takes them
@@ -229,7 +229,7 @@ class BlockRuns:
     def __init__(self, hosts: PinnedHosts, num_chunks: int, strides: Any, offsets: Any, pages: Any) -> None:
         import numpy as np
 
-        from emulator.timing._cimpl import ffi
+        from emulator.timing.cimpl import ffi
 
         if ffi is None:
             raise RuntimeError("BlockRuns needs the C data path (build it: python -m emulator.timing._build)")
@@ -243,7 +243,7 @@ class BlockRuns:
             [ffi.from_buffer("int64_t[]", x) for x in self._arrays]
         self._total = ffi.new("uint64_t *")
         self._dtype = DescriptorArray._dtype()
-        from emulator.timing._cimpl import lib
+        from emulator.timing.cimpl import lib
 
         self._np, self._ffi, self._lib = np, ffi, lib  # plan() runs once a job: no imports there
 
@@ -325,7 +325,7 @@ def _handle_base() -> type:
     """The C ``HandleBase`` (``_dmacall.c``: a handle built in ~0.1 µs, a third of what a
     Python ``__init__`` costs; the inline DMA path builds one per transfer), else the twin."""
     try:
-        from emulator.timing._cimpl import handle_base
+        from emulator.timing.cimpl import handle_base
     except ImportError:
         return _PyHandleBase
     return handle_base or _PyHandleBase

@@ -154,15 +154,15 @@ class DmaEngine:
 
     def _bind_c_core(self, channels: int) -> list[tuple[Any, int]]:
         """The C core's entry points; one error-DPA cell per channel: (cell, its address)."""
-        from emulator.timing import _cimpl
+        from emulator.timing import cimpl
 
-        self._c_issue, self._now_ns = _cimpl.lib.cxl_issue, _cimpl.lib.cxl_link_now
-        self._c_issue_array, self._ffi = _cimpl.lib.cxl_issue_array, _cimpl.ffi
-        self._fast_issue = _cimpl.fast_issue
-        if handle_base_is_c() and _cimpl.channel_state is not None:
-            self._inline1, self._state_type = _cimpl.fast_inline1, _cimpl.channel_state
-        cells = [_cimpl.ffi.new("uint64_t *") for _ in range(channels)]
-        return [(cell, _cimpl.address(cell)) for cell in cells]
+        self._c_issue, self._now_ns = cimpl.lib.cxl_issue, cimpl.lib.cxl_link_now
+        self._c_issue_array, self._ffi = cimpl.lib.cxl_issue_array, cimpl.ffi
+        self._fast_issue = cimpl.fast_issue
+        if handle_base_is_c() and cimpl.channel_state is not None:
+            self._inline1, self._state_type = cimpl.fast_inline1, cimpl.channel_state
+        cells = [cimpl.ffi.new("uint64_t *") for _ in range(channels)]
+        return [(cell, cimpl.address(cell)) for cell in cells]
 
     # -- host side ------------------------------------------------------------------------------
     @staticmethod

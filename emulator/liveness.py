@@ -28,64 +28,38 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
-from emulator.spec.registers import LINK_STATE_OFFSET
+# The word's layout and its atomic update live with the link-state page it is a word of (the data
+# path below this module checks it); they are this module's API too.
+from emulator.timing.linkstate import (
+    GEN_MASK,
+    KEY,
+    MEDIA,
+    STATE_WORD,
+    UP,
+    gone_reason,
+    next_generation,
+    serving_word,
+    state_cas,
+    state_view,
+)
 
-STATE_WORD = 160  # CXL_LS_STATE_WORD in _datapath.h (tests check they agree)
-GEN_MASK = 0xFFFF_FFFF
-UP = 1 << 32
-MEDIA = 1 << 33
-KEY = GEN_MASK | UP  # what must match for the device to be the same, live boot
+__all__ = ["GEN_MASK", "KEY", "MEDIA", "PID_FILE", "STATE_WORD", "UP", "WATCHER", "WATCH_INTERVAL_S", "Watcher",
+           "dead_firmware", "firmware_pid", "gone_reason", "mark_down", "next_generation", "process_alive",
+           "read_pid", "serving_word", "start_time", "state_view", "write_pid"]
+
 PID_FILE = "firmware.pid"
 WATCH_INTERVAL_S = 0.02
 
 
 # ---- the state word --------------------------------------------------------------------------
-def state_view(bar: Any) -> memoryview:
-    """The BAR's state word as a one-element u64 view (writable where the BAR is)."""
-    off = LINK_STATE_OFFSET + 8 * STATE_WORD
-    return memoryview(bar).cast("B")[off:off + 8].cast("Q")
-
-
-def serving_word(generation: int, media: bool = True) -> int:
-    return (generation & GEN_MASK) | UP | (MEDIA if media else 0)
-
-
-def next_generation(word: int) -> int:
-    """The generation of a new boot after one that left ``word`` (never 0: 0 is 'never served')."""
-    return (word & GEN_MASK) % GEN_MASK + 1
-
-
-def cas(view: memoryview, expect: int, value: int) -> bool:
-    """Compare-and-swap the state word (atomic across processes with the C core built)."""
-    try:
-        from emulator.timing._cimpl import ffi, lib
-    except ImportError:  # the pure-Python fallback: a plain check-then-store
-        if view[0] != expect:
-            return False
-        view[0] = value
-        return True
-    ptr = ffi.cast("uint64_t *", ffi.from_buffer("uint8_t[]", view.cast("B")))
-    return bool(lib.cxl_state_cas(ptr, expect, value))
-
-
 def mark_down(view: memoryview, generation_word: int) -> bool:
     """Clear UP and MEDIA of the boot ``generation_word`` belongs to, if it is still the current
     one and still up; True if this call did it."""
     current = view[0]
     if current & KEY != (generation_word & GEN_MASK) | UP:
         return False
-    return cas(view, current, current & GEN_MASK)
-
-
-def gone_reason(word: int, expected: int) -> str | None:
-    """Why a handle opened when the word read ``expected`` may no longer use the device, or None."""
-    if word & KEY == expected & KEY:
-        return None
-    if word & GEN_MASK != expected & GEN_MASK:
-        return "its firmware was restarted since this handle was opened: open the device again"
-    return "its firmware stopped"
+    return state_cas(view, current, current & GEN_MASK)
 
 
 # ---- the firmware process --------------------------------------------------------------------
@@ -241,6 +215,6 @@ class Watcher:
 
 WATCHER = Watcher()
 
-__all__ = ["GEN_MASK", "KEY", "MEDIA", "STATE_WORD", "UP", "WATCHER", "Watcher", "cas", "dead_firmware",
+__all__ = ["GEN_MASK", "KEY", "MEDIA", "STATE_WORD", "UP", "WATCHER", "Watcher", "dead_firmware",
            "firmware_pid", "gone_reason", "mark_down", "next_generation", "process_alive", "read_pid",
            "serving_word", "start_time", "state_view", "write_pid"]

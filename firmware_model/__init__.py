@@ -14,8 +14,10 @@ no I/O, no threads, no wall clock. Imports numpy and simpy, nothing else of cxle
     prefetch     PrefetchQueue: hints, progress triggers, window sizing, accounting
     replay       trace replay (demand fill) and OPT bound; prefetch_replay with the prefetcher;
                  _fast: the C replay loops (lru, lfu, arc, s3fifo, opt) checked against the
-                 Python policies, used by replay(impl="auto")
+                 Python policies, used by replay(impl="auto"); its trace preparation
+                 (dense_ids, next_use_array) is public: a peer simulator's input is made with it
 """
+from firmware_model._fast import dense_ids, next_use_array
 from firmware_model.block_pool import (
     BlockPool,
     KVBlock,
@@ -50,8 +52,10 @@ __all__ = [
     "ReplayResult",
     "SimpyClock",
     "TransferCost",
+    "dense_ids",
     "hash_block_tokens",
     "make_policy",
+    "next_use_array",
     "replay",
     "window_points",
 ]

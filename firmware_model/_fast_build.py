@@ -6,13 +6,11 @@ in place for a source checkout with ``python -m firmware_model._fast_build``. Wi
 """
 from __future__ import annotations
 
-import os
 import pathlib
-import shutil
-import tempfile
-from typing import Any
 
 from cffi import FFI  # type: ignore[import-untyped]
+
+from firmware_model.cbuild import compile_in_place
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 _HEADER = (_ROOT / "firmware_model/_fastreplay.h").read_text()
@@ -34,20 +32,6 @@ def make_builder(root: str = "") -> FFI:
 
 
 ffibuilder = make_builder()
-
-
-def compile_in_place(builder: Any, directory: pathlib.Path) -> pathlib.Path:
-    """Compile ``builder`` (a cffi FFI) and put the library into ``directory``: renamed into
-    place, never overwritten, so a process that has the old one loaded (a test run, a served
-    device) keeps its mapping instead of crashing on a truncated file. Shared with
-    ``emulator/timing/_build.py``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        built = pathlib.Path(builder.compile(tmpdir=tmp, verbose=False))
-        target = directory / built.name
-        staged = target.with_name(f".{built.name}.{os.getpid()}.tmp")
-        shutil.copy2(built, staged)
-        os.replace(staged, target)
-    return target
 
 
 def build_in_place() -> pathlib.Path:

@@ -29,7 +29,7 @@ from firmware_model.policies import EvictionPolicy, make_policy
 from firmware_model.policies.base import check_capacity
 from firmware_model.prefetch_replay import replay_with_prefetch
 
-__all__ = ["IMPLS", "Access", "ReplayResult", "count_hits", "opt_hit_count", "replay", "replay_keys"]
+__all__ = ["IMPLS", "Access", "ReplayResult", "count_hits", "opt_hit_count", "replay", "replay_keys", "replays_in_c"]
 
 IMPLS = ("auto", "c", "py")
 
@@ -69,6 +69,11 @@ def _use_c(policy: object, impl: str, policy_kwargs: dict[str, Any]) -> bool:
             raise ValueError(f"impl='c': no C replay for policy {policy!r} with options "
                              f"{sorted(policy_kwargs)}; C replays {', '.join(_fast.FAST_POLICIES)}")
     return fits and _fast.AVAILABLE
+
+
+def replays_in_c(policy: str) -> bool:
+    """Whether ``impl="auto"`` replays ``policy`` (without options) on the C twin here."""
+    return _use_c(policy, "auto", {})
 
 
 def opt_hit_count(keys: Sequence[Hashable] | np.ndarray, capacity: int, *, impl: str = "auto") -> int:

@@ -12,13 +12,18 @@ and their ordering), ``_store`` / ``_device_store`` (where chunks live), ``_chun
 on the firmware block pool), ``_recompute`` (lost chunks from the tokens), ``_telemetry``.
 """
 from driver.kv._chunks import ChunkPool, DeviceFull
-from driver.kv._device_store import DeviceInUse
+from driver.kv._device_store import DeviceBlockStore, DeviceInUse, claim_kv
 from driver.kv._engine import KVLoadError, ResidencyEngine
 from driver.kv._layout import BudgetTooSmall, KVLayout
+from driver.kv._recompute import cache_argument
 from driver.kv._store import BlockStore, FaultInjectingStore, MemoryBlockStore
+from driver.kv._telemetry import host_writer, sharing_gauges
 
-__all__ = ["BlockStore", "BudgetTooSmall", "ChunkPool", "CxlCache", "DeviceFull", "DeviceInUse", "FaultInjectingStore",
-           "KVLayout", "KVLoadError", "MemoryBlockStore", "ResidencyEngine"]
+# The vLLM tier (driver.vllm) and the benches use the device store, the one-process claim, the
+# telemetry writer and the prefix-sharing gauges as well: public here, their modules stay private.
+__all__ = ["BlockStore", "BudgetTooSmall", "ChunkPool", "CxlCache", "DeviceBlockStore", "DeviceFull", "DeviceInUse",
+           "FaultInjectingStore", "KVLayout", "KVLoadError", "MemoryBlockStore", "ResidencyEngine", "cache_argument",
+           "claim_kv", "host_writer", "sharing_gauges"]
 
 
 def __getattr__(name: str) -> object:

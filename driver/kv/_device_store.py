@@ -31,7 +31,7 @@ from emulator.spec import registers as R
 from emulator.spec.errors import ConfigError, CxlemuError, DmaError
 from emulator.timing import DataPath
 
-__all__ = ["DeviceBlockStore", "open_device_store"]
+__all__ = ["DeviceBlockStore", "DeviceInUse", "claim_kv", "open_device_store"]
 
 
 SPIN_BELOW_NS = 300_000  # sleep until this close to a completion, then let the data path spin
@@ -261,7 +261,7 @@ class DeviceInUse(CxlemuError):
                          "serve another device for this process (caches within one process share one)")
 
 
-def _claim_kv(md: Any, stack: contextlib.ExitStack) -> None:
+def claim_kv(md: Any, stack: contextlib.ExitStack) -> None:
     """One process's KV cache per device: an flock on the device's kv.lock, held while it is open
     (released by the kernel if the process dies), so a second process is refused, never overlapped."""
     path = md.files.path / "kv.lock"
@@ -291,7 +291,7 @@ def open_device_store(name: str | None, capacity: int, private_name: str) -> tup
             if name is None:
                 name = stack.enter_context(serve(DeviceConfig(name=private_name, capacity=capacity))).name
             md = stack.enter_context(MemDev.open(name))
-            _claim_kv(md, stack)
+            claim_kv(md, stack)
             _OPEN[name] = _SharedStore(DeviceBlockStore(md), stack)
         except BaseException:
             stack.close()

@@ -20,7 +20,7 @@ from driver.kv._mover import host_bytes
 from driver.kv._store import BlockStore, Extent, Transfer
 from emulator.spec.errors import CxlemuError, DmaError, PoisonError
 
-__all__ = ["FailedLoad", "ForwardRecorder", "KVLoadError", "LoadRecovery"]
+__all__ = ["FailedLoad", "ForwardRecorder", "KVLoadError", "LoadRecovery", "cache_argument"]
 
 Recompute = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 

@@ -26,16 +26,20 @@ from typing import Any
 from driver.vllm._config import (
     PREFETCH_MODES,
     ManagerCounters,
+    TierConfig,
     TierStats,
     kv_transfer_config,
     parse_extra_config,
+    reset_tier_stats,
     tier_stats,
 )
 
-__all__ = ["PREFETCH_MODES", "CxlConnector", "CxlOffloadingSpec", "ManagerCounters", "TierStats", "kv_transfer_config",
-           "parse_extra_config", "tier_stats"]
+__all__ = ["PREFETCH_MODES", "CxlConnector", "CxlOffloadingSpec", "CxlOffloadingWorker", "ManagerCounters", "TierConfig",
+           "TierStats", "kv_transfer_config", "live_worker", "parse_extra_config", "reset_tier_stats", "tier_stats"]
 
-_LAZY = {"CxlOffloadingSpec": "driver.vllm._spec", "CxlConnector": "driver.vllm._connector"}
+# the worker is public too: `cxlemu bench tier` drives one directly, `bench serve` finds the live one
+_LAZY = {"CxlOffloadingSpec": "driver.vllm._spec", "CxlConnector": "driver.vllm._connector",
+         "CxlOffloadingWorker": "driver.vllm._worker", "live_worker": "driver.vllm._worker"}
 
 
 def __getattr__(name: str) -> Any:

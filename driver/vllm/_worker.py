@@ -101,7 +101,7 @@ class CxlOffloadingWorker(OffloadingWorker):
     """The tier's worker: one per engine worker process (see the module doc)."""
 
     def __init__(self, spec: Any, kv_caches: CanonicalKVCaches) -> None:
-        from driver.kv._device_store import DeviceBlockStore, _claim_kv
+        from driver.kv import DeviceBlockStore, claim_kv
         from driver.memdev import MemDev
 
         self.spec = spec
@@ -114,7 +114,7 @@ class CxlOffloadingWorker(OffloadingWorker):
 
                 self._stack.enter_context(serve(DeviceConfig(name=spec.device_name, capacity=spec.device_capacity)))
             md = self._stack.enter_context(MemDev.open(spec.device_name))
-            _claim_kv(md, self._stack)  # one process's KV per device: a second one is refused
+            claim_kv(md, self._stack)  # one process's KV per device: a second one is refused
             self.memdev = md
             self._layout(kv_caches, md.config.capacity)
             self.store = DeviceBlockStore(md, base=0, size=self.region_bytes, channels=max(2, spec.tier.channels))
@@ -383,7 +383,7 @@ class _Publisher:
     PERIOD_S = 0.1
 
     def __init__(self, md: Any, worker: CxlOffloadingWorker) -> None:
-        from driver.kv._telemetry import host_writer
+        from driver.kv import host_writer
 
         self.worker = worker
         self._last = 0.0

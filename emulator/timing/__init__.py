@@ -36,7 +36,7 @@ _IMPLS = ("auto", "c", "py")
 def c_available() -> bool:
     """Whether the cffi extension is built and importable."""
     try:
-        import emulator.timing._cimpl  # noqa: F401
+        import emulator.timing.cimpl  # noqa: F401
     except ImportError:
         return False
     return True
@@ -55,7 +55,7 @@ class HostBuffer:
 
     def release(self) -> None:
         if self.cdata is not None:
-            from emulator.timing._cimpl import ffi
+            from emulator.timing.cimpl import ffi
 
             ffi.release(self.cdata)
             self.cdata = None
@@ -118,7 +118,7 @@ class DataPath:
         self._fast_read_bytes: Any = None
         self._from_buffer: Any = None
         if self.impl == "c":
-            from emulator.timing._cimpl import fast_read_bytes, fast_transfer, ffi
+            from emulator.timing.cimpl import fast_read_bytes, fast_transfer, ffi
 
             self._from_buffer, self._fast = ffi.from_buffer, fast_transfer
             self._fast_read_bytes = fast_read_bytes
@@ -137,7 +137,7 @@ class DataPath:
     def _make_core(self, params: LinkParams) -> Any:
         if self.impl == "py":
             return PyCore(self.media, self.poison_bits, self._link, params, state=self.state)
-        from emulator.timing._cimpl import CCore
+        from emulator.timing.cimpl import CCore
         from emulator.timing.calibration import calibrated_comp_ns
 
         comp = (0, 0) if self.clock is not None or params.untimed else calibrated_comp_ns()
@@ -165,13 +165,11 @@ class DataPath:
         if rc == E_POISON:
             return PoisonError(err_dpa)
         if rc in (E_GONE, E_DISABLED):
-            from emulator.liveness import gone_reason
-
             word = self.state[0][0] if self.state is not None else 0
             expected = self.state[1] if self.state is not None else 0
             if rc == E_DISABLED:
                 return MediaDisabled(self.name, f"{what} of {n} B at DPA {dpa:#x}")
-            return DeviceGone(self.name, gone_reason(word, expected) or "its firmware stopped")
+            return DeviceGone(self.name, linkstate.gone_reason(word, expected) or "its firmware stopped")
         if rc == E_RANGE:
             return ValueError(f"{what} of {n} B at DPA {dpa:#x} runs past the end of the media "
                               f"({self.size:#x} B): the last byte must be below {self.size:#x}")
@@ -278,7 +276,7 @@ class DataPath:
         DPA for those that hit poison.  The caller waits for the latest completion."""
         if self.impl != "c":
             raise RuntimeError("issue_batch needs the C data path")
-        from emulator.timing._cimpl import ffi, lib
+        from emulator.timing.cimpl import ffi, lib
 
         n = len(cdescs)
         results, errs = ffi.new("int64_t[]", n), ffi.new("uint64_t[]", n)
@@ -302,7 +300,7 @@ class DataPath:
         """Block until a completion time returned by ``wait=False`` calls (real time only)."""
         if self.clock is None and completion_ns > 0:
             if self.impl == "c":
-                from emulator.timing._cimpl import wait_until
+                from emulator.timing.cimpl import wait_until
 
                 wait_until(completion_ns)
             else:
@@ -330,14 +328,13 @@ class DataPath:
         ``emulator.liveness``): once that firmware stops, dies or is restarted every transfer
         raises ``DeviceGone``, and while the media is disabled ``MediaDisabled``.  Opened on a
         device no firmware serves (its files alone, for setup), nothing is checked."""
-        from emulator import liveness
         from emulator.spec.registers import LINK_STATE_OFFSET, LINK_STATE_SIZE
 
         link = memoryview(files.bar)[LINK_STATE_OFFSET:LINK_STATE_OFFSET + LINK_STATE_SIZE]
         if state is None:
-            word = liveness.state_view(files.bar)
-            if word[0] & liveness.UP:
-                state = (word, liveness.serving_word(word[0]))
+            word = linkstate.state_view(files.bar)
+            if word[0] & linkstate.UP:
+                state = (word, linkstate.serving_word(word[0]))
             else:
                 word.release()
         return cls(files.media, files.poison, link, config or files.config.timing,

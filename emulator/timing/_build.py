@@ -2,7 +2,7 @@
 
 Built by setuptools at install (``cffi_modules`` in setup.py, paths relative to the repo
 root) or in place for a source checkout with ``python -m emulator.timing._build``.  The
-library also holds two plain CPython modules, loaded from the same file by ``_cimpl``:
+library also holds two plain CPython modules, loaded from the same file by ``cimpl``:
 ``emulator.timing._fastcall`` (``_fastcall.c``: the data path's entry points, plain host
 buffers through the buffer protocol) and ``emulator.timing._dmacall`` (``_dmacall.c``: the DMA
 engine's issue, channel claim word, handle fields and inline submission).
@@ -52,10 +52,8 @@ ffibuilder = make_builder()
 
 def build_in_place() -> pathlib.Path:
     """Compile next to the sources (a source checkout without `pip install -e .`), renamed into
-    place as ``firmware_model._fast_build.compile_in_place`` does for the replay library."""
-    from firmware_model._fast_build import (
-        compile_in_place,  # the build helper both libraries use
-    )
+    place as for the replay library."""
+    from firmware_model.cbuild import compile_in_place
 
     return compile_in_place(make_builder(str(_ROOT)), _ROOT / "emulator/timing")
 

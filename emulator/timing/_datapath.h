@@ -4,7 +4,7 @@
 #define CXLEMU_DATAPATH_H
 #include <stdint.h>
 
-/* Bumped when a declaration below changes: _cimpl refuses a stale build of the extension. */
+/* Bumped when a declaration below changes: cimpl refuses a stale build of the extension. */
 #define CXL_ABI_VERSION 5
 
 #define CXL_DIR_READ 0

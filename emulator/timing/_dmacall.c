@@ -10,7 +10,7 @@
  *
  * Like _fastcall.c, a further module (emulator.timing._dmacall) of the cffi extension's shared
  * library (PEP 489, "multiple modules in one library"), loaded from that file by
- * emulator.timing._cimpl; it needs the limited API of 3.11 (older interpreters get no
+ * emulator.timing.cimpl; it needs the limited API of 3.11 (older interpreters get no
  * PyInit__dmacall and the engine issues through cffi).
  */
 #include <patchlevel.h>

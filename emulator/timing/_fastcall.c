@@ -14,7 +14,7 @@
  *
  * It is compiled into the cffi extension (_cdatapath) as a second module of the same shared
  * library (PEP 489, "multiple modules in one library") and loaded from that file by
- * emulator.timing._cimpl: setuptools builds one library, and the modules share the C core.
+ * emulator.timing.cimpl: setuptools builds one library, and the modules share the C core.
  * It needs the buffer protocol in the limited API (3.11); older interpreters get no
  * PyInit__fastcall and the data path keeps ffi.from_buffer.
  */

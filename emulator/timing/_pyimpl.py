@@ -21,7 +21,6 @@ from emulator.timing.config import LinkParams
 from firmware_model import link as _link
 
 E_RANGE, E_POISON, E_GONE, E_DISABLED = -1, -2, -3, -4
-_ST_KEY = (1 << 33) - 1  # generation | UP (emulator.liveness.KEY)
 _U64 = (1 << 64) - 1
 _LINK_LOCK = threading.Lock()
 _SLEEP_ABOVE_NS, _SLEEP_MARGIN_NS = 20_000_000, 5_000_000
@@ -78,7 +77,7 @@ class PyCore:
     def _validate(self, d: int, dpa: int, n: int, check_poison: bool) -> int:
         if self.state is not None and self.state[0][0] != self.state[1]:
             self._count_error(d)
-            return E_DISABLED if self.state[0][0] & _ST_KEY == self.state[1] & _ST_KEY else E_GONE
+            return E_DISABLED if self.state[0][0] & ls.KEY == self.state[1] & ls.KEY else E_GONE
         if dpa > self.size or n > self.size - dpa:
             self._count_error(d)
             return E_RANGE

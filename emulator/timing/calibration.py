@@ -16,7 +16,7 @@ import time
 
 from emulator.spec.errors import ConfigError
 from emulator.timing import linkstate as ls
-from emulator.timing._cimpl import _ABI_VERSION, CCore, lib
+from emulator.timing.cimpl import _ABI_VERSION, CCore, lib
 from emulator.timing.chase import build_chase_ring, trimmed_mean
 from emulator.timing.config import LinkParams
 from emulator.timing.localmem import cache_dir, host_fingerprint

@@ -15,12 +15,18 @@ anyone.  All fields are little-endian u64, updated with atomic operations by the
                                             +8..+47 histogram: transfers whose completion −
                                                     request is in [2^k, 2^(k+1)) ns (k=0 also 0)
     word 136  device-internal copies: +1 bytes, +2 transfers
+    word 160  the device state word: bits 0-31 boot generation, bit 32 UP, bit 33 MEDIA
 
 The word offsets repeat ``_datapath.h``; ``tests/test_timing_datapath.py`` checks both agree.
+The state word is set by the firmware and checked by every transfer here; why and when it
+changes (boots, a dead firmware marked down) is ``emulator.liveness``'s.
 """
 from __future__ import annotations
 
 import struct
+from typing import Any
+
+from emulator.spec.registers import LINK_STATE_OFFSET
 
 MAGIC = int.from_bytes(b"CXLLINK1", "little")
 VERSION = 1
@@ -84,3 +90,48 @@ def snapshot(region: memoryview | bytes) -> dict[str, int]:
 def hist_bucket(ns: int) -> int:
     """Histogram bucket of a duration: floor(log2 ns), 0 for 0, capped at the last."""
     return min(max(ns.bit_length() - 1, 0), HIST_BUCKETS - 1)
+
+
+# ---- the device state word -------------------------------------------------------------------
+STATE_WORD = 160  # CXL_LS_STATE_WORD in _datapath.h (tests check they agree)
+GEN_MASK = 0xFFFF_FFFF
+UP = 1 << 32
+MEDIA = 1 << 33
+KEY = GEN_MASK | UP  # what must match for the device to be the same, live boot
+
+
+def state_view(bar: Any) -> memoryview:
+    """The BAR's state word as a one-element u64 view (writable where the BAR is)."""
+    off = LINK_STATE_OFFSET + 8 * STATE_WORD
+    return memoryview(bar).cast("B")[off:off + 8].cast("Q")
+
+
+def serving_word(generation: int, media: bool = True) -> int:
+    return (generation & GEN_MASK) | UP | (MEDIA if media else 0)
+
+
+def next_generation(word: int) -> int:
+    """The generation of a new boot after one that left ``word`` (never 0: 0 is 'never served')."""
+    return (word & GEN_MASK) % GEN_MASK + 1
+
+
+def state_cas(view: memoryview, expect: int, value: int) -> bool:
+    """Compare-and-swap the state word (atomic across processes with the C core built)."""
+    try:
+        from emulator.timing._cdatapath import ffi, lib  # type: ignore[import-not-found]
+    except ImportError:  # the pure-Python fallback: a plain check-then-store
+        if view[0] != expect:
+            return False
+        view[0] = value
+        return True
+    ptr = ffi.cast("uint64_t *", ffi.from_buffer("uint8_t[]", view.cast("B")))
+    return bool(lib.cxl_state_cas(ptr, expect, value))
+
+
+def gone_reason(word: int, expected: int) -> str | None:
+    """Why a handle opened when the word read ``expected`` may no longer use the device, or None."""
+    if word & KEY == expected & KEY:
+        return None
+    if word & GEN_MASK != expected & GEN_MASK:
+        return "its firmware was restarted since this handle was opened: open the device again"
+    return "its firmware stopped"

@@ -70,7 +70,7 @@ def _from_env(text: str) -> LocalMemory:
 def measure_latency_ns() -> tuple[float, str]:
     """Idle load-to-use latency: a random dependent chase over 64 MiB (MLC idle latency)."""
     try:
-        from emulator.timing._cimpl import CCore
+        from emulator.timing.cimpl import CCore
     except ImportError:
         return FALLBACK_LATENCY_NS, "fallback"
     from emulator.timing import linkstate

@@ -59,7 +59,7 @@ def server(device_name: str) -> Iterator[tuple[str, list[subprocess.Popen[str]]]
 
 
 def test_the_state_word_layout_matches_the_c_core() -> None:
-    from emulator.timing._cimpl import lib
+    from emulator.timing.cimpl import lib
 
     assert (liveness.STATE_WORD, liveness.GEN_MASK, liveness.UP, liveness.MEDIA) == \
         (lib.CXL_LS_STATE_WORD, lib.CXL_ST_GEN_MASK, lib.CXL_ST_UP, lib.CXL_ST_MEDIA)

@@ -23,36 +23,9 @@ import random
 import time
 import traceback
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tools.bench._serve_workload import Client, RequestRecord, WorkloadConfig, clients
-
-if TYPE_CHECKING:
-    from tools.sim.hardware import ModelShape
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelSpec:
-    layers: int = 8
-    hidden: int = 768
-    heads: int = 12
-    kv_heads: int = 4
-    intermediate: int = 2048
-    vocab: int = 2048
-    init_range: float = 0.1  # 0.02 (transformers' default) makes greedy output one token forever
-    seed: int = 0
-
-    def shape(self) -> ModelShape:
-        """The model as the simulator's ``ModelShape`` (float32, as the bench runs it)."""
-        from tools.sim.hardware import ModelShape
-
-        return ModelShape(name="bench-random-llama", layers=self.layers, hidden=self.hidden, heads=self.heads,
-                          kv_heads=self.kv_heads, intermediate=self.intermediate, vocab=self.vocab, dtype_bytes=4)
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V of every layer, float32 (``ModelShape``'s arithmetic, GQA included)."""
-        return self.shape().kv_bytes_per_token
+from tools.sim.serve_workload import Client, ModelSpec, RequestRecord, WorkloadConfig, clients
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,7 +186,7 @@ def run_level(engine: Any, level_clients: list[Client], output_tokens: int,
     recorder = StepRecorder(engine, steps) if steps is not None else None
     worker = None
     if jobs is not None and device is not None:
-        from driver.vllm._worker import live_worker
+        from driver.vllm import live_worker
 
         worker = live_worker(device)
     if worker is not None:

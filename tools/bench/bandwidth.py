@@ -187,7 +187,7 @@ def register(bench: Any) -> None:
 
 def cmd_bandwidth(args: Any) -> int:
     from tools.bench.target import open_target, scratch_region
-    from tools.cli._common import CliError, parse_int, parse_size, print_json
+    from tools.common import CliError, parse_int, parse_size, print_json
 
     sizes = [parse_size(s) for s in args.size] if args.size else SIZES
     if min(sizes) < 1:

@@ -207,7 +207,7 @@ def register(bench: Any) -> None:
 
 
 def cmd_fidelity(args: Any) -> int:
-    from tools.cli._common import print_json
+    from tools.common import print_json
 
     checks = run(quick=args.quick)
     if args.json:

@@ -94,7 +94,7 @@ def decode(model: Any, cache: Any, context: list, first_token: int, steps: int,
     (s). ``mark()`` is called when the timed steps (after the warm-up) begin."""
     import torch
 
-    from driver.kv._recompute import cache_argument
+    from driver.kv import cache_argument
 
     for layer, (k, v) in enumerate(context):
         cache.update(k, v, layer)
@@ -227,7 +227,7 @@ def register(bench: Any) -> None:
 def cmd_kv(args: Any) -> int:
     from dataclasses import replace
 
-    from tools.cli._common import CliError, print_json
+    from tools.common import CliError, print_json
 
     try:
         import torch

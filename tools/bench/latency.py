@@ -90,7 +90,7 @@ def measure(dp: DataPath, region: memoryview, base_dpa: int, *, hops: int = 200_
         raise RuntimeError("the latency probe needs the C data path (the Python twin's own cost "
                            "is microseconds): pip install -e . or python -m emulator.timing._build")
     from emulator.timing import linkstate
-    from emulator.timing._cimpl import CCore
+    from emulator.timing.cimpl import CCore
     from emulator.timing.chase import build_chase_ring, py_chase
     from emulator.timing.config import LinkParams
 
@@ -122,7 +122,7 @@ def measure(dp: DataPath, region: memoryview, base_dpa: int, *, hops: int = 200_
 def _measure_native(dp: DataPath, working_set: int, start: int, hops: int,
                     rounds: int) -> LatencyResult:
     """The chase in C over the device's media and link page, compensated for C callers."""
-    from emulator.timing._cimpl import CCore
+    from emulator.timing.cimpl import CCore
     from emulator.timing.calibration import calibrated_comp_ns
 
     core = CCore(dp.media, dp.poison_bits, dp._link, dp.config.link_params(), calibrated_comp_ns())
@@ -200,7 +200,7 @@ def register(bench: Any) -> None:
 
 def cmd_latency(args: Any) -> int:
     from tools.bench.target import open_target, scratch_region
-    from tools.cli._common import CliError, parse_int, parse_size, print_json
+    from tools.common import CliError, parse_int, parse_size, print_json
 
     if args.hops < 1000 or (args.rounds is not None and args.rounds < 1):
         raise CliError("--hops must be >= 1000 and --rounds >= 1")

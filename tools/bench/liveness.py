@@ -92,7 +92,7 @@ def register(bench: Any) -> None:
 
 
 def cmd_liveness(args: Any) -> int:
-    from tools.cli._common import CliError, print_json
+    from tools.common import CliError, print_json
 
     if args.kills < 1:
         raise CliError(f"--kills must be >= 1, got {args.kills}")

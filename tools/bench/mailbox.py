@@ -515,7 +515,7 @@ def register(bench: Any) -> None:
 
 
 def cmd_mailbox(args: Any) -> int:
-    from tools.cli._common import CliError, parse_size, print_json
+    from tools.common import CliError, parse_size, print_json
 
     kw = dict(commands=args.commands, hosts=args.hosts, load_procs=args.load_procs,
               load_bytes=parse_size(args.load_bytes), capacity=parse_size(args.capacity))

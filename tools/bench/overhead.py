@@ -140,7 +140,7 @@ def register(bench: Any) -> None:
 
 
 def cmd_overhead(args: Any) -> int:
-    from tools.cli._common import print_json
+    from tools.common import print_json
 
     result = measure(args.impl)
     if args.json:

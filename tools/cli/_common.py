@@ -1,38 +1,19 @@
-"""Helpers shared by the `cxlemu` subcommands: errors, size parsing, JSON output."""
+"""Helpers shared by the `cxlemu` subcommands: argparse types, opening a device, tables.
+
+The error, the size and number parsers and JSON output live in ``tools.common`` (the libraries
+below the CLI raise and use them too); they are imported here so a subcommand finds them in one
+place."""
 from __future__ import annotations
 
 import argparse
-import json
-import re
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-# A hex number takes every hex digit it can: 0x1B is 27 bytes, 0x1 B and 0x1KiB carry a suffix.
-_SIZE_RE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+from tools.common import CliError, parse_hex, parse_int, parse_size, print_json
 
-
-class CliError(Exception):
-    """A bad argument or a device error: printed as one line, never a traceback."""
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-def parse_size(text: str) -> int:
-    """'1G', '256M', '4096', '2GiB', '0x10000000', '0x10M' -> bytes; raises CliError on anything else
-    (fractions, signs, unknown suffixes)."""
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise CliError(f"malformed size {text!r}: use a decimal or 0x-prefixed hex number with an optional "
-                       f"K/M/G/T suffix, e.g. 1G or 0x10000000")
-    unit = (m.group(2) or "").upper()[:1]
-    digits = m.group(1)
-    number = int(digits[2:], 16) if digits[:2].lower() == "0x" else int(digits, 10)  # '010' is ten
-    return number * _UNITS[unit]
+__all__ = ["ArgumentError", "CliError", "PORT_RANGE", "device_error", "human_table", "memdev_session",
+           "open_memdev", "parse_hex", "parse_int", "parse_port", "parse_size", "print_json"]
 
 
 class ArgumentError(CliError, argparse.ArgumentTypeError):
@@ -54,29 +35,6 @@ def parse_port(text: str | int) -> int:
     if not lo <= port <= hi:
         raise ArgumentError(f"port must be {lo}..{hi}, got {port}")
     return port
-
-
-def parse_int(text: str, what: str) -> int:
-    """Decimal or 0x-prefixed hex integer; raises CliError naming `what`."""
-    try:
-        return int(text, 0)
-    except ValueError:
-        raise CliError(f"malformed {what} {text!r}: use a decimal or 0x-prefixed hex number") from None
-
-
-def parse_hex(text: str, what: str = "hex payload") -> bytes:
-    """Hex string (optional 0x, spaces allowed) -> bytes; raises CliError."""
-    cleaned = text.strip().removeprefix("0x").replace(" ", "").replace(":", "")
-    try:
-        return bytes.fromhex(cleaned)
-    except ValueError:
-        raise CliError(f"malformed {what} {text!r}: use pairs of hex digits, e.g. 0a1b") from None
-
-
-def print_json(obj: Any) -> None:
-    """Print JSON the way `cxl list` does: indented, one document."""
-    json.dump(obj, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
 
 
 def open_memdev(name: str):  # -> driver.MemDev (imported lazily: `cxlemu --help` stays fast)

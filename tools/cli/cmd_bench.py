@@ -22,6 +22,7 @@ BENCH_MODULES = [
     "tools.trace.bench",
     "tools.bench.serve",
     "tools.bench.sim",
+    "tools.monitor.bench",
 ]
 
 

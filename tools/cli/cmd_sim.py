@@ -23,8 +23,8 @@ def register(subparsers: Any) -> None:
     sub = p.add_subparsers(dest="sim_command", metavar="ACTION", parser_class=type(p))
     sub.required = True
     _register_serve(sub)
-    from tools.sim.sweep import register_sweep
-    from tools.sim.validate import register_validate
+    from tools.cli._sim_sweep import register_sweep
+    from tools.cli._sim_validate import register_validate
 
     register_sweep(sub)
     register_validate(sub)
@@ -40,17 +40,16 @@ def _choice(options: Any, what: str) -> Any:
 
 def parse_modes(text: str) -> list[str]:
     """Comma-separated offload modes (an argparse ``type=``: ArgumentError names the known ones)."""
-    from tools.sim.run import MODES
+    from tools.sim.run import parse_modes as parse
 
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise ArgumentError(f"unknown mode {bad[0] if bad else text!r}: choose from {', '.join(MODES)}")
-    return modes
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise ArgumentError(str(exc)) from None
 
 
 def _levels(text: str) -> list[int]:
-    from tools.sim.sweep import parse_levels
+    from tools.cli._sim_sweep import parse_levels
 
     return parse_levels(text)
 
@@ -224,8 +223,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def rule_max_concurrency(rows: list[dict[str, Any]], mode: str, key: str = "ttft_p99_ms",
                          factor: float = 2.0) -> int:
     """The highest concurrency whose ``key`` stays within ``factor`` x the lowest level's
-    (``cxlemu bench serve``'s rule, ``tools.bench._serve_workload.max_concurrency``)."""
-    from tools.bench._serve_workload import max_concurrency
+    (``cxlemu bench serve``'s rule, ``tools.sim.serve_workload.max_concurrency``)."""
+    from tools.sim.serve_workload import max_concurrency
 
     return max_concurrency({r["concurrency"]: r[key] for r in rows if r["mode"] == mode}, factor)
 
@@ -285,7 +284,7 @@ def render_arithmetic(shape: Any, point: Any, kv_blocks: int, cap: dict[str, flo
 
 def plot_levels(rows: list[dict[str, Any]], path: str, title: str) -> None:
     """Output tokens/s and TTFT p99 against concurrency, one line per mode."""
-    from tools.plots import plot_against_concurrency
+    from tools.sim.plots import plot_against_concurrency
 
     lines = {mode: [(r["concurrency"], r) for r in sorted((r for r in rows if r["mode"] == mode),
                                                           key=lambda r: r["concurrency"])]

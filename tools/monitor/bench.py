@@ -1,6 +1,7 @@
-"""Cost of the telemetry page's two sides, so the firmware runner's budget is known.
+"""`cxlemu bench telemetry`: cost of the telemetry page's two sides, so the firmware runner's
+budget is known.
 
-    python -m tools.monitor.bench [--rounds N]
+    cxlemu bench telemetry [--rounds N] [--json]
 
 Prints microseconds per call: a full firmware publish (256 hotlist entries, 16 events, 16 poison
 records), a small and a full host publish, a reader snapshot of both sections, and the KV shim's
@@ -10,7 +11,6 @@ means over N rounds on this machine: compare them with each other, not across ma
 """
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 from dataclasses import fields
@@ -53,7 +53,7 @@ def _tables(layers: int, batch: int, pieces: int, blocks: int, shared: int) -> A
 
 
 def run(rounds: int) -> dict[str, float]:
-    from driver.kv._telemetry import sharing_gauges
+    from driver.kv import sharing_gauges
 
     bar = bytearray(BAR_SIZE)
     fw = TelemetryWriter(bar, "firmware")
@@ -82,13 +82,22 @@ def run(rounds: int) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2000)
-    args = parser.parse_args()
-    for name, us in run(args.rounds).items():
-        print(f"{us:9.1f} us  {name}")
+def register(bench: Any) -> None:
+    p = bench.add_parser("telemetry", help="the telemetry page's cost: publishes, a snapshot, the KV sharing gauges")
+    p.add_argument("--rounds", type=int, default=2000, help="rounds each call is averaged over (default 2000)")
+    p.add_argument("--json", action="store_true", help="{call: microseconds} instead of lines")
+    p.set_defaults(func=cmd_telemetry)
 
 
-if __name__ == "__main__":
-    main()
+def cmd_telemetry(args: Any) -> int:
+    from tools.common import CliError, print_json
+
+    if args.rounds < 1:
+        raise CliError(f"--rounds must be >= 1, got {args.rounds}")
+    result = run(args.rounds)
+    if args.json:
+        print_json(result)
+    else:
+        for name, us in result.items():
+            print(f"{us:9.1f} us  {name}")
+    return 0

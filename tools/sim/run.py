@@ -24,9 +24,10 @@ import numpy as np
 
 from tools.sim import hardware as hw
 from tools.sim.engine import EngineConfig, Request, SimEngine, TierConfig
+from tools.sim.serve_workload import WorkloadConfig
 from tools.sim.workload import ClientScript
 
-__all__ = ["MAX_CLIENTS", "MODES", "ConcurrencyError", "Point", "build_scripts", "simulate", "summarize"]
+__all__ = ["MAX_CLIENTS", "MODES", "ConcurrencyError", "Point", "build_scripts", "parse_modes", "simulate", "summarize"]
 
 MODES = ("none", "host-lru", "cxl-lru", "cxl-smart")
 GB = 10**9
@@ -41,6 +42,15 @@ class ConcurrencyError(ValueError):
     def __init__(self, message: str, bound: int) -> None:
         super().__init__(message)
         self.bound = bound
+
+
+def parse_modes(text: str) -> list[str]:
+    """Comma-separated offload modes; ValueError names the known ones."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"unknown mode {bad[0] if bad else text!r}: choose from {', '.join(MODES)}")
+    return modes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,8 +182,6 @@ def build_scripts(workload: dict[str, Any], concurrency: int, point: Point | Non
         with open(spec["path"]) as f:
             return wl.load_trace(f)
     if kind == "bench":
-        from tools.bench._serve_workload import WorkloadConfig
-
         return wl.from_bench(WorkloadConfig(**spec["config"]), concurrency, spec["think_s"])
     raise ValueError(f"unknown workload kind {kind!r}: fixed, sessions, trace or bench")
 

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from tools.sim.serve_workload import WorkloadConfig, clients
+
 __all__ = ["REST", "ClientScript", "Turn", "fixed", "from_bench", "load_trace", "sessions", "write_trace"]
 
 
@@ -116,11 +118,9 @@ def sessions(*, sessions: int, concurrency: int, turns: int = 4, system_tokens: 
     return [ClientScript(f"slot{i}", "session", tuple(t)) for i, t in enumerate(slots)]
 
 
-def from_bench(workload: Any, level: int, think_s: float) -> list[ClientScript]:
-    """``cxlemu bench serve``'s ``level`` clients (``tools.bench._serve_workload.clients``): the
+def from_bench(workload: WorkloadConfig, level: int, think_s: float) -> list[ClientScript]:
+    """``cxlemu bench serve``'s ``level`` clients (``tools.sim.serve_workload.clients``): the
     same kinds, prompt lengths, arrival offsets and think times."""
-    from tools.bench._serve_workload import clients
-
     out = []
     for c in clients(workload, level):
         think = [c.arrival_after(k, think_s) for k in range(c.turns)]

@@ -98,7 +98,7 @@ def measure_speed(policies: tuple[str, ...] = ONLINE_POLICY_NAMES + ("opt",), re
     import os
     import tempfile
 
-    from firmware_model import _fast
+    from firmware_model.replay import replays_in_c
     from tools.trace import peer
     from tools.trace.gen import zipf
 
@@ -114,7 +114,7 @@ def measure_speed(policies: tuple[str, ...] = ONLINE_POLICY_NAMES + ("opt",), re
     try:
         for policy in policies:
             result = replay_keys(keys, policy, capacity, with_opt=False)
-            fast = _fast.AVAILABLE and policy in _fast.FAST_POLICIES
+            fast = replays_in_c(policy)
             row: dict[str, Any] = {"policy": policy, "accesses": len(keys), "capacity": capacity,
                                    "impl": "c" if fast else "py", "hits": result.hits}
             row["accesses_per_s"] = int(len(keys) / _median_seconds(
@@ -246,7 +246,7 @@ def register(bench: Any) -> None:
 
 
 def cmd_fwmodel(args: Any) -> int:
-    from tools.cli._common import CliError, print_json
+    from tools.common import CliError, print_json
     from tools.trace.io import load_trace
 
     attention = None

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from firmware_model._fast import dense_ids, next_use_array
+from firmware_model import dense_ids, next_use_array
 
 __all__ = ["PEER_NAMES", "PeerRun", "available", "peer_hits", "peer_replay", "write_oracle_general"]
 

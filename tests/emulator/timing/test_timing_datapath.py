@@ -472,11 +472,11 @@ def test_the_c_core_takes_plain_buffers_in_one_call():
     """On 3.11+ the extension carries _fastcall (buffer protocol, no ffi.from_buffer per call)."""
     import sys
 
-    from emulator.timing import _cimpl
+    from emulator.timing import cimpl
 
     expected = sys.version_info >= (3, 11)
-    assert (_cimpl.fast_transfer is not None) == expected
-    assert (_cimpl.fast_issue is not None) == (_cimpl.handle_base is not None) == expected
+    assert (cimpl.fast_transfer is not None) == expected
+    assert (cimpl.fast_issue is not None) == (cimpl.handle_base is not None) == expected
 
 
 @pytest.mark.parametrize("clock", [None, ManualClock(500)], ids=["real", "sim"])

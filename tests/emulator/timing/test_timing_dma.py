@@ -285,7 +285,7 @@ def test_handle_fields_and_callbacks_on_a_pending_handle():
 
 def _state_types():
     from emulator.dma import _PyChannelState
-    from emulator.timing._cimpl import channel_state
+    from emulator.timing.cimpl import channel_state
 
     return [_PyChannelState] + ([channel_state] if channel_state is not None else [])
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from tools.bench._serve_workload import (
+from tools.sim.serve_workload import (
     FIRST_TOKEN_ID,
     LevelResult,
     RequestRecord,

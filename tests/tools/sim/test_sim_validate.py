@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 import pytest
 
-from tools.bench._serve_workload import LevelResult, RequestRecord, WorkloadConfig
+from tools.sim.serve_workload import LevelResult, RequestRecord, WorkloadConfig
 from tools.sim import hardware as hw
 from tools.sim.engine import EngineConfig, SimEngine, TierConfig
 from tools.sim.validate import (

@@ -1,4 +1,6 @@
-"""`cxlemu bench serve`, the pure parts: the workload, the time scale, the metrics and the checks.
+"""`cxlemu bench serve`, the pure parts: the model, the workload, the time scale, the metrics and
+the checks. The bench (``tools.bench.serve``) drives vLLM with them; the simulator replays the same
+clients (``tools.sim.workload.from_bench``) and reads the bench's reports (``tools.sim.validate``).
 
 Nothing here imports vLLM, torch or a clock: the tests run it on fixed inputs.
 
@@ -25,7 +27,32 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tools.sim.hardware import ModelShape
+
 FIRST_TOKEN_ID = 4  # ids below are the tokenizer's specials (<pad>, <s>, </s>, <unk>)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """The random Llama the bench serves (``tools.bench._serve_engine.build_model`` writes it)."""
+    layers: int = 8
+    hidden: int = 768
+    heads: int = 12
+    kv_heads: int = 4
+    intermediate: int = 2048
+    vocab: int = 2048
+    init_range: float = 0.1  # 0.02 (transformers' default) makes greedy output one token forever
+    seed: int = 0
+
+    def shape(self) -> ModelShape:
+        """The model as the simulator's ``ModelShape`` (float32, as the bench runs it)."""
+        return ModelShape(name="bench-random-llama", layers=self.layers, hidden=self.hidden, heads=self.heads,
+                          kv_heads=self.kv_heads, intermediate=self.intermediate, vocab=self.vocab, dtype_bytes=4)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer, float32 (``ModelShape``'s arithmetic, GQA included)."""
+        return self.shape().kv_bytes_per_token
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,6 @@
-"""The C core (cffi extension ``_cdatapath``) behind the same interface as ``PyCore``.
+"""The C core (cffi extension ``_cdatapath``) behind the same interface as ``PyCore``, and the
+extension's entry points that the DMA engine (``emulator.dma``) and the benches call as well.
+Importing it raises ImportError where the extension is not built (``c_available()`` says).
 
 The calibration of the emulator's own per-access cost, which the C core deducts from real-time
 waits, is in ``calibration.py``; the pointer-chase helpers in ``chase.py``.
@@ -7,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from emulator.timing import _cdatapath
 from emulator.timing import linkstate as ls
 from emulator.timing._buffers import host_view
+from emulator.timing._cdatapath import __file__ as _LIBRARY  # its file holds two more modules
 from emulator.timing._cdatapath import ffi, lib  # ImportError when not built
 from emulator.timing.config import LinkParams
 
@@ -27,8 +29,8 @@ def _load_module(name: str) -> Any:
     import importlib.util
 
     qualified = f"emulator.timing.{name}"
-    loader = importlib.machinery.ExtensionFileLoader(qualified, _cdatapath.__file__)
-    spec = importlib.util.spec_from_file_location(qualified, _cdatapath.__file__, loader=loader)
+    loader = importlib.machinery.ExtensionFileLoader(qualified, _LIBRARY)
+    spec = importlib.util.spec_from_file_location(qualified, _LIBRARY, loader=loader)
     try:
         return importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     except ImportError:
