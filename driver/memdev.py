@@ -48,7 +48,7 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
         regs = RegisterFile(files.bar)
         self._state = liveness.state_view(files.bar)
         self._expected = liveness.serving_word(self._state[0])  # this boot, up, media enabled
-        super().__init__(regs, files.path / "mbox.lock", files.name, timeout_s=timeout_s, gone=self._gone_reason)
+        super().__init__(regs, files.open_lock("mbox.lock"), files.name, timeout_s=timeout_s, gone=self._gone_reason)
         self.media = np.frombuffer(files.media, dtype=np.uint8)
         self._poison = np.frombuffer(files.poison, dtype=np.uint8)
         self.datapath = DataPath.for_device(files, state=(liveness.state_view(files.bar), self._expected))

@@ -3,6 +3,7 @@
 
     provision(config)  ──▶ DeviceFiles (the stopped device as it was, reconfigured, or new)
     bind_media         ──▶ media on the configured NUMA node; numa_node file written
+    files.reserve()    ──▶ every page of the files allocated (there): a full disk never SIGBUSes
     Firmware(files)    ──▶ boot: registers reset, state restored, state word UP
     start()            ──▶ firmware.pid written, runner thread polling the doorbell
     stop()             ──▶ state word down, pid file removed, files closed (kept) or destroyed
@@ -25,7 +26,12 @@ class Served:
     def __init__(self, config: DeviceConfig, *, keep: bool = False, fresh: bool = False,
                  reconfigure: bool = False) -> None:
         self.files = provision(config, fresh=fresh, reconfigure=reconfigure)
-        self.numa_notice = bind_media(self.files)
+        try:
+            self.numa_notice = bind_media(self.files)
+            self.files.reserve()  # after the binding: the pages are allocated on the node
+        except BaseException:
+            self.files.close()  # the device stays, stopped: a serve with room finds it as it was
+            raise
         self.firmware = Firmware(self.files)
         self.runner = FirmwareRunner(self.firmware)
         self.keep = keep
