@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from emulator.regfile import RegisterFile
 from emulator.spec import registers as R
@@ -33,19 +32,22 @@ BACKGROUND_TIMEOUT_S = 600.0  # sanitize of a large device can take minutes
 class MailboxClient:
     """Raw mailbox exchange over a mapped BAR; typed commands build on `send` and `call`."""
 
-    def __init__(self, regs: RegisterFile, lock_path: Path, name: str, *, timeout_s: float = MBOX_TIMEOUT_S,
+    def __init__(self, regs: RegisterFile, lock_fd: int, name: str, *, timeout_s: float = MBOX_TIMEOUT_S,
                  gone: Callable[[bool], str | None] = lambda thorough: None) -> None:
-        """``gone(thorough)``: why the device can no longer answer, or None. Asked on every poll
-        of the doorbell with ``thorough=False`` (a look at the state word: must be cheap), and
-        every ``LIVENESS_POLL_S`` with ``thorough=True`` (may check the firmware's process)."""
+        """``lock_fd``: an open fd on the device's mbox.lock (``DeviceFiles.open_lock``), closed by
+        ``close_mailbox``. ``gone(thorough)``: why the device can no longer answer, or None. Asked
+        on every poll of the doorbell with ``thorough=False`` (a look at the state word: must be
+        cheap), and every ``LIVENESS_POLL_S`` with ``thorough=True`` (may check the firmware's
+        process)."""
+        self._lock_fd = lock_fd
         if timeout_s <= 0:
+            self.close_mailbox()
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.regs = regs
         self.name = name
         self.timeout_s = timeout_s
         self._gone = gone
         self._tlock = threading.Lock()
-        self._lock_fd = os.open(lock_path, os.O_RDWR)
 
     def close_mailbox(self) -> None:
         if self._lock_fd >= 0:

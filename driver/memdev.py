@@ -43,13 +43,14 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
     disabled (sanitize, secure erase) data-path calls raise ``MediaDisabled``."""
 
     def __init__(self, files: DeviceFiles, *, timeout_s: float = MBOX_TIMEOUT_S) -> None:
+        lock_fd = files.open_lock("mbox.lock")  # first: a missing lock leaves no view of the BAR behind
         self.files = files
         self.config = files.config
         self.bar = files.bar
         regs = RegisterFile(files.bar)
         self._state = liveness.state_view(files.bar)
         self._expected = liveness.serving_word(self._state[0])  # this boot, up, media enabled
-        super().__init__(regs, files.path / "mbox.lock", files.name, timeout_s=timeout_s, gone=self._gone_reason)
+        super().__init__(regs, lock_fd, files.name, timeout_s=timeout_s, gone=self._gone_reason)
         self.media = np.frombuffer(files.media, dtype=np.uint8)
         self._poison = np.frombuffer(files.poison, dtype=np.uint8)
         self.datapath = DataPath.for_device(files, state=(liveness.state_view(files.bar), self._expected))

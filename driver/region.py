@@ -41,8 +41,9 @@ from emulator.hdm import (
     interleave_position,
     iw_from_ways,
 )
+from emulator.runtime_fs import ensure_runtime_dir, open_private_file
 from emulator.spec.component_regs import HDM_DECODER_ALIGN
-from emulator.spec.errors import ConfigError, PoisonError
+from emulator.spec.errors import ConfigError, DeviceFileDamaged, PoisonError
 
 ROOT_WINDOW_BASE = 1 << 40   # 1 TiB: above any DRAM a test host has, like QEMU's cxl-fmw windows
 ROOT_WINDOW_SIZE = 1 << 44   # 16 TiB
@@ -274,8 +275,7 @@ def _root_path() -> Path:
 @contextlib.contextmanager
 def root_lock() -> Iterator[None]:
     """Serialise region creation and removal between hosts (Linux's cxl_region_rwsem)."""
-    runtime_dir().mkdir(parents=True, exist_ok=True)
-    fd = os.open(runtime_dir() / "cxl_root.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = open_private_file(ensure_runtime_dir() / "cxl_root.lock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -300,7 +300,7 @@ def _committed_by_device() -> dict[str, list[DecoderState]]:
     """Committed decoders of every device under the runtime dir (devices without HDM skipped)."""
     found: dict[str, list[DecoderState]] = {}
     for name in list_devices():
-        with contextlib.suppress(OSError, DecoderError, LookupError):
+        with contextlib.suppress(OSError, DecoderError, LookupError, DeviceFileDamaged):
             bar = open_bar(name)
             try:
                 snapshot = bytearray(bar)  # a copy: no view may outlive the mapping

@@ -4,7 +4,7 @@ Serving one (its firmware in this process) is ``emulator.serving``; ``emulator.d
     $CXLEMU_RUNTIME_DIR/<name>/        (default /dev/shm/cxlemu-<uid>: memory-backed, like sysfs)
         config.json    DeviceConfig
         bar            register file, BAR_SIZE bytes
-        media          the DPA space (sparse until written)
+        media          the DPA space (sparse until served, then reserved whole)
         lsa            label storage area
         poison         1 bit per 64-B line of media
         state.json     poison list and firmware slots (emulator/persist.py); fwslot<N>.img
@@ -19,6 +19,11 @@ and configuration. Serving it with a different configuration is refused, naming 
 unless ``reconfigure`` (the media is kept where it fits); ``fresh`` starts it empty. A new
 device is built in a hidden directory and renamed into place, so a create that fails (a size the
 host cannot back) leaves nothing behind and never touches a device of the same name.
+
+The runtime dir, a device's directory and its files are used only when they are this user's
+alone (``emulator.runtime_fs``); a served device's files are reserved whole, so a full filesystem
+refuses a serve instead of killing a writer with SIGBUS. A file deleted or truncated behind a
+device's back is ``DeviceFileDamaged``, naming the file and the way out.
 """
 from __future__ import annotations
 
@@ -34,23 +39,24 @@ from pathlib import Path
 from typing import Any
 
 from emulator import liveness
+from emulator.runtime_fs import (
+    allocated,
+    check_private_dir,
+    check_room,
+    checked_runtime_dir,
+    ensure_runtime_dir,
+    open_private_file,
+    reserve,
+    runtime_dir,
+)
 from emulator.spec import registers as R
-from emulator.spec.errors import ConfigError, DeviceNotFound
+from emulator.spec.errors import ConfigError, DeviceFileDamaged, DeviceFileError, DeviceNotFound, NoSpace
 from emulator.timing.config import TimingConfig
 
 from emulator.spec.payloads_memdev import CAPACITY_UNIT
 POISON_GRANULE = 64
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
 _STAGING_PREFIX = ".new-"  # a device being created: <runtime dir>/.new-<name>-<pid>
-
-
-def runtime_dir() -> Path:
-    """`$CXLEMU_RUNTIME_DIR`, or /dev/shm/cxlemu-<uid> (a temp dir where /dev/shm is absent)."""
-    env = os.environ.get("CXLEMU_RUNTIME_DIR")
-    if env:
-        return Path(env)
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
-    return base / f"cxlemu-{os.getuid()}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,9 +124,16 @@ def device_path(name: str) -> Path:
     return runtime_dir() / name
 
 
+def _checked_device_dir(name: str) -> Path:
+    """The device's directory, after checking it and the runtime dir are this user's alone."""
+    path = checked_runtime_dir() / name
+    check_private_dir(path, "device directory", private=False)
+    return path
+
+
 def list_devices() -> list[str]:
     """Names of the devices under the runtime dir, sorted."""
-    root = runtime_dir()
+    root = checked_runtime_dir()
     if not root.is_dir():
         return []
     return sorted(p.name for p in root.iterdir()
@@ -142,11 +155,13 @@ def load_config(name: str) -> DeviceConfig:
     """The device's stored configuration. A file this cxlemu cannot take (damaged, or written by
     an older one with values it now refuses) is a ``ConfigError`` naming the device, the file
     and the way out, never a bare parse error."""
-    path = device_path(name) / "config.json"
+    path = _checked_device_dir(name) / "config.json"
     try:
-        text = path.read_text()
+        fd = open_private_file(path, os.O_RDONLY)
     except FileNotFoundError:
         raise DeviceNotFound(name, str(runtime_dir())) from None
+    with open(fd, encoding="utf-8") as f:
+        text = f.read()
     try:
         return DeviceConfig.from_json(text)
     except (ValueError, TypeError, KeyError, ConfigError) as exc:  # JSONDecodeError is a ValueError
@@ -155,9 +170,18 @@ def load_config(name: str) -> DeviceConfig:
 
 
 def _map(path: Path, size: int, *, writable: bool = True) -> mmap.mmap:
-    flags = os.O_RDWR if writable else os.O_RDONLY
-    fd = os.open(path, flags)
+    """Map a device file of this user's (no symlink followed) that holds at least ``size`` bytes;
+    ``DeviceFileDamaged`` for one deleted or truncated (mapping past its end would SIGBUS)."""
     try:
+        fd = open_private_file(path, os.O_RDWR if writable else os.O_RDONLY)
+    except FileNotFoundError:
+        raise DeviceFileDamaged(path, "is missing (deleted?)", _damaged_remedy(path)) from None
+    try:
+        found = os.fstat(fd).st_size
+        if found < size:
+            raise DeviceFileDamaged(path, f"is {found} bytes, its device's configuration says {size} (truncated?)",
+                                    f"`truncate -s {size} {path}` keeps what is left (the rest reads zeros); or "
+                                    + _damaged_remedy(path))
         if size == 0:
             return mmap.mmap(-1, 1)
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
@@ -166,12 +190,25 @@ def _map(path: Path, size: int, *, writable: bool = True) -> mmap.mmap:
         os.close(fd)
 
 
+def _stop_first(device_dir: Path) -> str:
+    """'stop its server (pid N) and ' while a firmware serves the device, else ''."""
+    pid = liveness.firmware_pid(device_dir)
+    return f"stop its server (pid {pid}) and " if pid is not None else ""
+
+
+def _damaged_remedy(path: Path) -> str:
+    """The way out for a device whose file ``path`` was deleted or truncated."""
+    name = path.parent.name
+    return (f"{_stop_first(path.parent)}serve {name} with --fresh to start it empty (what it held is lost), "
+            f"or `cxlemu destroy {name}`")
+
+
 def open_bar(name: str, *, writable: bool = False) -> mmap.mmap:
     """Map a device's register file (read-only by default: monitors never write)."""
-    path = device_path(name) / "bar"
-    if not path.exists():
+    path = _checked_device_dir(name)
+    if not (path / "config.json").is_file():
         raise DeviceNotFound(name, str(runtime_dir()))
-    return _map(path, R.BAR_SIZE, writable=writable)
+    return _map(path / "bar", R.BAR_SIZE, writable=writable)
 
 
 class DeviceFiles:
@@ -197,6 +234,11 @@ class DeviceFiles:
             raise ConfigError(f"device {config.name!r} is already served by pid {pid}")
         check_backing(config)
         staged = _build(config)
+        try:  # the old device's space comes back when it is retired, before the server reserves the new one
+            check_room(runtime_dir(), _paths(staged, config), config.name, freed=_held(path))
+        except NoSpace:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
         if path.exists():
             _retire(path)
         os.rename(staged, path)
@@ -207,8 +249,28 @@ class DeviceFiles:
         config = load_config(name)
         try:
             return cls(config, device_path(name), writable=writable)
+        except DeviceFileDamaged:
+            if not (device_path(name) / "config.json").exists():  # destroyed since load_config
+                raise DeviceNotFound(name, str(runtime_dir())) from None
+            raise
+
+    def reserve(self) -> None:
+        """Allocate the files whole (``runtime_fs.reserve``): no write through their mappings can
+        then find the filesystem full. ``emulator.serving`` calls it after binding the media to
+        its NUMA node, so the pages land there; ``NoSpace`` when they do not fit."""
+        reserve(self.path.parent, _paths(self.path, self.config), self.name)
+
+    def open_lock(self, fname: str) -> int:
+        """An fd on the device's lock file ``fname`` (mbox.lock); ``DeviceFileDamaged`` if it is gone.
+        Never recreated here: a host locking a new file while others lock the old one would not
+        exclude them. Serving the device again recreates it (``provision``)."""
+        path = self.path / fname
+        try:
+            return open_private_file(path, os.O_RDWR)
         except FileNotFoundError:
-            raise DeviceNotFound(name, str(runtime_dir())) from None
+            raise DeviceFileDamaged(path, "is missing (deleted?)",
+                                    f"{_stop_first(self.path)}serve {self.name} again: `cxlemu serve --name {self.name}` recreates "
+                                    f"it, the media kept") from None
 
     def close(self) -> None:
         if self._closed:
@@ -232,6 +294,16 @@ def _file_sizes(config: DeviceConfig) -> dict[str, int]:
             "poison": poison_bitmap_size(config.capacity)}
 
 
+def _paths(path: Path, config: DeviceConfig) -> dict[Path, int]:
+    """The mapped files of the device at ``path`` with the sizes ``config`` gives them."""
+    return {path / fname: size for fname, size in _file_sizes(config).items()}
+
+
+def _held(path: Path) -> int:
+    """Bytes the device at ``path`` holds on its filesystem (0: none there)."""
+    return sum(allocated(p) for p in path.iterdir()) if path.is_dir() else 0
+
+
 def check_backing(config: DeviceConfig) -> None:
     """Refuse (ConfigError) a device the host cannot back: its files must fit the filesystem of
     the runtime dir (tmpfs: memory), which is where its pages land once written."""
@@ -250,8 +322,7 @@ def check_backing(config: DeviceConfig) -> None:
 
 def _build(config: DeviceConfig) -> Path:
     """The device's files, empty, in a staging directory beside where it will live."""
-    root = runtime_dir()
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    root = ensure_runtime_dir()
     for old in root.glob(f"{_STAGING_PREFIX}{config.name}-*"):  # debris of a create that died
         pid = old.name.rsplit("-", 1)[-1]
         if not pid.isdigit() or not liveness.process_alive(int(pid)):
@@ -273,7 +344,7 @@ def _build(config: DeviceConfig) -> Path:
 
 def _retire(path: Path) -> None:
     """Remove a stopped device's directory; hosts still holding its BAR see it down first."""
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, DeviceFileError):  # damaged: nobody maps it
         bar = _map(path / "bar", R.BAR_SIZE)
         view = liveness.state_view(bar)
         liveness.mark_down(view, view[0])
@@ -295,7 +366,7 @@ def provision(config: DeviceConfig, *, fresh: bool = False, reconfigure: bool = 
     """The files a firmware serves ``config`` from: the stopped device of that name as it was
     (same configuration), reconfigured (``reconfigure``), or new (none yet, or ``fresh``)."""
     name = config.name
-    path = device_path(name)
+    path = _checked_device_dir(name)
     pid = firmware_pid(name)
     if pid is not None:
         raise ConfigError(f"device {name!r} is already served by pid {pid}")
@@ -311,17 +382,22 @@ def provision(config: DeviceConfig, *, fresh: bool = False, reconfigure: bool = 
                           f"it as it is (leave those settings out), add --reconfigure to change them "
                           f"(its media kept where it fits), or --fresh to start it empty")
     if diff:
+        DeviceFiles(stored, path, writable=False).close()  # a deleted or truncated file: refused, unchanged
         check_backing(config)
+    check_room(path.parent, _paths(path, config), name)  # reserved by the server (DeviceFiles.reserve)
+    if diff:
         try:
             _resize(path, stored, config)
         except OSError as exc:
             raise ConfigError(f"device {name!r} cannot be reconfigured: {exc.strerror or exc}") from None
+    # a lock deleted while the device was stopped: no host of an earlier boot locks it again
+    os.close(open_private_file(path / "mbox.lock", os.O_RDWR | os.O_CREAT))
     return DeviceFiles(config, path)
 
 
 def destroy(name: str) -> None:
     """Remove a stopped device's files; refuses while it is served."""
-    path = device_path(name)
+    path = checked_runtime_dir() / name
     if not (path / "config.json").exists():
         raise DeviceNotFound(name, str(runtime_dir()))
     pid = firmware_pid(name)

@@ -122,7 +122,7 @@ class Firmware:
 
     @property
     def capacity_used_bytes(self) -> int:
-        """DPA bytes backed by memory: media pages written since the last sanitize (the file is sparse)."""
+        """DPA bytes backed by memory: the media file's allocated blocks (all of it once served: reserved)."""
         return os.stat(self.files.path / "media").st_blocks * 512
 
     # media state -----------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 
     provision(config)  ──▶ DeviceFiles (the stopped device as it was, reconfigured, or new)
     bind_media         ──▶ media on the configured NUMA node; numa_node file written
+    files.reserve()    ──▶ every page of the files allocated (there): a full disk never SIGBUSes
     Firmware(files)    ──▶ boot: registers reset, state restored, state word UP
     start()            ──▶ firmware.pid written, runner thread polling the doorbell
     stop()             ──▶ state word down, pid file removed, files closed (kept) or destroyed
@@ -25,11 +26,14 @@ class Served:
     def __init__(self, config: DeviceConfig, *, keep: bool = False, fresh: bool = False,
                  reconfigure: bool = False) -> None:
         self.files = provision(config, fresh=fresh, reconfigure=reconfigure)
-        self.numa_notice = bind_media(self.files)
         try:
+            self.numa_notice = bind_media(self.files)
+            self.files.reserve()  # after the binding: the pages are allocated on the node
             self.firmware = Firmware(self.files)
         except BaseException:
-            self.files.close()  # a refused boot (persist.StateError) leaves the files closed, as they were
+            # a full disk or a refused boot (persist.StateError) leaves the device stopped, its
+            # files closed: a serve that can go ahead finds it as it was
+            self.files.close()
             raise
         self.runner = FirmwareRunner(self.firmware)
         self.keep = keep

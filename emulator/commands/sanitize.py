@@ -5,9 +5,9 @@
              ──▶ last slice: zero the LSA, forget the poison list, discard event records
              ──▶ media enabled, return Success
 
-Zeroing punches holes in the media file (`madvise(MADV_REMOVE)`: the pages read back as zeros in
-every process mapping them, and a sparse device stays sparse); where the filesystem cannot, it
-writes zeros. Rewriting every line also removes all poison. The job paces itself on the link model
+Zeroing writes zeros over the media, never punches holes in its file: its pages stay reserved
+(emulator/runtime_fs.py), so a host's later write cannot find the disk full and die of SIGBUS.
+Rewriting every line also removes all poison. The job paces itself on the link model
 (a real sanitize overwrites the whole media): the first n bytes are done no sooner than a write of
 n bytes on the idle link completes (`sanitize_ns`); on an untimed link it runs as fast as the
 work goes. It cannot be aborted: the spec keeps media disabled after a sanitize
@@ -122,19 +122,6 @@ def _zero_slice(fw: Firmware, lo: int, hi: int) -> None:
     boundaries or at the capacity (a multiple of 256 MiB): whole pages and bitmap bytes."""
     if hi <= lo:
         return
-    page = mmap.PAGESIZE
-    a, b = -(-lo // page) * page, hi // page * page  # whole pages inside [lo, hi)
-    punched = False
-    if b > a:
-        try:
-            fw.files.media.madvise(mmap.MADV_REMOVE, a, b - a)
-            punched = True
-        except (OSError, ValueError, AttributeError):
-            punched = False  # not tmpfs / no hole punching here: write the zeros instead
-    if punched:
-        fw.media[lo:a] = 0
-        fw.media[b:hi] = 0
-    else:
-        fw.media[lo:hi] = 0
+    fw.media[lo:hi] = 0
     per_byte = POISON_LINE * _LINES_PER_BITMAP_BYTE
     fw.poison_bits[lo // per_byte:hi // per_byte] = 0

@@ -11,6 +11,31 @@ class ConfigError(CxlemuError, ValueError):
     """A configuration value is out of range; the message says what to change."""
 
 
+class DeviceFileError(CxlemuError):
+    """The runtime dir or a device's file cannot be used as it is; the message names the path,
+    what was found there and what to do."""
+
+    def __init__(self, path: object, found: str, remedy: str) -> None:
+        self.path = str(path)
+        self.found = found
+        self.remedy = remedy
+        super().__init__(f"{self.path}: {found}; {remedy}")
+
+
+class UnsafePath(DeviceFileError):
+    """The runtime dir, a device's directory or file is not this user's alone (another user owns
+    it, can reach it, or it is a symlink): refused, never adopted, as XDG_RUNTIME_DIR is checked."""
+
+
+class DeviceFileDamaged(DeviceFileError):
+    """A device's file was deleted or truncated behind its back: nothing was mapped."""
+
+
+class NoSpace(DeviceFileError, ConfigError):
+    """The runtime dir's filesystem has too little free space to reserve a device's files:
+    refused before anything was created or changed."""
+
+
 class MailboxError(CxlemuError):
     """A mailbox command completed with a return code other than Success."""
 

@@ -5,41 +5,22 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from driver import DeviceGone, MediaDisabled, MemDev
 from emulator import liveness
-from emulator.device import DeviceConfig, Served, destroy, device_path, device_state, firmware_pid, serve
+from emulator.device import DeviceConfig, Served, destroy, device_path, device_state, serve
 from emulator.fwslots import build_image
 from emulator.spec.errors import ConfigError
 from emulator.timing import TimingConfig
+from serve_support import cxlemu, start_server
 
-ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
-
-
-def cxlemu(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env=os.environ.copy())
-
-
-def start_server(name: str, *args: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "serve", "--name", name, *args],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while firmware_pid(name) != proc.pid:
-        if proc.poll() is not None:
-            raise AssertionError(proc.stderr.read() if proc.stderr else "serve exited")
-        assert time.monotonic() < deadline, "cxlemu serve did not come up"
-        time.sleep(0.02)
-    return proc
 
 
 @pytest.fixture

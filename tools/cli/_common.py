@@ -38,12 +38,13 @@ def parse_port(text: str | int) -> int:
 
 
 def open_memdev(name: str):  # -> driver.MemDev (imported lazily: `cxlemu --help` stays fast)
-    """Open a served device for a subcommand; unknown or stopped devices become one-line errors."""
-    from driver import DeviceGone, DeviceNotFound, MemDev
+    """Open a served device for a subcommand; unknown or stopped devices, and files that cannot be
+    used as they are, become one-line errors."""
+    from driver import DeviceFileError, DeviceGone, DeviceNotFound, MemDev
 
     try:
         return MemDev.open(name)
-    except DeviceNotFound as exc:
+    except (DeviceNotFound, DeviceFileError) as exc:
         raise CliError(str(exc), exit_code=2) from None
     except DeviceGone as exc:
         raise CliError(str(exc), exit_code=1) from None

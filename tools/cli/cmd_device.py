@@ -101,7 +101,7 @@ def build_config(args: argparse.Namespace) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from emulator.device import Served
-    from emulator.spec.errors import ConfigError
+    from emulator.spec.errors import ConfigError, DeviceFileError
 
     if args.fresh and args.reconfigure:
         raise CliError("--fresh and --reconfigure exclude each other: --fresh starts empty with the settings given")
@@ -119,7 +119,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise CliError(f"cannot serve metrics on 127.0.0.1:{args.metrics_port}: {exc.strerror or exc}") from None
     try:
         served = Served(config, keep=True, fresh=args.fresh, reconfigure=args.reconfigure)
-    except ConfigError as exc:
+    except (ConfigError, DeviceFileError) as exc:
         if exporter is not None:
             exporter.shutdown()
         raise CliError(str(exc)) from None

@@ -104,10 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug or an unexpected device state: one line unless --debug
         if debug:
             raise
-        from emulator.spec.errors import DeviceNotFound
+        from emulator.spec.errors import DeviceFileError, DeviceNotFound
 
         print(f"cxlemu: error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, DeviceNotFound) else 1
+        # no such device, or its files cannot be used as they are (another user's, deleted, no room)
+        return 2 if isinstance(exc, (DeviceNotFound, DeviceFileError)) else 1
 
 
 if __name__ == "__main__":
