@@ -13,7 +13,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from cli_support import ROOT
+
 PACKAGES = ("emulator", "driver", "firmware_model", "tools")
 
 

@@ -5,41 +5,22 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_support import cxlemu, serve_process
 
 from driver import DeviceGone, MediaDisabled, MemDev
 from emulator import liveness
-from emulator.device import DeviceConfig, Served, destroy, device_path, device_state, firmware_pid, serve
+from emulator.device import DeviceConfig, Served, destroy, device_path, device_state, serve
 from emulator.fwslots import build_image
 from emulator.spec.errors import ConfigError
 from emulator.timing import TimingConfig
 
-ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
-
-
-def cxlemu(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tools.cli.main", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env=os.environ.copy())
-
-
-def start_server(name: str, *args: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "serve", "--name", name, *args],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while firmware_pid(name) != proc.pid:
-        if proc.poll() is not None:
-            raise AssertionError(proc.stderr.read() if proc.stderr else "serve exited")
-        assert time.monotonic() < deadline, "cxlemu serve did not come up"
-        time.sleep(0.02)
-    return proc
 
 
 @pytest.fixture
@@ -122,7 +103,7 @@ def test_handles_of_an_earlier_boot_are_gone(device_name: str) -> None:
 
 def test_kill_9_keeps_completed_writes_and_hosts_learn_within_100_ms(server) -> None:
     name, procs = server
-    procs.append(start_server(name, "--capacity", "256M"))
+    procs.append(serve_process(name, "--capacity", "256M"))
     pattern = np.random.default_rng(12).integers(0, 256, 1 * MiB, dtype=np.uint8)
     md = MemDev.open(name)
     try:
@@ -146,7 +127,7 @@ def test_kill_9_keeps_completed_writes_and_hosts_learn_within_100_ms(server) -> 
         assert (time.monotonic() - t0) * 1000 < 100
     finally:
         md.close()
-    procs.append(start_server(name))
+    procs.append(serve_process(name))
     with MemDev.open(name) as md:
         got = np.empty_like(pattern)
         md.read_into(0x40_0000, got)
@@ -157,7 +138,7 @@ def test_kill_9_keeps_completed_writes_and_hosts_learn_within_100_ms(server) -> 
 def test_send_on_a_killed_firmware_mid_wait_fails_fast(server) -> None:
     """A command in flight when the firmware dies: DeviceGone in well under the 2-s timeout."""
     name, procs = server
-    procs.append(start_server(name, "--capacity", "256M"))
+    procs.append(serve_process(name, "--capacity", "256M"))
     with MemDev.open(name) as md:
         os.kill(procs[0].pid, signal.SIGSTOP)  # the doorbell will not clear
         threading.Timer(0.05, os.kill, (procs[0].pid, signal.SIGKILL)).start()
@@ -170,7 +151,7 @@ def test_send_on_a_killed_firmware_mid_wait_fails_fast(server) -> None:
 @pytest.mark.slow
 def test_cli_serve_again_is_refused_on_a_difference_and_fresh_starts_empty(server) -> None:
     name, procs = server
-    procs.append(start_server(name, "--capacity", "256M"))
+    procs.append(serve_process(name, "--capacity", "256M"))
     with MemDev.open(name) as md:
         md.write(0, b"persist")
     procs[0].send_signal(signal.SIGTERM)
@@ -178,12 +159,12 @@ def test_cli_serve_again_is_refused_on_a_difference_and_fresh_starts_empty(serve
     refused = cxlemu("serve", "--name", name, "--capacity", "512M")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "capacity: 268435456 (256 MiB) -> 536870912 (512 MiB)" in refused.stderr
-    procs.append(start_server(name, "--capacity", "0x10000000"))  # the same size, in hex
+    procs.append(serve_process(name, "--capacity", "0x10000000"))  # the same size, in hex
     with MemDev.open(name) as md:
         assert md.read(0, 7) == b"persist"
     procs[1].send_signal(signal.SIGTERM)
     procs[1].wait(timeout=30)
-    procs.append(start_server(name, "--fresh"))
+    procs.append(serve_process(name, "--fresh"))
     with MemDev.open(name) as md:
         assert md.read(0, 7) == bytes(7) and md.config.capacity == 1 << 30
 
@@ -191,7 +172,7 @@ def test_cli_serve_again_is_refused_on_a_difference_and_fresh_starts_empty(serve
 @pytest.mark.slow
 def test_a_serve_the_host_cannot_back_changes_nothing(server, runtime_dir: str) -> None:
     name, procs = server
-    procs.append(start_server(name, "--capacity", "256M"))
+    procs.append(serve_process(name, "--capacity", "256M"))
     with MemDev.open(name) as md:
         md.write(0, b"still here")
     procs[0].send_signal(signal.SIGTERM)
@@ -204,7 +185,7 @@ def test_a_serve_the_host_cannot_back_changes_nothing(server, runtime_dir: str) 
             assert out.stderr.startswith("cxlemu: error: capacity") and out.stderr.count("\n") == 1
             assert "cannot be backed" in out.stderr
     assert sorted(os.listdir(runtime_dir)) == before
-    procs.append(start_server(name))
+    procs.append(serve_process(name))
     with MemDev.open(name) as md:
         assert md.config.capacity == 256 * MiB and md.read(0, 10) == b"still here"
 

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 import pytest
+from cli_support import ROOT
 
 from firmware_model.policies import (
     ONLINE_POLICY_NAMES,
@@ -29,8 +30,6 @@ from firmware_model.testing import (
     check_policy,
     check_scenario,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def readme_policy_module() -> str:

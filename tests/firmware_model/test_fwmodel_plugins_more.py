@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_support import ROOT
 
 from firmware_model.dma import TransferCost
 from firmware_model.link import LinkParams
@@ -27,7 +28,6 @@ from firmware_model.prefetch import resolve_window, window_points
 from firmware_model.prefetch_replay import replay_with_prefetch
 from firmware_model.testing import PolicyConformanceError, check_scorer, check_window
 
-ROOT = Path(__file__).resolve().parents[2]
 LINK = LinkParams.from_rates(read_latency_ns=1000, read_bandwidth_gbps=1)
 
 

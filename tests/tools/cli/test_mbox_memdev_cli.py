@@ -1,18 +1,8 @@
 """`cxlemu identify | health | partition | timestamp | lsa | fw ...` against an in-process device."""
 from __future__ import annotations
 
-import json
-
 import pytest
-
-from tools.cli.main import main
-
-
-def cli(capsys, *argv: str) -> tuple[int, object, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    out = json.loads(captured.out) if code == 0 and captured.out.lstrip().startswith(("{", "[")) else captured.out
-    return code, out, captured.err
+from cli_support import cli
 
 
 def test_identify_partition_health(served, capsys):

@@ -3,23 +3,13 @@ JSON on stdout, one-line errors with exit 2 for bad arguments and 1 for device r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import cli, cxlemu
 
 from emulator.spec.payloads_events import EventLog, TransactionType
 from tools.cli.main import main
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
-    """(exit code, parsed stdout JSON or None, the `cxlemu: error:` lines of stderr)."""
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    errors = "".join(line + "\n" for line in err.splitlines() if line.startswith("cxlemu: error:"))
-    return rc, json.loads(out) if out.strip().startswith("{") else None, errors
 
 
 def test_inject_list_clear(served: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -44,9 +34,7 @@ def test_bad_arguments_exit_2_device_refusals_exit_1(served: Any, capsys: pytest
     assert cli(capsys, "poison", "clear", name, "0", "--data", "00")[0] == 2
     assert cli(capsys, "poison", "list", "no-such-device")[0] == 2
     # a separate process, as a user runs it (rich draws its progress bar on a pipe too)
-    proc = subprocess.run([sys.executable, "-m", "tools.cli.main", "scan-media", name, "--dpa",
-                           hex(served.firmware.config.capacity), "--length", "64"],
-                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[3])
+    proc = cxlemu("scan-media", name, "--dpa", hex(served.firmware.config.capacity), "--length", "64")
     assert proc.returncode == 2 and proc.stderr.startswith("cxlemu: error: range [")
     assert proc.stderr.count("\n") == 1  # the range is refused before a progress bar is drawn
     for i in range(256):

@@ -1,0 +1,57 @@
+"""Helpers for tests that run the `cxlemu` CLI: in this process (`cli`, output read from capsys) or
+as a user runs it (`cxlemu`, `serve_process`, in a subprocess from the repo root `ROOT`)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]  # the repo root: the subprocesses' cwd
+
+
+class CliResult(NamedTuple):
+    """What one `cxlemu` command gave: exit code, stdout, stderr."""
+
+    rc: int
+    out: Any  # stdout parsed when it is a JSON object or array, else the text as printed
+    err: str
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> CliResult:
+    """Run `cxlemu *argv` in this process (`tools.cli.main.main`) and read what it printed."""
+    from tools.cli.main import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return CliResult(rc, json.loads(out) if out.lstrip().startswith(("{", "[")) else out, err)
+
+
+def cxlemu(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run `python -m tools.cli.main *args` in a subprocess; `check` fails the test on a nonzero exit."""
+    proc = subprocess.run([sys.executable, "-m", "tools.cli.main", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env=os.environ.copy())
+    if check and proc.returncode != 0:
+        raise AssertionError(f"cxlemu {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def serve_process(name: str, *args: str) -> subprocess.Popen[str]:
+    """`cxlemu serve --name <name> *args` in a subprocess, returned once its firmware is up; the
+    caller stops it."""
+    from emulator.device import firmware_pid
+
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "serve", "--name", name, *args],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while firmware_pid(name) != proc.pid:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stderr.read() if proc.stderr else "serve exited")
+        assert time.monotonic() < deadline, "cxlemu serve did not come up"
+        time.sleep(0.02)
+    return proc
