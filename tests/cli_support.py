@@ -16,20 +16,32 @@ ROOT = Path(__file__).resolve().parents[1]  # the repo root: the subprocesses' c
 
 
 class CliResult(NamedTuple):
-    """What one `cxlemu` command gave: exit code, stdout, stderr."""
+    """What one `cxlemu` command gave: exit code, stdout, stderr, as printed."""
 
     rc: int
-    out: Any  # stdout parsed when it is a JSON object or array, else the text as printed
+    out: Any  # str as printed; the JSON document it holds in `parsed`
     err: str
 
+    @property
+    def json(self) -> Any:
+        """stdout as the one JSON document the command printed."""
+        return json.loads(self.out)
 
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> CliResult:
-    """Run `cxlemu *argv` in this process (`tools.cli.main.main`) and read what it printed."""
+    @property
+    def parsed(self) -> CliResult:
+        """This result with stdout parsed (`json`), to unpack as ``rc, doc, err``."""
+        return self._replace(out=self.json)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str, check: bool = False) -> CliResult:
+    """Run `cxlemu *argv` in this process (`tools.cli.main.main`) and read what it printed;
+    `check` fails the test on a nonzero exit, showing stderr."""
     from tools.cli.main import main
 
     rc = main(list(argv))
     out, err = capsys.readouterr()
-    return CliResult(rc, json.loads(out) if out.lstrip().startswith(("{", "[")) else out, err)
+    assert not check or rc == 0, err
+    return CliResult(rc, out, err)
 
 
 def cxlemu(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:

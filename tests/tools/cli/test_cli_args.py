@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ def test_chmu_consume_takes_exactly_the_entries_shown(chmu_64, device_name: str,
     dev.service(2)  # the device takes the new head
     assert dev.unit.hotlist.head == 3
     rc, out, _ = cli(capsys, "chmu", device_name, "--json", "--consume", "--limit", "5")
-    doc = out
+    doc = json.loads(out)
     assert rc == 0 and doc["consumed"] == 5
     assert doc["hotlist"] == [{"dpa": u * 4096, "count": 1} for u in range(3, 8)]
     assert host.status().head == 8
@@ -67,7 +68,7 @@ def test_chmu_consume_takes_exactly_the_entries_shown(chmu_64, device_name: str,
     assert rc == 0 and out.count("  DPA ") == 32 and "  ... 24 more, not shown (--limit N or --json)" in out
     assert host.status().head == 8
     rc, out, _ = cli(capsys, "chmu", device_name, "--json", "--consume")  # --json without --limit: all
-    doc = out
+    doc = json.loads(out)
     assert doc["consumed"] == 56 and [e["dpa"] // 4096 for e in doc["hotlist"]] == list(range(8, 64))
     assert host.status().entries == 0 and host.status().head == 64
 
@@ -117,9 +118,9 @@ def test_scan_media_refuses_an_empty_or_outside_range(served: Any, capsys, argv:
 
 def test_scan_media_takes_the_last_line_and_a_hex_length(served: Any, capsys) -> None:
     rc, out, _ = cli(capsys, "scan-media", served.name, "--dpa", "0xfffffc0", "--length", "64")
-    assert rc == 0 and out["media_errors"] == []
+    assert rc == 0 and json.loads(out)["media_errors"] == []
     rc, out, _ = cli(capsys, "scan-media", served.name, "--length", "0x10000")
-    assert rc == 0 and out["stopped_prematurely"] is False
+    assert rc == 0 and json.loads(out)["stopped_prematurely"] is False
 
 
 # 3. exit codes: ports, fw pack -o ---------------------------------------------------------------
@@ -152,7 +153,7 @@ def test_fw_pack_unwritable_output_is_a_bad_argument(capsys, tmp_path: Path) -> 
     rc, out, err = cli(capsys, "fw", "pack", "--revision", "2.0", "-o", str(tmp_path))
     one_line_error(rc, err, f"cannot write --output {tmp_path}: Is a directory")
     rc, out, err = cli(capsys, "fw", "pack", "--revision", "2.0", "-o", str(tmp_path / "fw.bin"))
-    assert (rc, err) == (0, "") and out["size"] == (tmp_path / "fw.bin").stat().st_size
+    assert (rc, err) == (0, "") and json.loads(out)["size"] == (tmp_path / "fw.bin").stat().st_size
 
 
 # 4. monitor on an empty runtime dir -------------------------------------------------------------

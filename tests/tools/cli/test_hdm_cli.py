@@ -29,17 +29,17 @@ def pair(device_name: str) -> Iterator[tuple[str, str]]:
 def test_create_list_use_destroy(pair: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     a, b = pair
     rc, made, _ = cli(capsys, "region", "create", "--memdev", b, "--memdev", a, "--size", "512M",
-                      "--granularity", "1024")
+                      "--granularity", "1024").parsed
     assert rc == 0
     assert made == {
         "region": "region0", "resource": ROOT_WINDOW_BASE, "size": 2 * SZ_256M, "interleave_ways": 2,
         "interleave_granularity": 1024, "decode_state": "commit", "order_known": True,
         "mappings": [{"position": 0, "memdev": b, "decoder": 0}, {"position": 1, "memdev": a, "decoder": 0}],
     }
-    rc, second, _ = cli(capsys, "region", "create", "--memdev", a, "--size", "256M")
+    rc, second, _ = cli(capsys, "region", "create", "--memdev", a, "--size", "256M").parsed
     assert rc == 0 and second["resource"] == ROOT_WINDOW_BASE + 2 * SZ_256M  # above a's first window
     assert second["mappings"] == [{"position": 0, "memdev": a, "decoder": 1}]
-    listed = cli(capsys, "region", "list")[1]
+    listed = cli(capsys, "region", "list").json
     assert [r for r in listed if {m["memdev"] for m in r["mappings"]} & {a, b}] == [made, second]
 
     console = Console(width=200, record=True, file=io.StringIO())
@@ -60,7 +60,7 @@ def test_create_list_use_destroy(pair: tuple[str, str], capsys: pytest.CaptureFi
     assert rc == 1 and "decoder 0: reset the decoders above it first" in err
     assert cli(capsys, "region", "destroy", "region1")[0] == 0
     assert cli(capsys, "region", "destroy", "region0")[0] == 0
-    assert [r for r in cli(capsys, "region", "list")[1] if {m["memdev"] for m in r["mappings"]} & {a, b}] == []
+    assert [r for r in cli(capsys, "region", "list").json if {m["memdev"] for m in r["mappings"]} & {a, b}] == []
 
 
 @pytest.mark.parametrize("args, message", [
