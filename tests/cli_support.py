@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -44,10 +45,10 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str, check: bool = False) -> 
     return CliResult(rc, out, err)
 
 
-def cxlemu(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+def cxlemu(*args: str, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run `python -m tools.cli.main *args` in a subprocess; `check` fails the test on a nonzero exit."""
     proc = subprocess.run([sys.executable, "-m", "tools.cli.main", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env=os.environ.copy())
+                          text=True, timeout=timeout, env=os.environ.copy())
     if check and proc.returncode != 0:
         raise AssertionError(f"cxlemu {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -67,3 +68,10 @@ def serve_process(name: str, *args: str) -> subprocess.Popen[str]:
         assert time.monotonic() < deadline, "cxlemu serve did not come up"
         time.sleep(0.02)
     return proc
+
+
+def default_sigint() -> None:
+    """Run in the child before exec (``preexec_fn``): a test run started as a background job
+    (`pytest &`, as CI scripts may) has SIGINT ignored, children inherit that, and Python then
+    installs no KeyboardInterrupt handler; tests send SIGINT as a user's Ctrl-C would."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
