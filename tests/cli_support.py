@@ -20,7 +20,7 @@ class CliResult(NamedTuple):
     """What one `cxlemu` command gave: exit code, stdout, stderr, as printed."""
 
     rc: int
-    out: Any  # str as printed; the JSON document it holds in `parsed`
+    out: Any  # stdout as printed (a str); `parsed` holds its JSON document here
     err: str
 
     @property
