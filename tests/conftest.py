@@ -35,17 +35,16 @@ def served(device_name: str) -> Iterator["object"]:
 
 
 @pytest.fixture
-def fw(device_name: str) -> Iterator["object"]:
-    """A 256 MiB device's `Firmware` with no runner: commands go through `dispatch` and background
-    jobs advance only when the test steps them; nothing runs behind the test."""
-    from emulator.device import DeviceConfig, DeviceFiles
-    from emulator.firmware import Firmware
+def fw(request: pytest.FixtureRequest, device_name: str) -> Iterator["object"]:
+    """A device's `Firmware` with no runner (`mbox_support.firmware`): commands go through
+    `dispatch` and background jobs advance only when the test steps them; nothing runs behind the
+    test. 256 MiB unless the test or its module is marked ``@pytest.mark.firmware(capacity=...,
+    lsa_size=..., fw_revision=...)``."""
+    from mbox_support import firmware
 
-    files = DeviceFiles.create(DeviceConfig(name=device_name, capacity=256 << 20, lsa_size=4096))
-    firmware = Firmware(files)
-    yield firmware
-    firmware.close()
-    files.destroy()
+    marker = request.node.get_closest_marker("firmware")
+    with firmware(**{"capacity": 256 << 20, **(marker.kwargs if marker else {})}, name=device_name) as f:
+        yield f
 
 
 @pytest.fixture

@@ -20,9 +20,10 @@ _names = itertools.count()
 
 
 @contextmanager
-def firmware(capacity: int = 1 << 30, lsa_size: int = 4096, fw_revision: str = "cxlemu-test") -> Iterator[Firmware]:
+def firmware(capacity: int = 1 << 30, lsa_size: int = 4096, fw_revision: str = "cxlemu-test", *,
+             name: str | None = None) -> Iterator[Firmware]:
     """A device's files and its `Firmware` (no runner), destroyed afterwards."""
-    name = f"fw{os.getpid()}-{next(_names)}"
+    name = name or f"fw{os.getpid()}-{next(_names)}"
     files = DeviceFiles.create(DeviceConfig(name=name, capacity=capacity, lsa_size=lsa_size, fw_revision=fw_revision))
     fw = Firmware(files)
     try:

@@ -19,7 +19,7 @@ import pytest
 from emulator.device import DeviceConfig, serve
 from emulator.spec import registers as R
 from emulator.spec.errors import ConfigError, NoSpace
-from serve_support import ROOT, cxlemu, start_server
+from cli_support import ROOT, cxlemu, serve_process
 
 MiB = 1 << 20
 FS_SIZE = 300 * MiB
@@ -112,7 +112,7 @@ def test_a_full_disk_never_kills_a_host_or_the_firmware_with_sigbus(small_fs: Pa
     procs: list[subprocess.Popen[str]] = []
     filler = small_fs.parent / "filler"
     try:
-        procs.append(start_server("a", "--capacity", "256M"))
+        procs.append(serve_process("a", "--capacity", "256M"))
         refused = cxlemu("serve", "--name", "b", "--capacity", "256M")
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
         assert re.match(rf"cxlemu: error: {small_fs}: \d+ MiB free, device 'b' needs {NEED_256M} MiB more",

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from cli_support import cxlemu, serve_process
 
 from driver import DeviceGone, MediaDisabled, MemDev
 from emulator import liveness
@@ -18,7 +19,6 @@ from emulator.device import DeviceConfig, Served, destroy, device_path, device_s
 from emulator.fwslots import build_image
 from emulator.spec.errors import ConfigError
 from emulator.timing import TimingConfig
-from serve_support import cxlemu, start_server
 
 MiB = 1 << 20
 
@@ -103,7 +103,7 @@ def test_handles_of_an_earlier_boot_are_gone(device_name: str) -> None:
 
 def test_kill_9_keeps_completed_writes_and_hosts_learn_within_100_ms(server) -> None:
     name, procs = server
-    procs.append(start_server(name, "--capacity", "256M"))
+    procs.append(serve_process(name, "--capacity", "256M"))
     pattern = np.random.default_rng(12).integers(0, 256, 1 * MiB, dtype=np.uint8)
     md = MemDev.open(name)
     try:
@@ -127,7 +127,7 @@ def test_kill_9_keeps_completed_writes_and_hosts_learn_within_100_ms(server) -> 
         assert (time.monotonic() - t0) * 1000 < 100
     finally:
         md.close()
-    procs.append(start_server(name))
+    procs.append(serve_process(name))
     with MemDev.open(name) as md:
         got = np.empty_like(pattern)
         md.read_into(0x40_0000, got)
@@ -138,7 +138,7 @@ def test_kill_9_keeps_completed_writes_and_hosts_learn_within_100_ms(server) -> 
 def test_send_on_a_killed_firmware_mid_wait_fails_fast(server) -> None:
     """A command in flight when the firmware dies: DeviceGone in well under the 2-s timeout."""
     name, procs = server
-    procs.append(start_server(name, "--capacity", "256M"))
+    procs.append(serve_process(name, "--capacity", "256M"))
     with MemDev.open(name) as md:
         os.kill(procs[0].pid, signal.SIGSTOP)  # the doorbell will not clear
         threading.Timer(0.05, os.kill, (procs[0].pid, signal.SIGKILL)).start()
@@ -151,7 +151,7 @@ def test_send_on_a_killed_firmware_mid_wait_fails_fast(server) -> None:
 @pytest.mark.slow
 def test_cli_serve_again_is_refused_on_a_difference_and_fresh_starts_empty(server) -> None:
     name, procs = server
-    procs.append(start_server(name, "--capacity", "256M"))
+    procs.append(serve_process(name, "--capacity", "256M"))
     with MemDev.open(name) as md:
         md.write(0, b"persist")
     procs[0].send_signal(signal.SIGTERM)
@@ -159,12 +159,12 @@ def test_cli_serve_again_is_refused_on_a_difference_and_fresh_starts_empty(serve
     refused = cxlemu("serve", "--name", name, "--capacity", "512M")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "capacity: 268435456 (256 MiB) -> 536870912 (512 MiB)" in refused.stderr
-    procs.append(start_server(name, "--capacity", "0x10000000"))  # the same size, in hex
+    procs.append(serve_process(name, "--capacity", "0x10000000"))  # the same size, in hex
     with MemDev.open(name) as md:
         assert md.read(0, 7) == b"persist"
     procs[1].send_signal(signal.SIGTERM)
     procs[1].wait(timeout=30)
-    procs.append(start_server(name, "--fresh"))
+    procs.append(serve_process(name, "--fresh"))
     with MemDev.open(name) as md:
         assert md.read(0, 7) == bytes(7) and md.config.capacity == 1 << 30
 
@@ -172,7 +172,7 @@ def test_cli_serve_again_is_refused_on_a_difference_and_fresh_starts_empty(serve
 @pytest.mark.slow
 def test_a_serve_the_host_cannot_back_changes_nothing(server, runtime_dir: str) -> None:
     name, procs = server
-    procs.append(start_server(name, "--capacity", "256M"))
+    procs.append(serve_process(name, "--capacity", "256M"))
     with MemDev.open(name) as md:
         md.write(0, b"still here")
     procs[0].send_signal(signal.SIGTERM)
@@ -185,7 +185,7 @@ def test_a_serve_the_host_cannot_back_changes_nothing(server, runtime_dir: str) 
             assert out.stderr.startswith("cxlemu: error: capacity") and out.stderr.count("\n") == 1
             assert "cannot be backed" in out.stderr
     assert sorted(os.listdir(runtime_dir)) == before
-    procs.append(start_server(name))
+    procs.append(serve_process(name))
     with MemDev.open(name) as md:
         assert md.config.capacity == 256 * MiB and md.read(0, 10) == b"still here"
 

@@ -37,8 +37,9 @@ def valid_length(op: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def fw():
-    """One firmware for the read-only rule checks (each check is refused before any handler)."""
+def shared_fw():
+    """One firmware for the module's read-only rule checks (each check is refused before any
+    handler), so the hundreds of cases do not each build a device."""
     with firmware() as f:
         yield f
 
@@ -49,35 +50,35 @@ def forever() -> Generator[int, None, RetCode]:
 
 
 @pytest.mark.parametrize("op", FIXED, ids=name)
-def test_fixed_length_commands_refuse_other_lengths(fw, op):
+def test_fixed_length_commands_refuse_other_lengths(shared_fw, op):
     n = COMMANDS[op].in_len
-    assert dispatch(fw, op, bytes(n + 1)) == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
-    assert dispatch(fw, op, bytes(n + 64)) == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
+    assert dispatch(shared_fw, op, bytes(n + 1)) == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
+    assert dispatch(shared_fw, op, bytes(n + 64)) == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
     if n > 0:
-        assert dispatch(fw, op, bytes(n - 1)) == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
-        assert dispatch(fw, op, b"") == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
+        assert dispatch(shared_fw, op, bytes(n - 1)) == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
+        assert dispatch(shared_fw, op, b"") == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
 
 
 @pytest.mark.parametrize("op", VARIABLE, ids=name)
-def test_variable_length_commands_refuse_less_than_their_minimum(fw, op):
+def test_variable_length_commands_refuse_less_than_their_minimum(shared_fw, op):
     n = COMMANDS[op].min_len
     assert n > 0, f"{COMMANDS[op].name}: a variable-length command needs a header"
-    assert dispatch(fw, op, bytes(n - 1)) == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
-    assert dispatch(fw, op, b"") == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
+    assert dispatch(shared_fw, op, bytes(n - 1)) == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
+    assert dispatch(shared_fw, op, b"") == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
 
 
 @pytest.mark.parametrize("op", OPCODES, ids=name)
-def test_a_length_past_the_payload_area_is_refused(fw, op):
-    rc, out = ring(fw, op, b"", length=MAILBOX_PAYLOAD_SIZE + 1)
+def test_a_length_past_the_payload_area_is_refused(shared_fw, op):
+    rc, out = ring(shared_fw, op, b"", length=MAILBOX_PAYLOAD_SIZE + 1)
     assert (rc, out) == (RetCode.INVALID_PAYLOAD_LENGTH, b"")
 
 
-def test_every_other_opcode_is_unsupported(fw):
+def test_every_other_opcode_is_unsupported(shared_fw):
     for op in range(0x10000):
         if op not in COMMANDS:
-            assert dispatch(fw, op, b"") == (RetCode.UNSUPPORTED, b"")
-            assert dispatch(fw, op, bytes(16)) == (RetCode.UNSUPPORTED, b"")
-    assert ring(fw, 0xFFFF, b"")[0] == RetCode.UNSUPPORTED
+            assert dispatch(shared_fw, op, b"") == (RetCode.UNSUPPORTED, b"")
+            assert dispatch(shared_fw, op, bytes(16)) == (RetCode.UNSUPPORTED, b"")
+    assert ring(shared_fw, 0xFFFF, b"")[0] == RetCode.UNSUPPORTED
 
 
 @pytest.mark.parametrize("op", BACKGROUND, ids=name)

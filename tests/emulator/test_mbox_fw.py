@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from mbox_support import firmware, run
+from mbox_support import run
 
 from emulator import fwslots
 from emulator.fwslots import build_image
@@ -28,10 +28,7 @@ def info(fw) -> tuple[int, int, int, list[bytes]]:
     return out[0], out[1], out[2], [out[0x10 + 16 * i:0x20 + 16 * i] for i in range(4)]
 
 
-@pytest.fixture
-def fw():
-    with firmware(fw_revision="boot-1.0") as f:
-        yield f
+pytestmark = pytest.mark.firmware(capacity=1 << 30, fw_revision="boot-1.0")
 
 
 def rev(text: str) -> bytes:

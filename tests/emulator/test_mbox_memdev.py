@@ -5,7 +5,7 @@ import struct
 import uuid
 
 import pytest
-from mbox_support import firmware, run
+from mbox_support import run
 
 from emulator.commands import identify
 from emulator.firmware import FirmwareRunner
@@ -19,10 +19,7 @@ GIB = 1 << 30
 CEL_UUID_BYTES = bytes.fromhex("0da9c0b5bf414b788f7996b1623b3f17")
 
 
-@pytest.fixture
-def fw():
-    with firmware(capacity=GIB, lsa_size=4096, fw_revision="rev-A") as f:
-        yield f
+pytestmark = pytest.mark.firmware(capacity=GIB, lsa_size=4096, fw_revision="rev-A")
 
 
 def test_identify_memory_device_fields_at_spec_offsets(fw):

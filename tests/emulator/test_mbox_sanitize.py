@@ -45,6 +45,15 @@ def dirty(fw: Firmware) -> None:
         pass
 
 
+def dirty_through_the_driver(md: Any, served: Any) -> None:
+    """What a host leaves on a served device: data at both ends, an LSA, a poisoned line, a warning."""
+    md.write(0, b"\x77" * 8192)
+    md.write(CAPACITY - 4096, b"\x66" * 4096)
+    assert md.send(Opcode.SET_LSA, struct.pack("<II", 0, 0) + b"\x99" * 512)[0] == RetCode.SUCCESS
+    md.inject_poison(0x1000)
+    served.firmware.events.general_media(EventLog.WARNING, 0x1000)
+
+
 def test_progress_in_slices_and_everything_erased(fw: Firmware) -> None:
     dirty(fw)
     assert dispatch(fw, Opcode.SANITIZE, b"") == (RetCode.BACKGROUND_COMMAND_STARTED, b"")
@@ -95,11 +104,7 @@ def test_sanitize_cannot_be_aborted(fw: Firmware) -> None:
 def test_sanitize_end_to_end_through_the_driver(served: Any, memdev: Any) -> None:
     """A host that maps the media itself sees zeros afterwards; poisoned lines read again."""
     md = memdev
-    md.write(0, b"\x77" * 8192)
-    md.write(CAPACITY - 4096, b"\x66" * 4096)
-    assert md.send(Opcode.SET_LSA, struct.pack("<II", 0, 0) + b"\x99" * 512)[0] == RetCode.SUCCESS
-    md.inject_poison(0x1000)
-    served.firmware.events.general_media(EventLog.WARNING, 0x1000)
+    dirty_through_the_driver(md, served)
     seen: list[int] = []
     md.sanitize(progress=seen.append)
     assert seen[-1] == 100 and seen == sorted(seen)
@@ -171,11 +176,7 @@ def held_erase(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
 def test_secure_erase_through_the_mailbox_of_a_served_device(served: Any, memdev: Any,
                                                             held_erase: threading.Event) -> None:
     md = memdev
-    md.write(0, b"\x77" * 8192)
-    md.write(CAPACITY - 4096, b"\x66" * 4096)
-    assert md.send(Opcode.SET_LSA, struct.pack("<II", 0, 0) + b"\x99" * 512)[0] == RetCode.SUCCESS
-    md.inject_poison(0x1000)
-    served.firmware.events.general_media(EventLog.WARNING, 0x1000)
+    dirty_through_the_driver(md, served)
     warnings = md.get_event_records("warning").records
     assert len(warnings) >= 1
 

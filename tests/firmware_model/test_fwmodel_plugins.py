@@ -11,6 +11,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 import pytest
+from cli_support import ROOT
 
 from firmware_model.policies import (
     ONLINE_POLICY_NAMES,
@@ -29,8 +30,6 @@ from firmware_model.testing import (
     check_policy,
     check_scenario,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def readme_policy_module() -> str:
@@ -318,21 +317,19 @@ def test_readme_policy_runs_a_cxl_cache(mymod) -> None:
     and loads, and the tokens equal DynamicCache's."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
+    from kv_support import frame_bytes, generate, tiny_model
     from transformers import DynamicCache
 
-    from driver.kv import CxlCache, KVLayout, MemoryBlockStore
-    from driver.kv.testing import padded_batch, tiny_llama
+    from driver.kv import CxlCache, MemoryBlockStore
+    from driver.kv.testing import padded_batch
 
-    model = tiny_llama(layers=4, hidden=64, heads=4, kv_heads=2)
+    model = tiny_model()
     ids, mask = padded_batch([12])
     new = 4
-    layer = KVLayout(batch=1, kv_heads=2, head_dim=16, itemsize=4, block_tokens=1).frame_bytes(12 + new - 1)
-    with torch.no_grad():
-        ref = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
-                             past_key_values=DynamicCache())
-        cache = CxlCache(hbm_budget_bytes=2 * layer, policy="mymod:Clock", block_tokens=4,
-                         store=MemoryBlockStore(1 << 20))
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, past_key_values=cache)
+    layer = frame_bytes(1, 12 + new - 1)
+    ref = generate(model, ids, mask, DynamicCache(), new)
+    cache = CxlCache(hbm_budget_bytes=2 * layer, policy="mymod:Clock", block_tokens=4, store=MemoryBlockStore(1 << 20))
+    out = generate(model, ids, mask, cache, new)
     stats = cache.stats()
     cache.close()
     assert torch.equal(out, ref)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_support import ROOT
 
 from firmware_model.dma import TransferCost
 from firmware_model.link import LinkParams
@@ -27,7 +28,6 @@ from firmware_model.prefetch import resolve_window, window_points
 from firmware_model.prefetch_replay import replay_with_prefetch
 from firmware_model.testing import PolicyConformanceError, check_scorer, check_window
 
-ROOT = Path(__file__).resolve().parents[2]
 LINK = LinkParams.from_rates(read_latency_ns=1000, read_bandwidth_gbps=1)
 
 
@@ -161,14 +161,15 @@ def _engine_steps(depth):
     """The decisions of the residency engine (tests/test_kv_engine_decisions.py's model) on a
     manual clock for ``prefetch_depth=depth``."""
     torch = pytest.importorskip("torch")
-    from driver.kv import KVLayout, MemoryBlockStore
+    from kv_support import frame_bytes
+
+    from driver.kv import MemoryBlockStore
     from driver.kv._engine import ResidencyEngine
     from firmware_model.clock import ManualClock
 
-    layout = KVLayout(batch=1, kv_heads=2, head_dim=16, itemsize=4, block_tokens=4)
     decisions: list = []
     clock = ManualClock()
-    engine = ResidencyEngine(budget=3 * layout.frame_bytes(16), policy="lru", block_tokens=4,
+    engine = ResidencyEngine(budget=3 * frame_bytes(1, 16, block_tokens=4), policy="lru", block_tokens=4,
                              store=MemoryBlockStore(1 << 20), device=torch.device("cpu"), dtype=torch.float32,
                              max_seq_len=16, prefetch_depth=depth, link=LINK, clock=clock,
                              record=decisions.append)
@@ -223,10 +224,11 @@ def test_cxlcache_runs_the_users_window_and_scorer(myfw) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import myfw as mod
+    from kv_support import frame_bytes, generate, tiny_model
     from transformers import DynamicCache
 
-    from driver.kv import CxlCache, KVLayout, MemoryBlockStore
-    from driver.kv.testing import padded_batch, tiny_llama
+    from driver.kv import CxlCache, MemoryBlockStore
+    from driver.kv.testing import padded_batch
 
     class TimedStore(MemoryBlockStore):
         class timing:  # what a device store's TimingConfig offers the cache
@@ -234,17 +236,15 @@ def test_cxlcache_runs_the_users_window_and_scorer(myfw) -> None:
             def link_params() -> LinkParams:
                 return LINK
 
-    model = tiny_llama(layers=4, hidden=64, heads=4, kv_heads=2)
+    model = tiny_model()
     ids, mask = padded_batch([12])
     new = 4
-    layer = KVLayout(batch=1, kv_heads=2, head_dim=16, itemsize=4, block_tokens=1).frame_bytes(12 + new - 1)
+    layer = frame_bytes(1, 12 + new - 1)
     mod.CALLS.clear()
-    with torch.no_grad():
-        ref = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
-                             past_key_values=DynamicCache())
-        cache = CxlCache(hbm_budget_bytes=2 * layer, policy="myfw:HotHeat", prefetch_depth="myfw:logged",
-                         block_tokens=4, store=TimedStore(1 << 20))
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, past_key_values=cache)
+    ref = generate(model, ids, mask, DynamicCache(), new)
+    cache = CxlCache(hbm_budget_bytes=2 * layer, policy="myfw:HotHeat", prefetch_depth="myfw:logged",
+                     block_tokens=4, store=TimedStore(1 << 20))
+    out = generate(model, ids, mask, cache, new)
     stats = cache.stats()
     cache.close()
     assert torch.equal(out, ref)

@@ -10,37 +10,28 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from kv_support import frame_bytes, generate, tiny_model
 from transformers import DynamicCache
 
-from driver.kv import CxlCache, KVLayout, MemoryBlockStore
+from driver.kv import CxlCache, MemoryBlockStore
 from driver.kv._arena import StagingPool
 from driver.kv._mover import CudaMover
-from driver.kv.testing import padded_batch, tiny_llama
+from driver.kv.testing import padded_batch
 
 NEW = 10
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def frame_bytes(batch: int, tokens: int) -> int:
-    return KVLayout(batch=batch, kv_heads=2, head_dim=16, itemsize=4, block_tokens=1).frame_bytes(tokens)
-
-
 @pytest.fixture(scope="module")
 def gpu_model():
-    return tiny_llama(layers=4, hidden=64, heads=4, kv_heads=2).to("cuda")
+    return tiny_model().to("cuda")
 
 
 @pytest.fixture(scope="module")
 def gpu_batch(gpu_model):
     ids, mask = padded_batch([16, 11, 14])
     ids, mask = ids.cuda(), mask.cuda()
-    return ids, mask, generate(gpu_model, ids, mask, DynamicCache())
-
-
-def generate(model, ids, mask, cache):
-    with torch.no_grad():
-        return model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
-                              past_key_values=cache)
+    return ids, mask, generate(gpu_model, ids, mask, DynamicCache(), NEW)
 
 
 @pytest.mark.gpu
@@ -55,7 +46,7 @@ def test_cuda_tokens_equal_dynamic_cache(gpu_model, gpu_batch, policy, fraction,
     budget = 2 * frame_bytes(3, final) if fraction == "min" else 4 * frame_bytes(3, final) // 2
     store = None if device_backed else MemoryBlockStore(4 << 20)
     cache = CxlCache(hbm_budget_bytes=budget, policy=policy, block_tokens=5, store=store)
-    out = generate(gpu_model, ids, mask, cache)
+    out = generate(gpu_model, ids, mask, cache, NEW)
     stats = cache.stats()
     engine = cache._engine
     assert engine.arena.device.type == "cuda" and engine.mover.cuda
@@ -72,7 +63,7 @@ def _delayed_run(gpu_model, ids, mask, mover_cls, delay_cycles: int):
     cache._engine_for(torch.zeros(3, 2, 1, 16, device="cuda"))
     engine = cache._engine
     engine.mover = mover_cls(engine.staging, torch.device("cuda"), delay_cycles=delay_cycles)
-    out = generate(gpu_model, ids, mask, cache)
+    out = generate(gpu_model, ids, mask, cache, NEW)
     cache.close()
     return out
 

@@ -7,33 +7,19 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
+from kv_support import frame_bytes, generate
+from transformers import DynamicCache, LogitsProcessor
 
-from driver.kv import CxlCache, KVLayout, KVLoadError
-from driver.kv.testing import padded_batch, tiny_llama
+from driver.kv import CxlCache, KVLoadError
+from driver.kv.testing import padded_batch
 
 NEW = 10
 
 
 @pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
-    return tiny_llama(layers=4, hidden=64, heads=4, kv_heads=2)
-
-
-def frame_bytes(batch: int, tokens: int) -> int:
-    return KVLayout(batch=batch, kv_heads=2, head_dim=16, itemsize=4, block_tokens=1).frame_bytes(tokens)
-
-
-def run(model, ids, mask, cache, processors=()):
-    with torch.no_grad():
-        return model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
-                              past_key_values=cache, logits_processor=LogitsProcessorList(processors))
-
-
-@pytest.fixture(scope="module")
 def batch(model):
     ids, mask = padded_batch([16, 11, 14])
-    return ids, mask, run(model, ids, mask, DynamicCache())
+    return ids, mask, generate(model, ids, mask, DynamicCache(), NEW)
 
 
 def test_private_device_tokens_and_media(model, batch) -> None:
@@ -43,7 +29,7 @@ def test_private_device_tokens_and_media(model, batch) -> None:
 
     ids, mask, ref = batch
     cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 25), policy="hotness", block_tokens=4)
-    out = run(model, ids, mask, cache)
+    out = generate(model, ids, mask, cache, NEW)
     stats = cache.stats()
     name = cache.device_name
     assert name in list_devices()
@@ -60,7 +46,7 @@ def test_named_device(model, batch, served) -> None:
 
     ids, mask, ref = batch
     cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 25), device=served.name, block_tokens=5)
-    out = run(model, ids, mask, cache)
+    out = generate(model, ids, mask, cache, NEW)
     assert cache.stats()["loads"] > 0
     cache.close()
     assert torch.equal(out, ref)
@@ -78,7 +64,7 @@ def test_a_latency_only_device_gives_the_all_resident_tokens(model, batch, devic
     ids, mask, ref = batch
     with serve(DeviceConfig(name=device_name, capacity=256 << 20, timing=TimingConfig(read_latency_ns=300))):
         with CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 25), device=device_name, block_tokens=4) as cache:
-            out = run(model, ids, mask, cache)
+            out = generate(model, ids, mask, cache, NEW)
             assert cache._engine.link == LinkParams(lat_ns=(300, 0), fs_per_byte=(0, 0), txn_bytes=64)
             stats = cache.stats()
     assert torch.equal(out, ref)
@@ -96,7 +82,7 @@ def test_a_budget_beyond_all_the_kv_on_a_device(model, batch) -> None:
 
     ids, mask, ref = batch
     cache = CxlCache(hbm_budget_bytes=10**30, block_tokens=4, max_seq_len=ids.shape[1] + NEW - 1)
-    out = run(model, ids, mask, cache)
+    out = generate(model, ids, mask, cache, NEW)
     stats = cache.stats()
     cache._telemetry.publish(force=True)
     reader = TelemetryReader(cache._engine.store.memdev.bar)
@@ -133,7 +119,7 @@ def test_poisoned_chunk_is_recomputed(model, batch) -> None:
     ids, mask, ref = batch
     cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 25), block_tokens=4, model=model, max_retries=2)
     hook = PoisonAt(cache, step=4)
-    out = run(model, ids, mask, cache, [hook])
+    out = generate(model, ids, mask, cache, NEW, [hook])
     stats = cache.stats()
     store = cache._engine.store
     _, chunk = hook.poisoned
@@ -149,7 +135,7 @@ def test_poison_without_model_is_a_clear_error(model, batch) -> None:
     ids, mask, _ = batch
     cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 25), block_tokens=4, max_retries=1)
     with pytest.raises(KVLoadError, match="pass model= to CxlCache"):
-        run(model, ids, mask, cache, [PoisonAt(cache, step=3)])
+        generate(model, ids, mask, cache, NEW, [PoisonAt(cache, step=3)])
     cache.close()
 
 
@@ -160,7 +146,7 @@ def test_counters_published_in_the_device_telemetry_page(model, batch) -> None:
 
     ids, mask, _ = batch
     cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 25), block_tokens=4)
-    run(model, ids, mask, cache)
+    generate(model, ids, mask, cache, NEW)
     stats = cache.stats()
     md = cache._engine.store.memdev
     reader = TelemetryReader(md.bar)
@@ -180,7 +166,7 @@ def test_prefetch_accounting_adds_up(model, batch) -> None:
     (landed before its compute), late (the compute waited) or wasted (evicted or left unused)."""
     ids, mask, _ = batch
     with CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 16 + NEW + 16), policy="lru", block_tokens=4) as cache:
-        run(model, ids, mask, cache)
+        generate(model, ids, mask, cache, NEW)
     s = cache.stats()
     assert s["prefetch_issued"] > 0 and s["prefetch_useful"] + s["prefetch_late"] > 0
     assert s["loads"] == s["misses"] + s["prefetch_issued"]
@@ -217,7 +203,7 @@ def test_a_second_process_is_refused_the_device(model, batch, served) -> None:
         holder.wait(timeout=30)
     ids, mask, expected = batch
     with CxlCache(hbm_budget_bytes=2 * frame_bytes(3, 16 + NEW + 16), device=served.name) as cache:
-        assert torch.equal(run(model, ids, mask, cache), expected)
+        assert torch.equal(generate(model, ids, mask, cache, NEW), expected)
 
 
 def test_a_batch_is_one_submission_and_a_failure_stays_in_its_part(served) -> None:

@@ -12,7 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from driver.kv import KVLayout, MemoryBlockStore
+from kv_support import LAYERS, generate, layout
+
+from driver.kv import MemoryBlockStore
 from driver.kv._engine import Decision, ResidencyEngine
 from driver.kv.testing import GatedStore
 from emulator.timing import WallClock
@@ -20,8 +22,8 @@ from firmware_model.clock import ManualClock
 from firmware_model.link import READ, LinkParams
 from firmware_model.prefetch import window_points
 
-LAYERS, PROMPT, CAP, BLOCK = 4, 8, 16, 4
-LAYOUT = KVLayout(batch=1, kv_heads=2, head_dim=16, itemsize=4, block_tokens=BLOCK)
+PROMPT, CAP, BLOCK = 8, 16, 4
+LAYOUT = layout(1, BLOCK)
 LINK = LinkParams.from_rates(read_latency_ns=1000, read_bandwidth_gbps=1)  # 1000 ns + 1 ns per byte
 
 
@@ -126,20 +128,17 @@ def test_the_default_clock_is_the_wall_clock() -> None:
     engine.close()
 
 
-def test_cxlcache_passes_its_clock_to_the_engine() -> None:
+def test_cxlcache_passes_its_clock_to_the_engine(model) -> None:
     """CxlCache(clock=...) is the engine's clock: on one that never moves, every decode layer
     measures the 1-ns floor, whatever the host's speed."""
-    pytest.importorskip("transformers")
     from driver.kv import CxlCache
-    from driver.kv.testing import padded_batch, tiny_llama
+    from driver.kv.testing import padded_batch
 
-    model = tiny_llama(layers=LAYERS, hidden=64, heads=4, kv_heads=2)
     ids, mask = padded_batch([PROMPT])
     clock = ManualClock(5)
     cache = CxlCache(hbm_budget_bytes=3 * LAYOUT.frame_bytes(CAP), policy="lru", block_tokens=BLOCK,
                      store=MemoryBlockStore(1 << 20), max_seq_len=CAP, clock=clock)
-    with torch.no_grad():
-        model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, past_key_values=cache)
+    generate(model, ids, mask, cache, 4)
     engine = cache._engine
     assert engine is not None and engine.clock is clock and engine._layer_ns == 1
     assert engine.link is None and cache.stats()["stall_ns"] == 0

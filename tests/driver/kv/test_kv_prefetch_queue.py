@@ -8,46 +8,35 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from kv_support import LAYERS, frame_bytes, generate
 from transformers import DynamicCache
 
-from driver.kv import CxlCache, KVLayout
+from driver.kv import CxlCache
 from driver.kv._store import MemoryBlockStore
-from driver.kv.testing import GatedStore, padded_batch, tiny_llama
+from driver.kv.testing import GatedStore, padded_batch
 from firmware_model.prefetch import PrefetchQueue
 
-LAYERS, PROMPT, NEW, CAP = 4, 12, 10, 32
+PROMPT, NEW, CAP = 12, 10, 32
 DECODE_STEPS = NEW - 1  # forward 0 is the prefill; forwards 1..9 decode
-
-
-@pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
-    return tiny_llama(layers=LAYERS, hidden=64, heads=4, kv_heads=2)
 
 
 @pytest.fixture(scope="module")
 def prompt(model):
     ids, mask = padded_batch([PROMPT])
-    return ids, mask, generate(model, ids, mask, DynamicCache())
-
-
-def generate(model, ids, mask, cache):
-    with torch.no_grad():
-        return model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
-                              past_key_values=cache)
+    return ids, mask, generate(model, ids, mask, DynamicCache(), NEW)
 
 
 def two_frames(store: MemoryBlockStore, depth: int | str = 1) -> CxlCache:
     """The minimum budget (two frames of CAP tokens), LRU, one layer ahead, no regrow."""
-    frame = KVLayout(batch=1, kv_heads=2, head_dim=16, itemsize=4, block_tokens=4).frame_bytes(CAP)
-    return CxlCache(hbm_budget_bytes=2 * frame, policy="lru", block_tokens=4, store=store,
-                    max_seq_len=CAP, prefetch_depth=depth)
+    return CxlCache(hbm_budget_bytes=2 * frame_bytes(1, CAP, block_tokens=4), policy="lru", block_tokens=4,
+                    store=store, max_seq_len=CAP, prefetch_depth=depth)
 
 
 def stats_of_run(model, prompt, store: MemoryBlockStore, depth: int | str = 1) -> dict[str, int]:
     """Generate with ``two_frames(store, depth)``, check the tokens, close, return the stats."""
     ids, mask, ref = prompt
     cache = two_frames(store, depth)
-    out = generate(model, ids, mask, cache)
+    out = generate(model, ids, mask, cache, NEW)
     cache.close()
     assert torch.equal(out, ref)
     return cache.stats()
@@ -72,7 +61,7 @@ def test_the_shim_hints_each_point_once_and_reports_every_layer(model, prompt, m
     monkeypatch.setattr(PrefetchQueue, "hint", spy_hint)
     ids, mask, ref = prompt
     cache = two_frames(MemoryBlockStore(1 << 20))
-    out = generate(model, ids, mask, cache)
+    out = generate(model, ids, mask, cache, NEW)
     cache.close()
     assert torch.equal(out, ref)
     assert progress == [(0, t, layer) for t in range(1, NEW) for layer in range(LAYERS)]

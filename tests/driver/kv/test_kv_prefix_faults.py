@@ -6,43 +6,28 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from kv_support import KV_HEADS, LAYERS, frame_bytes, generate, layout
 from transformers import DynamicCache
 
-from driver.kv import CxlCache, FaultInjectingStore, KVLayout, MemoryBlockStore
-from driver.kv.testing import padded_batch, tiny_llama
+from driver.kv import CxlCache, FaultInjectingStore, MemoryBlockStore
+from driver.kv.testing import padded_batch
 
 NEW = 8
-LAYERS = 4
-PIECES = 4  # K and V of 2 kv heads: a block of one sequence in one layer is 4 chunks
-
-
-@pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
-    return tiny_llama(layers=LAYERS, hidden=64, heads=4, kv_heads=2)
-
-
-def frame_bytes(batch: int, tokens: int) -> int:
-    return KVLayout(batch=batch, kv_heads=2, head_dim=16, itemsize=4, block_tokens=1).frame_bytes(tokens)
-
-
-def run(model, ids, mask, cache):
-    with torch.no_grad():
-        return model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
-                              past_key_values=cache)
+PIECES = 2 * KV_HEADS  # K and V of 2 kv heads: a block of one sequence in one layer is 4 chunks
 
 
 def test_common_prefix_in_a_batch_is_stored_once(model) -> None:
     """Two prompts sharing their first 8 tokens (block 4): blocks 0 and 1 of every layer are
     written once and read once for both sequences; the tokens are DynamicCache's."""
     ids, mask = padded_batch([14, 14], prefix=8)
-    ref = run(model, ids, mask, DynamicCache())
+    ref = generate(model, ids, mask, DynamicCache(), NEW)
     cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(2, 21), block_tokens=4, store=MemoryBlockStore(1 << 20))
-    out = run(model, ids, mask, cache)
+    out = generate(model, ids, mask, cache, NEW)
     stats = cache.stats()
     cache.close()
     assert torch.equal(out, ref)
     assert stats["shared_chunks"] == 2 * LAYERS * PIECES
-    chunk = KVLayout(batch=2, kv_heads=2, head_dim=16, itemsize=4, block_tokens=4).chunk_bytes
+    chunk = layout(2, block_tokens=4).chunk_bytes
     assert stats["dedup_write_bytes"] == 2 * LAYERS * PIECES * chunk
     assert stats["dedup_load_bytes"] > 0 and stats["dedup_load_bytes"] % (2 * PIECES * chunk) == 0
 
@@ -51,12 +36,12 @@ def test_second_generation_reuses_the_first_ones_blocks(model, served) -> None:
     """A second cache on the same device (while the first is open: they share its chunk pool)
     with the same prompt finds every chunk by hash and writes none of them again."""
     ids, mask = padded_batch([14])
-    ref = run(model, ids, mask, DynamicCache())
+    ref = generate(model, ids, mask, DynamicCache(), NEW)
     budget = 2 * frame_bytes(1, 21)
     first = CxlCache(hbm_budget_bytes=budget, block_tokens=4, device=served.name)
-    assert torch.equal(run(model, ids, mask, first), ref)
+    assert torch.equal(generate(model, ids, mask, first, NEW), ref)
     second = CxlCache(hbm_budget_bytes=budget, block_tokens=4, device=served.name)
-    assert torch.equal(run(model, ids, mask, second), ref)
+    assert torch.equal(generate(model, ids, mask, second, NEW), ref)
     stats = second.stats()
     pool = second._engine.pool
     assert pool is first._engine.pool
@@ -75,9 +60,7 @@ def test_divergence_copies_the_shared_block(model) -> None:
 
     def sample(cache):
         torch.manual_seed(5)
-        with torch.no_grad():
-            return model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=True,
-                                  top_k=0, past_key_values=cache)
+        return generate(model, ids, mask, cache, NEW, do_sample=True, top_k=0)
 
     ref = sample(DynamicCache())
     assert not torch.equal(ref[0], ref[1])
@@ -95,16 +78,13 @@ def test_divergence_copies_the_shared_block(model) -> None:
 def test_transient_load_failures_are_retried(model) -> None:
     """Failed reads are retried; the tokens do not change and every retry is counted."""
     ids, mask = padded_batch([16, 9])
-    ref = run(model, ids, mask, DynamicCache())
+    ref = generate(model, ids, mask, DynamicCache(), NEW)
     store = FaultInjectingStore(MemoryBlockStore(1 << 20))
     cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(2, 23), block_tokens=4, store=store, max_retries=2)
     store.fail_next_reads(0)
-    out = None
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, past_key_values=cache)
-        store.fail_next_reads(2)  # both retries of the next load fail... the third attempt works
-        out = model.generate(out, attention_mask=torch.cat([mask, torch.ones(2, 3, dtype=mask.dtype)], 1),
-                             max_new_tokens=NEW - 3, do_sample=False, past_key_values=cache)
+    out = generate(model, ids, mask, cache, 3)
+    store.fail_next_reads(2)  # both retries of the next load fail... the third attempt works
+    out = generate(model, out, torch.cat([mask, torch.ones(2, 3, dtype=mask.dtype)], 1), cache, NEW - 3)
     stats = cache.stats()
     cache.close()
     assert torch.equal(out, ref)
@@ -116,15 +96,13 @@ def test_transient_load_failures_are_retried(model) -> None:
 def test_unreadable_chunk_is_recomputed_from_tokens(model) -> None:
     """A chunk that stays unreadable is recomputed by replaying the recorded forward calls."""
     ids, mask = padded_batch([16, 9])
-    ref = run(model, ids, mask, DynamicCache())
+    ref = generate(model, ids, mask, DynamicCache(), NEW)
     store = FaultInjectingStore(MemoryBlockStore(1 << 20))
     cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(2, 23), block_tokens=4, store=store, model=model)
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, past_key_values=cache)
-        victim = next(st for st in cache._engine.layers if st.frame is None and st.load is None)
-        store.poison(int(victim.chunks.ids[1, 3, 2]))
-        out = model.generate(out, attention_mask=torch.cat([mask, torch.ones(2, 3, dtype=mask.dtype)], 1),
-                             max_new_tokens=NEW - 3, do_sample=False, past_key_values=cache)
+    out = generate(model, ids, mask, cache, 3)
+    victim = next(st for st in cache._engine.layers if st.frame is None and st.load is None)
+    store.poison(int(victim.chunks.ids[1, 3, 2]))
+    out = generate(model, out, torch.cat([mask, torch.ones(2, 3, dtype=mask.dtype)], 1), cache, NEW - 3)
     stats = cache.stats()
     cache.close()
     assert torch.equal(out, ref)

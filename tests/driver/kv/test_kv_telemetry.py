@@ -14,36 +14,26 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from kv_support import KV_HEADS, LAYERS, frame_bytes, generate, layout
 from rich.console import Console
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor
 
-from driver.kv import CxlCache, KVLayout
+from driver.kv import CxlCache
 from driver.kv._telemetry import count_shared
-from driver.kv.testing import padded_batch, tiny_llama
+from driver.kv.testing import padded_batch
 from emulator.telemetry import HostTelemetry
 from tools.exporter import render_metrics
 from tools.monitor import panels as P
 from tools.monitor.source import DeviceSource, DeviceView
 
-LAYERS = 4
-PIECES = 4  # K and V of 2 kv heads
+PIECES = 2 * KV_HEADS  # K and V of 2 kv heads
 NEW = 8
 PROMPT, PREFIX, BLOCK = 14, 8, 4  # the prefix is blocks 0 and 1 of every piece
 
 
-@pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
-    return tiny_llama(layers=LAYERS, hidden=64, heads=4, kv_heads=2)
-
-
-def layout(batch: int) -> KVLayout:
-    return KVLayout(batch=batch, kv_heads=2, head_dim=16, itemsize=4, block_tokens=BLOCK)
-
-
 def budget(batch: int) -> int:
     """Two frames of the final length: every layer is offloaded, so every prefix block is placed."""
-    return 2 * KVLayout(batch=batch, kv_heads=2, head_dim=16, itemsize=4, block_tokens=1).frame_bytes(
-        PROMPT + NEW - 1)
+    return 2 * frame_bytes(batch, PROMPT + NEW - 1)
 
 
 class Watch(LogitsProcessor):
@@ -57,12 +47,6 @@ class Watch(LogitsProcessor):
         snap = self.source.poll().snapshot
         self.seen.append(snap.host if snap else None)
         return scores
-
-
-def generate(model, ids, mask, cache, watch: Watch | None = None, **kw) -> torch.Tensor:
-    with torch.no_grad():
-        return model.generate(ids, attention_mask=mask, max_new_tokens=NEW, past_key_values=cache,
-                              logits_processor=LogitsProcessorList([watch] if watch else []), **kw)
 
 
 def published(source: DeviceSource) -> tuple[DeviceView, HostTelemetry]:
@@ -101,14 +85,14 @@ def test_batch_sharing_a_prefix_shows_the_saving(model, served) -> None:
     The monitor watching the device sees the generation while it runs and the saving after it;
     closing the cache leaves the totals and zeroes what is held now."""
     batch = 3
-    chunk = layout(batch).chunk_bytes
+    chunk = layout(batch, BLOCK).chunk_bytes
     assert chunk == BLOCK * 16 * 4 == 256
     shared = 2 * LAYERS * PIECES
     ids, mask = padded_batch([PROMPT] * batch, prefix=PREFIX)
     source = DeviceSource(served.name)
     watch = Watch(source)
     cache = CxlCache(hbm_budget_bytes=budget(batch), block_tokens=BLOCK, device=served.name)
-    generate(model, ids, mask, cache, watch, do_sample=False)
+    generate(model, ids, mask, cache, NEW, [watch])
     first = watch.seen[0]  # the publish at the prefill's first layer, unthrottled
     assert first is not None and first.writer_pid == os.getpid()
     assert (first.tokens_generated, first.hbm_budget_bytes) == (batch * PROMPT, budget(batch))
@@ -149,9 +133,9 @@ def test_two_caches_on_one_device_publish_their_common_chunks(model, served) -> 
     hash: the page counts the chunks both reference, exactly as the chunk pool does."""
     ids, mask = padded_batch([PROMPT])
     first = CxlCache(hbm_budget_bytes=budget(1), block_tokens=BLOCK, device=served.name)
-    generate(model, ids, mask, first, do_sample=False)
+    generate(model, ids, mask, first, NEW)
     second = CxlCache(hbm_budget_bytes=budget(1), block_tokens=BLOCK, device=served.name)
-    generate(model, ids, mask, second, do_sample=False)
+    generate(model, ids, mask, second, NEW)
     assert second._telemetry is first._telemetry  # one publisher per device per process
     second._telemetry.publish(force=True)
     source = DeviceSource(served.name)
@@ -164,7 +148,7 @@ def test_two_caches_on_one_device_publish_their_common_chunks(model, served) -> 
     assert (host.device_chunks_used, host.device_chunks_shared, host.device_saved_bytes) == truth
     # the 14-token prompt's 3 full blocks of every piece of every layer, at least, are common
     assert host.device_chunks_shared >= 3 * LAYERS * PIECES
-    assert host.device_saved_bytes == host.device_chunks_shared * layout(1).chunk_bytes  # two references each
+    assert host.device_saved_bytes == host.device_chunks_shared * layout(1, BLOCK).chunk_bytes  # two references each
     assert host.dedup_chunks == dedup >= 3 * LAYERS * PIECES
 
 
@@ -174,7 +158,7 @@ def test_divergence_publishes_the_copies_on_write(model, served) -> None:
     ids, mask = padded_batch([PROMPT, PROMPT], prefix=PROMPT)
     cache = CxlCache(hbm_budget_bytes=budget(2), block_tokens=BLOCK, device=served.name)
     torch.manual_seed(5)
-    out = generate(model, ids, mask, cache, do_sample=True, top_k=0)
+    out = generate(model, ids, mask, cache, NEW, do_sample=True, top_k=0)
     assert not torch.equal(out[0], out[1])
     stats = cache.stats()
     cache._telemetry.publish(force=True)

@@ -11,30 +11,14 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
+from kv_support import LAYERS, frame_bytes, generate, tiny_model
+from transformers import DynamicCache, LogitsProcessor
 
 from driver.kv import BudgetTooSmall, CxlCache, KVLayout, MemoryBlockStore
-from driver.kv.testing import padded_batch, tiny_llama
+from driver.kv.testing import padded_batch
 from firmware_model.policies import ONLINE_POLICY_NAMES
 
 NEW = 8
-LAYERS, KV_HEADS, HEAD_DIM = 4, 2, 16
-
-
-@pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
-    return tiny_llama(layers=LAYERS, hidden=64, heads=4, kv_heads=KV_HEADS)
-
-
-def generate(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, cache: object) -> torch.Tensor:
-    with torch.no_grad():
-        return model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False,
-                              past_key_values=cache)
-
-
-def layer_bytes(batch: int, tokens: int) -> int:
-    return KVLayout(batch=batch, kv_heads=KV_HEADS, head_dim=HEAD_DIM, itemsize=4,
-                    block_tokens=1).frame_bytes(tokens)
 
 
 _REFS: dict[tuple, torch.Tensor] = {}
@@ -44,7 +28,7 @@ def reference(model: torch.nn.Module, lengths: list[int]) -> tuple[torch.Tensor,
     ids, mask = padded_batch(lengths)
     key = tuple(lengths)
     if key not in _REFS:
-        _REFS[key] = generate(model, ids, mask, DynamicCache())
+        _REFS[key] = generate(model, ids, mask, DynamicCache(), NEW)
     return ids, mask, _REFS[key]
 
 
@@ -79,11 +63,11 @@ def test_tokens_equal_dynamic_cache(model, policy, lengths, block_tokens, fracti
     come back from the store."""
     ids, mask, ref = reference(model, lengths)
     final = ids.shape[1] + NEW - 1  # the last generated token is never cached
-    total = LAYERS * layer_bytes(len(lengths), final)
-    budget = {"min": 2 * layer_bytes(len(lengths), final), "half": total // 2, "all": total + (1 << 16)}[fraction]
+    total = LAYERS * frame_bytes(len(lengths), final)
+    budget = {"min": 2 * frame_bytes(len(lengths), final), "half": total // 2, "all": total + (1 << 16)}[fraction]
     cache = CxlCache(hbm_budget_bytes=budget, policy=policy, block_tokens=block_tokens,
                      store=MemoryBlockStore(4 << 20))
-    out = generate(model, ids, mask, cache)
+    out = generate(model, ids, mask, cache, NEW)
     stats = cache.stats()
     cache.close()
     assert torch.equal(out, ref)
@@ -103,9 +87,9 @@ def test_tokens_equal_without_prefix_sharing(model, policy, lengths, block_token
     ids, mask, ref = reference(model, lengths)
     final = ids.shape[1] + NEW - 1
     store = None if device_backed else MemoryBlockStore(4 << 20)
-    cache = CxlCache(hbm_budget_bytes=2 * layer_bytes(len(lengths), final), policy=policy,
+    cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(len(lengths), final), policy=policy,
                      block_tokens=block_tokens, store=store, prefix_sharing=False)
-    out = generate(model, ids, mask, cache)
+    out = generate(model, ids, mask, cache, NEW)
     stats, engine = cache.stats(), cache._engine
     assert any(st.tail is not None for st in engine.layers)  # saves reused their tail images
     cache.close()
@@ -121,9 +105,9 @@ def test_tokens_equal_with_whole_layer_writeback(model) -> None:
     ids, mask, ref = reference(model, [16, 9])
     offloaded, found = [], []
     for full in (False, True):
-        cache = CxlCache(hbm_budget_bytes=2 * layer_bytes(2, ids.shape[1] + NEW - 1), policy="lru",
+        cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(2, ids.shape[1] + NEW - 1), policy="lru",
                          block_tokens=4, store=MemoryBlockStore(4 << 20), prefetch_depth=1, full_writeback=full)
-        out = generate(model, ids, mask, cache)
+        out = generate(model, ids, mask, cache, NEW)
         stats = cache.stats()
         offloaded.append(stats["bytes_offloaded"])
         found.append(stats["dedup_write_bytes"])
@@ -136,7 +120,7 @@ def test_budget_below_working_set_names_the_minimum(model) -> None:
     """Two layers of the batch's KV is the minimum; one byte less is refused with that number,
     at the prefill, for the prompt (no max_seq_len)."""
     ids, mask = padded_batch([16, 12])
-    minimum = 2 * layer_bytes(2, 16)
+    minimum = 2 * frame_bytes(2, 16)
     cache = CxlCache(hbm_budget_bytes=minimum - 1, store=MemoryBlockStore(1 << 20))
     with pytest.raises(BudgetTooSmall, match=f"found at the prefill, before any token was produced, for the "
                                              f"16-token prompt .*; raise hbm_budget_bytes to at least {minimum}$"):
@@ -162,32 +146,30 @@ def test_budget_too_small_for_the_final_length_is_found_when_it_can_be(model) ->
     so it is found when the sequences outgrow the budget, and the error says so and what to pass."""
     ids, mask, _ = reference(model, [16, 9])
     final = ids.shape[1] + NEW - 1  # 23
-    budget = 2 * layer_bytes(2, 20)  # holds 20 tokens per sequence
+    budget = 2 * frame_bytes(2, 20)  # holds 20 tokens per sequence
     tokens = CountTokens()
     cache = CxlCache(hbm_budget_bytes=budget, store=MemoryBlockStore(1 << 20), max_seq_len=final)
-    with pytest.raises(BudgetTooSmall) as refused, torch.no_grad():
-        model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, past_key_values=cache,
-                       logits_processor=LogitsProcessorList([tokens]))
+    with pytest.raises(BudgetTooSmall) as refused:
+        generate(model, ids, mask, cache, NEW, [tokens])
     assert (tokens.calls, cache.stats()["tokens_generated"]) == (0, 0)
-    assert (refused.value.minimum, refused.value.seq_len) == (2 * layer_bytes(2, final), final)
+    assert (refused.value.minimum, refused.value.seq_len) == (2 * frame_bytes(2, final), final)
     assert str(refused.value) == (
-        f"hbm_budget_bytes={budget} is below the working set of {2 * layer_bytes(2, final)} bytes (two layers "
+        f"hbm_budget_bytes={budget} is below the working set of {2 * frame_bytes(2, final)} bytes (two layers "
         f"of KV for batch 2 x {final} tokens: the layer computing and the one loading); found at the prefill, "
         f"before any token was produced, for max_seq_len={final}; raise hbm_budget_bytes to at least "
-        f"{2 * layer_bytes(2, final)}")
+        f"{2 * frame_bytes(2, final)}")
     cache.close()
 
     cache = CxlCache(hbm_budget_bytes=budget, store=MemoryBlockStore(1 << 20))
-    with pytest.raises(BudgetTooSmall) as outgrown, torch.no_grad():
-        model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, past_key_values=cache,
-                       logits_processor=LogitsProcessorList([tokens]))
+    with pytest.raises(BudgetTooSmall) as outgrown:
+        generate(model, ids, mask, cache, NEW, [tokens])
     assert tokens.calls == 5  # the prompt + 4 tokens fit 20; the 5th token's KV is the 21st
     assert str(outgrown.value) == (
-        f"hbm_budget_bytes={budget} is below the working set of {2 * layer_bytes(2, 21)} bytes (two layers "
+        f"hbm_budget_bytes={budget} is below the working set of {2 * frame_bytes(2, 21)} bytes (two layers "
         "of KV for batch 2 x 21 tokens: the layer computing and the one loading); the sequences grew to 21 "
         "tokens, after tokens were produced (the budget holds 20 per sequence): without max_seq_len= only the "
         "prompt is checked at the prefill; pass max_seq_len=<prompt + max_new_tokens> to have this found "
-        f"there, before any token is produced; raise hbm_budget_bytes to at least {2 * layer_bytes(2, 21)}")
+        f"there, before any token is produced; raise hbm_budget_bytes to at least {2 * frame_bytes(2, 21)}")
     cache.close()
 
 
@@ -199,14 +181,14 @@ def test_a_budget_beyond_all_the_kv_keeps_every_layer_resident(model, policy) ->
     ids, mask, ref = reference(model, [16, 9])
     for budget in (1 << 62, 10**30):
         cache = CxlCache(hbm_budget_bytes=budget, policy=policy, block_tokens=4, store=MemoryBlockStore(1 << 20))
-        out = generate(model, ids, mask, cache)
+        out = generate(model, ids, mask, cache, NEW)
         stats, engine = cache.stats(), cache._engine
         cache.close()
         assert torch.equal(out, ref)
         assert (stats["frames"], engine.policy.capacity, stats["hbm_budget_bytes"]) == (LAYERS, LAYERS, budget)
         assert stats["regrows"] == 1  # 16 tokens + 4 of headroom, then 23
         assert stats["evictions"] == stats["loads"] == LAYERS  # the regrow's, each layer back once
-        assert stats["hbm_peak_bytes"] == LAYERS * layer_bytes(2, engine.arena.capacity)
+        assert stats["hbm_peak_bytes"] == LAYERS * frame_bytes(2, engine.arena.capacity)
 
 
 @pytest.mark.parametrize("policy", ONLINE_POLICY_NAMES)
@@ -234,7 +216,7 @@ def test_cache_keyword_of_transformers_5_24(model) -> None:
     if "cache" not in __import__("inspect").signature(model.forward).parameters:
         pytest.skip("transformers < 5.24 has no cache= argument")
     ids, mask, ref = reference(model, [16, 9])
-    cache = CxlCache(hbm_budget_bytes=3 * layer_bytes(2, 40), store=MemoryBlockStore(1 << 20))
+    cache = CxlCache(hbm_budget_bytes=3 * frame_bytes(2, 40), store=MemoryBlockStore(1 << 20))
     with torch.no_grad():
         out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, cache=cache)
     assert torch.equal(out, ref)
@@ -245,8 +227,8 @@ def test_cache_keyword_of_transformers_5_24(model) -> None:
 def test_close_releases_everything(model) -> None:
     """After close() no frame, staging buffer or device chunk is left."""
     ids, mask, _ = reference(model, [16, 9])
-    cache = CxlCache(hbm_budget_bytes=2 * layer_bytes(2, 40), store=MemoryBlockStore(1 << 20))
-    generate(model, ids, mask, cache)
+    cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(2, 40), store=MemoryBlockStore(1 << 20))
+    generate(model, ids, mask, cache, NEW)
     engine = cache._engine
     assert engine is not None and engine.pool is not None and engine.pool.used > 0
     cache.close()
@@ -292,15 +274,15 @@ def test_shapes_the_issue_does_not_name(shape) -> None:
     """Other head layouts, dtypes and block sizes: same tokens, blocks really loaded from the
     store, peak accelerator bytes within the budget."""
     dtype = getattr(torch, shape["dtype"])
-    model = tiny_llama(layers=shape["layers"], hidden=shape["hidden"], heads=shape["heads"],
+    model = tiny_model(layers=shape["layers"], hidden=shape["hidden"], heads=shape["heads"],
                        kv_heads=shape["kv_heads"], dtype=dtype, seed=3)
     ids, mask = padded_batch([12, 7, 10], seed=4)
-    ref = generate(model, ids, mask, DynamicCache())
+    ref = generate(model, ids, mask, DynamicCache(), NEW)
     lay = KVLayout(batch=3, kv_heads=shape["kv_heads"], head_dim=shape["hidden"] // shape["heads"],
                    itemsize=torch.empty(0, dtype=dtype).element_size(), block_tokens=1)
     budget = 2 * lay.frame_bytes(ids.shape[1] + NEW - 1) + 100
     cache = CxlCache(hbm_budget_bytes=budget, block_tokens=shape["block_tokens"], store=MemoryBlockStore(4 << 20))
-    out = generate(model, ids, mask, cache)
+    out = generate(model, ids, mask, cache, NEW)
     stats = cache.stats()
     cache.close()
     assert torch.equal(out, ref)

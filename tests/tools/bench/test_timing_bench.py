@@ -2,10 +2,9 @@
 speed itself is asserted only in benchmarks, never here."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
+from cli_support import cli
 
 from emulator.timing import DataPath, TimingConfig
 from tools.bench import bandwidth, latency, overhead
@@ -13,14 +12,9 @@ from tools.cli import cmd_bench
 from tools.cli.main import main
 
 
-def run_json(capsys, argv):
-    assert main(argv) == 0, capsys.readouterr().err
-    return json.loads(capsys.readouterr().out)
-
-
 def test_latency_probe_on_a_private_device(capsys):
-    out = run_json(capsys, ["bench", "latency", "--read-latency-ns", "200", "--bandwidth-gbps", "16",
-                            "--working-set", "1M", "--hops", "2000", "--rounds", "2", "--json"])
+    out = cli(capsys, "bench", "latency", "--read-latency-ns", "200", "--bandwidth-gbps", "16",
+                      "--working-set", "1M", "--hops", "2000", "--rounds", "2", "--json", check=True).json
     assert out["private"] and out["timing"]["read_latency_ns"] == 200
     assert out["configured_ns"] == 204.0  # 200 ns + one 64-B transaction at 16 GB/s
     assert out["hops"] == 2000 and out["working_set"] == 1 << 20
@@ -28,14 +22,14 @@ def test_latency_probe_on_a_private_device(capsys):
 
 
 def test_native_latency_probe(capsys):
-    out = run_json(capsys, ["bench", "latency", "--read-latency-ns", "150", "--native",
-                            "--working-set", "1M", "--hops", "2000", "--rounds", "2", "--json"])
+    out = cli(capsys, "bench", "latency", "--read-latency-ns", "150", "--native",
+                      "--working-set", "1M", "--hops", "2000", "--rounds", "2", "--json", check=True).json
     assert out["native"] and out["configured_ns"] == 150.0 and out["hops"] == 2000
 
 
 def test_latency_probe_from_a_python_loop(capsys):
-    out = run_json(capsys, ["bench", "latency", "--python", "--read-latency-ns", "150",
-                            "--working-set", "1M", "--hops", "2000", "--json"])
+    out = cli(capsys, "bench", "latency", "--python", "--read-latency-ns", "150",
+                      "--working-set", "1M", "--hops", "2000", "--json", check=True).json
     assert out["native"] is False and out["configured_ns"] == 150.0 and out["hops"] == 2000
 
 
@@ -52,7 +46,7 @@ def test_fidelity_exit_code_holds_only_the_targets(monkeypatch, capsys):
     rows = [fidelity._check("held", 1.0, "<= 3 %", True),
             fidelity._check("beside", 40.0, "(reported)", None, added_ns=140.0)]
     monkeypatch.setattr(fidelity, "run", lambda quick=False: rows)
-    out = run_json(capsys, ["bench", "fidelity", "--json"])
+    out = cli(capsys, "bench", "fidelity", "--json", check=True).json
     assert [(c["check"], c["pass"]) for c in out["checks"]] == [("held", True), ("beside", None)]
     rows.append(fidelity._check("missed", 5.0, "<= 3 %", False))
     assert main(["bench", "fidelity"]) == 1
@@ -84,15 +78,15 @@ def test_latency_probe_on_a_served_device_restores_its_media(capsys, served):
     pattern = np.arange(1 << 20, dtype=np.uint8)
     with MemDev.open(served.name) as md:
         md.write_untimed(0x100000, pattern)
-        out = run_json(capsys, ["bench", "latency", served.name, "--dpa", "0x100000",
-                                "--working-set", "1M", "--hops", "1000", "--rounds", "1", "--json"])
+        out = cli(capsys, "bench", "latency", served.name, "--dpa", "0x100000",
+                          "--working-set", "1M", "--hops", "1000", "--rounds", "1", "--json", check=True).json
         assert out["device"] == served.name and not out["private"]
         assert np.array_equal(np.frombuffer(md.read_untimed(0x100000, 1 << 20), np.uint8), pattern)
 
 
 def test_bandwidth_probe_reports_each_mode(capsys):
-    out = run_json(capsys, ["bench", "bandwidth", "--bandwidth-gbps", "4", "--size", "64K",
-                            "--seconds", "0.05", "--region", "1M", "--json"])
+    out = cli(capsys, "bench", "bandwidth", "--bandwidth-gbps", "4", "--size", "64K",
+                      "--seconds", "0.05", "--region", "1M", "--json", check=True).json
     assert [r["mode"] for r in out["results"]] == ["read", "write", "mixed"]
     assert [r["configured_gbps"] for r in out["results"]] == [4, 4, 8]
     assert all(r["bytes"] > 0 and r["size"] == 65536 for r in out["results"])
@@ -112,8 +106,8 @@ def test_configured_bandwidth_per_mode():
 
 
 def test_two_processes_share_one_link(capsys, served):
-    out = run_json(capsys, ["bench", "bandwidth", served.name, "--mode", "read", "--size", "64K",
-                            "--seconds", "0.1", "--processes", "2", "--region", "1M", "--json"])
+    out = cli(capsys, "bench", "bandwidth", served.name, "--mode", "read", "--size", "64K",
+                      "--seconds", "0.1", "--processes", "2", "--region", "1M", "--json", check=True).json
     (r,) = out["results"]
     assert r["processes"] == 2 and r["bytes"] > 0
 

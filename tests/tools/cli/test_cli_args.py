@@ -11,21 +11,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cli_support import ROOT, cli
 
 from driver.chmu import ChmuRegs
 from emulator.chmu import CHMU_OFFSET, CHMU_SIZE, ChmuDevice
 from emulator.spec.errors import ConfigError
 from tools.cli._common import CliError, parse_port, parse_size
-from tools.cli.main import build_parser, main, version
+from tools.cli.main import build_parser, version
 
-ROOT = Path(__file__).resolve().parents[3]
 CAPACITY = 256 << 20  # the `served` fixture's
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def one_line_error(rc: int, err: str, message: str) -> None:

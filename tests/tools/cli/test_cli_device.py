@@ -2,41 +2,23 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import struct
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_support import cxlemu, serve_process
 
 from driver import MemDev
-from emulator.device import device_state, firmware_pid
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def cxlemu(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "tools.cli.main", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env=os.environ.copy())
-    if check and proc.returncode != 0:
-        raise AssertionError(f"cxlemu {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
+from emulator.device import device_state
 
 
 @pytest.fixture
 def served_subprocess(device_name: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "serve", "--name", device_name,
-                             "--capacity", "1G"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while firmware_pid(device_name) != proc.pid:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        assert time.monotonic() < deadline, "cxlemu serve did not come up"
-        time.sleep(0.05)
+    proc = serve_process(device_name, "--capacity", "1G")
     try:
         yield device_name, proc
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from emulator.device import DeviceConfig, destroy, device_path, serve
-from serve_support import cxlemu, start_server
+from cli_support import cxlemu, serve_process
 
 MiB = 1 << 20
 
@@ -58,7 +58,7 @@ def test_serve_names_a_deleted_or_truncated_media(device_name: str) -> None:
 
 
 def test_a_host_command_names_a_deleted_mailbox_lock(device_name: str) -> None:
-    proc = start_server(device_name, "--capacity", "256M")
+    proc = serve_process(device_name, "--capacity", "256M")
     try:
         lock = device_path(device_name) / "mbox.lock"
         lock.unlink()

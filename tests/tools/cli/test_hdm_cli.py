@@ -4,23 +4,18 @@ from __future__ import annotations
 import io
 import json
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from cli_support import cli, cxlemu, serve_process
 from rich.console import Console
 
 from driver import MemDev
 from driver.region import ROOT_WINDOW_BASE, list_regions, open_region
-from emulator.device import DeviceConfig, destroy, firmware_pid, serve
+from emulator.device import DeviceConfig, destroy, serve
 from tools.cli.cmd_region import region_table
-from tools.cli.main import main
 
 SZ_256M = 256 << 20
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -31,26 +26,20 @@ def pair(device_name: str) -> Iterator[tuple[str, str]]:
         yield a, b  # their regions die with them; the next create drops the stale records
 
 
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, object, str]:
-    rc = main(list(args))
-    out, err = capsys.readouterr()
-    return rc, (json.loads(out) if out.strip() else None), err
-
-
 def test_create_list_use_destroy(pair: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     a, b = pair
     rc, made, _ = cli(capsys, "region", "create", "--memdev", b, "--memdev", a, "--size", "512M",
-                      "--granularity", "1024")
+                      "--granularity", "1024").parsed
     assert rc == 0
     assert made == {
         "region": "region0", "resource": ROOT_WINDOW_BASE, "size": 2 * SZ_256M, "interleave_ways": 2,
         "interleave_granularity": 1024, "decode_state": "commit", "order_known": True,
         "mappings": [{"position": 0, "memdev": b, "decoder": 0}, {"position": 1, "memdev": a, "decoder": 0}],
     }
-    rc, second, _ = cli(capsys, "region", "create", "--memdev", a, "--size", "256M")
+    rc, second, _ = cli(capsys, "region", "create", "--memdev", a, "--size", "256M").parsed
     assert rc == 0 and second["resource"] == ROOT_WINDOW_BASE + 2 * SZ_256M  # above a's first window
     assert second["mappings"] == [{"position": 0, "memdev": a, "decoder": 1}]
-    listed = cli(capsys, "region", "list")[1]
+    listed = cli(capsys, "region", "list").json
     assert [r for r in listed if {m["memdev"] for m in r["mappings"]} & {a, b}] == [made, second]
 
     console = Console(width=200, record=True, file=io.StringIO())
@@ -71,7 +60,7 @@ def test_create_list_use_destroy(pair: tuple[str, str], capsys: pytest.CaptureFi
     assert rc == 1 and "decoder 0: reset the decoders above it first" in err
     assert cli(capsys, "region", "destroy", "region1")[0] == 0
     assert cli(capsys, "region", "destroy", "region0")[0] == 0
-    assert [r for r in cli(capsys, "region", "list")[1] if {m["memdev"] for m in r["mappings"]} & {a, b}] == []
+    assert [r for r in cli(capsys, "region", "list").json if {m["memdev"] for m in r["mappings"]} & {a, b}] == []
 
 
 @pytest.mark.parametrize("args, message", [
@@ -86,7 +75,7 @@ def test_bad_region_arguments_are_one_line_exit_2(pair: tuple[str, str], capsys:
                                                    args: tuple[str, ...], message: str) -> None:
     a, b = pair
     rc, out, err = cli(capsys, "region", "create", "--memdev", a, "--memdev", b, *args)
-    assert (rc, out) == (2, None)
+    assert (rc, out) == (2, "")
     assert err.startswith("cxlemu: error: ") and message in err and err.count("\n") == 1
     assert [r for r in list_regions() if {a, b} & set(r.targets)] == []
 
@@ -111,26 +100,14 @@ def test_locked_region_cannot_be_destroyed(pair: tuple[str, str], capsys: pytest
     assert rc == 1 and "locked on commit" in err
 
 
-def _serve_process(name: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "serve", "--name", name, "--capacity", "512M"],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while firmware_pid(name) != proc.pid:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        assert time.monotonic() < deadline, "cxlemu serve did not come up"
-        time.sleep(0.05)
-    return proc
-
-
 @pytest.mark.slow
 def test_region_over_two_serve_processes(device_name: str) -> None:
     """Firmware in two other processes acks the commits of a third; this process reads the region."""
     names = [f"{device_name}p", f"{device_name}q"]
-    procs = [_serve_process(n) for n in names]
+    procs = [serve_process(n, "--capacity", "512M") for n in names]
     try:
-        made = subprocess.run([sys.executable, "-m", "tools.cli.main", "region", "create", "--memdev", names[0],
-                               "--memdev", names[1], "--size", "1G", "--granularity", "16384"],
-                              check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        made = cxlemu("region", "create", "--memdev", names[0], "--memdev", names[1], "--size", "1G",
+                      "--granularity", "16384")
         assert made.returncode == 0, made.stderr
         name = json.loads(made.stdout)["region"]
         with open_region(name) as region:

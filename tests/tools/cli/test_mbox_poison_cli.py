@@ -3,37 +3,27 @@ JSON on stdout, one-line errors with exit 2 for bad arguments and 1 for device r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import cli, cxlemu
 
 from emulator.spec.payloads_events import EventLog, TransactionType
 from tools.cli.main import main
 
 
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any, str]:
-    """(exit code, parsed stdout JSON or None, the `cxlemu: error:` lines of stderr)."""
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    errors = "".join(line + "\n" for line in err.splitlines() if line.startswith("cxlemu: error:"))
-    return rc, json.loads(out) if out.strip().startswith("{") else None, errors
-
-
 def test_inject_list_clear(served: Any, capsys: pytest.CaptureFixture[str]) -> None:
     name = served.name
-    assert cli(capsys, "poison", "inject", name, "0x1000")[:2] == (0, {"memdev": name, "dpa": 0x1000,
-                                                                         "poisoned": True})
-    rc, out, _ = cli(capsys, "poison", "list", name)
+    assert cli(capsys, "poison", "inject", name, "0x1000").parsed[:2] == (0, {"memdev": name, "dpa": 0x1000,
+                                                                                "poisoned": True})
+    rc, out, _ = cli(capsys, "poison", "list", name).parsed
     assert rc == 0 and out["media_errors"] == [{"dpa": 0x1000, "length": 64, "source": "injected"}]
     assert (out["overflow"], out["scan_running"]) == (False, False)
-    assert cli(capsys, "poison", "list", name, "--dpa", "0x2000", "--length", "4K")[1]["media_errors"] == []
+    assert cli(capsys, "poison", "list", name, "--dpa", "0x2000", "--length", "4K").json["media_errors"] == []
     data = "ab" * 64
     assert cli(capsys, "poison", "clear", name, "0x1000", "--data", data)[0] == 0
     assert bytes(served.firmware.media[0x1000:0x1040]) == b"\xab" * 64
-    assert cli(capsys, "poison", "list", name)[1]["media_errors"] == []
+    assert cli(capsys, "poison", "list", name).json["media_errors"] == []
 
 
 def test_bad_arguments_exit_2_device_refusals_exit_1(served: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -44,9 +34,7 @@ def test_bad_arguments_exit_2_device_refusals_exit_1(served: Any, capsys: pytest
     assert cli(capsys, "poison", "clear", name, "0", "--data", "00")[0] == 2
     assert cli(capsys, "poison", "list", "no-such-device")[0] == 2
     # a separate process, as a user runs it (rich draws its progress bar on a pipe too)
-    proc = subprocess.run([sys.executable, "-m", "tools.cli.main", "scan-media", name, "--dpa",
-                           hex(served.firmware.config.capacity), "--length", "64"],
-                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[3])
+    proc = cxlemu("scan-media", name, "--dpa", hex(served.firmware.config.capacity), "--length", "64")
     assert proc.returncode == 2 and proc.stderr.startswith("cxlemu: error: range [")
     assert proc.stderr.count("\n") == 1  # the range is refused before a progress bar is drawn
     for i in range(256):
@@ -57,7 +45,7 @@ def test_bad_arguments_exit_2_device_refusals_exit_1(served: Any, capsys: pytest
 
 def test_scan_media_prints_what_it_found(served: Any, capsys: pytest.CaptureFixture[str]) -> None:
     served.firmware.poison.add_latent(0x8000, 128)
-    rc, out, _ = cli(capsys, "scan-media", served.name, "--length", "1M")
+    rc, out, _ = cli(capsys, "scan-media", served.name, "--length", "1M").parsed
     assert rc == 0
     assert out["media_errors"] == [{"dpa": 0x8000, "length": 128, "source": "internal"}]
     assert not out["stopped_prematurely"]
@@ -85,14 +73,14 @@ def test_events_show_then_clear(served: Any, capsys: pytest.CaptureFixture[str])
     for i in range(3):
         fw.events.general_media(EventLog.FAILURE, 0x40 * i, transaction=TransactionType.HOST_READ)
     fw.events.memory_module(EventLog.INFO, 1, temperature=55)
-    rc, out, _ = cli(capsys, "events", served.name)
+    rc, out, _ = cli(capsys, "events", served.name).parsed
     assert rc == 0 and sorted(out["logs"]) == ["dcd", "failure", "fatal", "info", "warning"]
     failure = out["logs"]["failure"]
     assert [r["handle"] for r in failure["records"]] == [1, 2, 3] and not failure["more"]
     assert failure["records"][1]["physical_address"] == 0x41 and failure["records"][1]["kind"] == "general_media"
     assert out["logs"]["info"]["records"][0]["temperature"] == 55
-    assert cli(capsys, "events", served.name, "--log", "failure")[1]["logs"]["failure"] == failure  # not cleared
-    rc, out, _ = cli(capsys, "events", served.name, "--log", "failure", "--clear")
+    assert cli(capsys, "events", served.name, "--log", "failure").json["logs"]["failure"] == failure  # not cleared
+    rc, out, _ = cli(capsys, "events", served.name, "--log", "failure", "--clear").parsed
     assert [r["handle"] for r in out["logs"]["failure"]["records"]] == [1, 2, 3]
     assert fw.events.count(EventLog.FAILURE) == 0 and fw.events.count(EventLog.INFO) == 1
     rc, _, err = cli(capsys, "events", served.name, "--log", "errors")

@@ -14,8 +14,9 @@ from typing import Self
 
 import numpy as np
 import pytest
+from cli_support import cxlemu, default_sigint, serve_process
 
-from emulator.device import DeviceConfig, DeviceFiles, Served, device_path, serve
+from emulator.device import DeviceConfig, DeviceFiles, Served, serve
 from emulator.spec import registers as R
 from emulator.telemetry import TelemetryReader, TelemetryWriter
 from emulator.timing import DataPath, TimingConfig
@@ -25,8 +26,7 @@ MiB = 1 << 20
 
 
 def monitor_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tools.cli.main", "monitor", "--width", "140", *args],
-                          check=False, capture_output=True, text=True, timeout=timeout)
+    return cxlemu("monitor", "--width", "140", *args, timeout=timeout)
 
 
 def frames(stdout: str) -> list[str]:
@@ -148,14 +148,7 @@ def test_stopped_device_is_reported(device_name: str) -> None:
 @pytest.fixture
 def killed_server(device_name: str) -> Iterator[int]:
     """A `cxlemu serve` process killed with SIGKILL: its files and firmware.pid stay behind."""
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "serve", "--name", device_name,
-                             "--capacity", "256M"], stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None and "serving" in proc.stderr.readline()
-    pid_file = device_path(device_name) / "firmware.pid"
-    deadline = time.monotonic() + 30
-    while not pid_file.exists():
-        assert time.monotonic() < deadline, "cxlemu serve never wrote firmware.pid"
-        time.sleep(0.01)
+    proc = serve_process(device_name, "--capacity", "256M")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     yield proc.pid
@@ -211,13 +204,6 @@ def test_frames_show_poison_and_events(served: Served) -> None:
     assert "poison DPA 0x1000 +64 B injected" in shot and "poison DPA 0x8000 +64 B injected" in shot
 
 
-def _default_sigint() -> None:
-    """Run in the child before exec: a test run started as a background job (`pytest &`, as
-    CI scripts may) has SIGINT ignored, children inherit that, and Python then installs no
-    KeyboardInterrupt handler; these tests send SIGINT as a user's Ctrl-C would."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_piped_monitor_without_frames_prints_until_interrupted(served: Served) -> None:
     """stdout not a terminal and no --frames: frames keep coming (a log), SIGINT ends with 0."""
     # the CLI's own main, with SIGUSR1 dumping every thread's stack: if the monitor ever fails
@@ -226,7 +212,7 @@ def test_piped_monitor_without_frames_prints_until_interrupted(served: Served) -
            "from tools.cli.main import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.Popen([sys.executable, "-c", cli, "monitor", served.name, "--interval", "0.1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint)
+                            preexec_fn=default_sigint)
     assert proc.stdout is not None
     seen = []
     for line in proc.stdout:

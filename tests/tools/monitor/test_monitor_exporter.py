@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from cli_support import cxlemu, default_sigint
 
 from driver import MemDev
 from emulator.device import DeviceConfig, Served, serve
@@ -229,20 +230,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _default_sigint() -> None:
-    """Run in the child before exec: a test run started as a background job (`pytest &`, as
-    CI scripts may) has SIGINT ignored, children inherit that, and Python then installs no
-    KeyboardInterrupt handler; these tests send SIGINT as a user's Ctrl-C would."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.slow
 def test_exporter_cli_serves_until_interrupted(loaded: Served) -> None:
     """`cxlemu exporter NAME --port P` in another process answers scrapes and exits 0 on SIGINT."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "exporter", loaded.name, "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint)
+                            preexec_fn=default_sigint)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -255,14 +249,12 @@ def test_exporter_cli_serves_until_interrupted(loaded: Served) -> None:
 
 
 def test_exporter_cli_bad_port_and_busy_port() -> None:
-    bad = subprocess.run([sys.executable, "-m", "tools.cli.main", "exporter", "--port", "70000"],
-                         check=False, capture_output=True, text=True, timeout=60)
+    bad = cxlemu("exporter", "--port", "70000")
     assert (bad.returncode, bad.stderr) == (2, "cxlemu: error: argument --port: port must be 1..65535, got 70000\n")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        busy = subprocess.run([sys.executable, "-m", "tools.cli.main", "exporter", "--port", str(port)],
-                              check=False, capture_output=True, text=True, timeout=60)
+        busy = cxlemu("exporter", "--port", str(port))
     assert busy.returncode == 1
     assert re.fullmatch(rf"cxlemu: error: cannot listen on 127\.0\.0\.1:{port}: .+\n", busy.stderr)
