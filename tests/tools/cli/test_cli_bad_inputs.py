@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
-from test_cli_device import cxlemu  # the subprocess helper (60 s timeout: a wait fails the test)
+from cli_support import cxlemu  # the subprocess helper (60 s timeout: a wait fails the test)
 
-from tools.sim.run import MAX_CLIENTS
 from tools.cli._sim_sweep import MAX_LEVELS
+from tools.sim.run import MAX_CLIENTS
 
 CONTRACT = ("a class implementing EvictionPolicy (firmware_model.policies.base) with name: str; "
             "insert(self, key, now=0) -> None; touch(self, key, now=0) -> None; remove(self, key) -> None; "
