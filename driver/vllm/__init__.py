@@ -23,14 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from driver.vllm._config import (
-    PREFETCH_MODES,
-    ManagerCounters,
-    TierStats,
-    kv_transfer_config,
-    parse_extra_config,
-    tier_stats,
-)
+from driver.vllm._config import PREFETCH_MODES, kv_transfer_config, parse_extra_config
+from driver.vllm._counters import ManagerCounters
+from driver.vllm._stats import TierStats, tier_stats
 
 __all__ = ["PREFETCH_MODES", "CxlConnector", "CxlOffloadingSpec", "ManagerCounters", "TierStats", "kv_transfer_config",
            "parse_extra_config", "tier_stats"]

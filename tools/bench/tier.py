@@ -41,7 +41,8 @@ def _worker(name: str, chunks: int, layers: int, page: int, blocks: int) -> tupl
         CanonicalKVCacheTensor,
     )
 
-    from driver.vllm._config import TierConfig, reset_tier_stats, tier_stats
+    from driver.vllm._config import TierConfig
+    from driver.vllm._stats import reset_tier_stats, tier_stats
     from driver.vllm._worker import CxlOffloadingWorker
 
     reset_tier_stats(name)
