@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from tools.cli._common import ArgumentError, CliError
+from tools.cli._common import ArgumentError, CliError, need_extra
 
 
 def register(subparsers: Any) -> None:
@@ -161,6 +161,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tools.sim.sweep import json_rows
     from tools.sim.workload import TraceError
 
+    if args.plot:
+        need_extra("matplotlib", "sim", "sim serve")
     base = base_point(args)
     modes = args.offload or list(MODES)
     rows = []

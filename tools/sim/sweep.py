@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.cli._common import ArgumentError, CliError
+from tools.cli._common import ArgumentError, CliError, need_extra
 from tools.sim import hardware as hw
 from tools.sim.run import MODES, Point, simulate
 
@@ -510,6 +510,7 @@ def register_sweep(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    need_extra("distributed", "sim", "sim sweep")
     grid = grid_from_args(args)
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be >= 1, got {args.workers}")
