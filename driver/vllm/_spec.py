@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Collection, Container, Hashable, Iterable, Sequence
 from typing import Any
 
@@ -40,6 +41,8 @@ from driver.vllm._compat import (
 from driver.vllm._config import TierConfig, chunk_of_dpa, hotlist_unit, parse_extra_config
 from driver.vllm._counters import ManagerCounters
 from driver.vllm._stats import TierStats, register_manager, tier_stats, unregister_manager
+from emulator.device_dir import device_path
+from emulator.liveness import dead_firmware
 from emulator.spec.errors import ConfigError
 from firmware_model.policies import HotnessPolicy, NoVictimError, resolve_policy
 
@@ -48,6 +51,7 @@ __all__ = ["CxlOffloadingManager", "CxlOffloadingSpec", "DeviceHotlist", "privat
 logger = init_logger(__name__)
 
 CAPACITY_UNIT = 256 << 20  # a device's capacity is a multiple of this (CXL's 256 MiB granule)
+LIVENESS_S = 1.0  # the manager looks at a served device's firmware this often (a /proc read)
 
 
 def private_device_name(engine_id: str) -> str:
@@ -230,10 +234,12 @@ class CxlOffloadingManager(CPUOffloadingManager):
         # for a worker in another process, which publishes the telemetry page: written every
         # scheduler step (four words: a few us against a step's ms)
         self._remote = ManagerCounters(device_name, writer=True)
+        self._served_dir = device_path(device_name) if tier.device is not None else None
+        self._check_at = 0.0
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if self.stats.device_lost:  # the worker found the device gone (in-process): no tier
+        if self.stats.device_lost:  # found gone (check_device, or the worker in this process): no tier
             return LookupResult.MISS
         got = super().lookup(key, req_context)
         self.stats.add(lookups=1, hits=int(got is LookupResult.HIT))
@@ -253,9 +259,26 @@ class CxlOffloadingManager(CPUOffloadingManager):
     @override
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._steps += 1
-        if self._hotlist is not None and self._steps % self.tier.hotlist_every == 0:
+        self.check_device()
+        if self._hotlist is not None and self._steps % self.tier.hotlist_every == 0 and not self.stats.device_lost:
             self.feed_hotlist()
         self._publish()
+
+    def check_device(self) -> None:
+        """Whether a served device's firmware still runs, looked at once every LIVENESS_S. In a
+        process of its own (vLLM's default) the manager learns of a loss only here: the worker
+        that finds it is in another process. Whichever finds it first says so, once."""
+        if self._served_dir is None or self.stats.device_lost:
+            return
+        now = time.monotonic()
+        if now < self._check_at:
+            return
+        self._check_at = now + LIVENESS_S
+        reason = dead_firmware(self._served_dir)
+        if reason is not None and not self.stats.device_lost:
+            self.stats.add(device_lost=1)
+            logger.error("cxlemu tier: device %s is gone (%s); nothing more is looked up on it or stored to it: "
+                         "serving goes on without the tier", self.device_name, reason)
 
     def _publish(self) -> None:
         st = self.stats  # three ints read: no copy of every counter each step

@@ -347,24 +347,15 @@ def warnings_logged() -> Iterator[list[logging.LogRecord]]:
             lg.removeHandler(handler)
 
 
-LOST_ROUNDS = 20
-
-
-def test_a_device_whose_firmware_is_killed_is_reported_once_and_serving_goes_on(
-        model: str, reference: list[list[int]]) -> None:
-    """kill -9 of the device's server mid-run: the tier says so once, and over 20 rounds after it
-    stores nothing and loads nothing, quietly (each store vLLM offered was refused as an
-    allocation failure, one `cannot store chunks` warning per request and step: 1,600-2,200
-    lines); vLLM recomputes and its tokens do not change."""
-    import signal
+@contextlib.contextmanager
+def served_process(name: str) -> Iterator[Any]:
+    """``cxlemu serve`` in a process of its own (so a test can kill -9 its firmware)."""
     import subprocess
     import sys
     import time
 
     from emulator.device import destroy, firmware_pid
 
-    name = f"vtdie{os.getpid() % 100000}"
-    reset_tier_stats(name)
     proc = subprocess.Popen([sys.executable, "-m", "tools.cli.main", "serve", "--name", name, "--capacity", "256M"],
                             stderr=subprocess.DEVNULL)
     try:
@@ -372,6 +363,29 @@ def test_a_device_whose_firmware_is_killed_is_reported_once_and_serving_goes_on(
         while firmware_pid(name) != proc.pid:
             assert proc.poll() is None and time.monotonic() < deadline, "cxlemu serve did not come up"
             time.sleep(0.02)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+        with contextlib.suppress(Exception):
+            destroy(name)
+
+
+LOST_ROUNDS = 20
+
+
+def test_a_device_whose_firmware_is_killed_is_reported_once_and_serving_goes_on(
+        model: str, reference: list[list[int]]) -> None:
+    """kill -9 of the device's server mid-run: the tier says so once, and over 20 rounds after it
+    stores nothing and loads nothing, quietly (each store vLLM offered was refused as an
+    allocation failure, one `cannot store chunks` warning per request and step: 495 lines here);
+    vLLM recomputes and its tokens do not change."""
+    import signal
+    import time
+
+    name = f"vtdie{os.getpid() % 100000}"
+    reset_tier_stats(name)
+    with served_process(name) as proc:
         cfg = kv_transfer_config(device=name, policy="lru", cxl_bytes_to_use=64 << 20)
         with engine(model, cfg) as llm:
             generate(llm, PROMPTS)
@@ -384,11 +398,6 @@ def test_a_device_whose_firmware_is_killed_is_reported_once_and_serving_goes_on(
                 for r in range(LOST_ROUNDS):  # two prompts a round, each back every third round
                     batch = [(2 * r) % len(PROMPTS), (2 * r + 1) % len(PROMPTS)]
                     rounds.append((batch, tokens(generate(llm, [PROMPTS[i] for i in batch]))))
-    finally:
-        proc.kill()
-        proc.wait()
-        with contextlib.suppress(Exception):
-            destroy(name)
     stats = tier_stats(name).as_dict()
     for batch, got in rounds:
         assert got == [reference[i] for i in batch]
@@ -396,6 +405,44 @@ def test_a_device_whose_firmware_is_killed_is_reported_once_and_serving_goes_on(
     lines = [f"{r.name}: {r.getMessage()}" for r in logged]
     assert sum("is gone" in line for line in lines) == 1
     assert len(lines) <= 5, f"{len(lines)} warnings after the device was lost, e.g. " + "; ".join(lines[:3])
+
+
+def test_a_manager_in_its_own_process_finds_the_firmware_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's default runs the scheduler (the manager) in a process of its own, with counters of
+    its own: the worker's finding never reaches it. It looks at the firmware itself (once every
+    LIVENESS_S), says so once, and from then on looks up and stores nothing."""
+    import signal
+
+    from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+
+    from driver.vllm import _spec
+    from driver.vllm._config import parse_extra_config
+    from driver.vllm._stats import TierStats
+
+    monkeypatch.setattr(_spec, "LIVENESS_S", 0.0)
+    name = f"vtmgr{os.getpid() % 100000}"
+    keys = [make_offload_key(bytes([i]) * 16, 0) for i in range(3)]
+    with served_process(name) as proc, warnings_logged() as logged:
+        tier = parse_extra_config({"device": name, "policy": "lru", "cxl_bytes_to_use": 64 << 20})
+        manager = _spec.CxlOffloadingManager(8, tier, TierStats(), name)
+        try:
+            ctx = ReqContext(req_id="r0")
+            manager.check_device()
+            assert manager.prepare_store(keys[:2], ctx).keys_to_store == keys[:2]
+            manager.complete_store(keys[:2], ctx)
+            assert manager.lookup(keys[0], ctx) is LookupResult.HIT and logged == []
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            for _ in range(3):
+                manager.check_device()
+            out = manager.prepare_store(keys[2:], ReqContext(req_id="r1"))
+            assert manager.lookup(keys[0], ctx) is LookupResult.MISS
+        finally:
+            manager.shutdown()
+    assert out.keys_to_store == [] and out.evicted_keys == [] and manager.stats.device_lost == 1
+    assert [r.getMessage() for r in logged] == [
+        f"cxlemu tier: device {name} is gone (its firmware (pid {proc.pid}) is no longer running); nothing more is "
+        "looked up on it or stored to it: serving goes on without the tier"]
 
 
 def test_the_readme_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
