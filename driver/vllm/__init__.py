@@ -23,16 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from driver.vllm._config import (
-    PREFETCH_MODES,
-    ManagerCounters,
-    TierConfig,
-    TierStats,
-    kv_transfer_config,
-    parse_extra_config,
-    reset_tier_stats,
-    tier_stats,
-)
+from driver.vllm._config import PREFETCH_MODES, TierConfig, kv_transfer_config, parse_extra_config
+from driver.vllm._counters import ManagerCounters
+from driver.vllm._stats import TierStats, reset_tier_stats, tier_stats
 
 __all__ = ["PREFETCH_MODES", "CxlConnector", "CxlOffloadingSpec", "CxlOffloadingWorker", "ManagerCounters", "TierConfig",
            "TierStats", "kv_transfer_config", "live_worker", "parse_extra_config", "reset_tier_stats", "tier_stats"]

@@ -1,21 +1,18 @@
-"""The tier's configuration (vLLM's ``kv_connector_extra_config``) and its counters.
+"""The tier's configuration (vLLM's ``kv_connector_extra_config``) and its layout on the device.
 
-Nothing here imports vLLM: ``cxlemu bench serve`` and the tests build configurations and read
-counters whether or not vLLM is installed.
+Nothing here imports vLLM: ``cxlemu bench serve`` and the tests build configurations whether or
+not vLLM is installed. The counters are in ``_stats``, the manager's page in ``_counters``.
 """
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any
 
 from emulator.spec.errors import ConfigError
 from firmware_model.policies import POLICY_NAMES, resolve_policy
 
-__all__ = ["PREFETCH_MODES", "ManagerCounters", "TierConfig", "TierStats", "chunk_of_dpa", "hotlist_unit", "kv_transfer_config",
-           "live_manager", "parse_extra_config", "tier_stats"]
+__all__ = ["PREFETCH_MODES", "TierConfig", "chunk_of_dpa", "hotlist_unit", "kv_transfer_config", "parse_extra_config"]
 
 PREFETCH_MODES = ("forward", "layer")
 """``forward``: a request's blocks are loaded before its forward starts (vLLM's offload).
@@ -109,117 +106,6 @@ def kv_transfer_config(*, device: str | None = None, policy: str = "lru", prefet
             "kv_connector_extra_config": cfg}
 
 
-@dataclass
-class TierStats:
-    """Counters of one tier (one device) in this process; the scheduler side and the worker side
-    add into the same object when vLLM runs in-process."""
-
-    lookups: int = 0  # blocks looked up in the tier
-    hits: int = 0  # ... found there
-    blocks_loaded: int = 0  # blocks moved device -> KV space (successfully)
-    blocks_stored: int = 0  # blocks moved KV space -> device
-    bytes_loaded: int = 0
-    bytes_stored: int = 0
-    load_jobs: int = 0
-    store_jobs: int = 0
-    failed_loads: int = 0  # load jobs that failed (poison, DMA error, device gone)
-    failed_blocks: int = 0  # KV-space blocks reported to vLLM as not loaded
-    failed_stores: int = 0
-    evictions: int = 0  # blocks evicted from the tier by its policy
-    dropped: int = 0  # blocks forgotten because a transfer of theirs failed (their copy is lost)
-    stall_ns: int = 0  # time the forward waited for loads (layer-wise waits, wait())
-    layer_waits: int = 0
-    device_lost: int = 0  # 1 once the device's firmware was found gone
-    host_ns: int = 0  # the tier's own time in submit / get_finished (the emulator's cost)
-    host_blocks: int = 0  # blocks those calls handled
-    hotlist_entries: int = 0  # CHMU hotlist entries the "hotness" policy took as heat
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, **counts: int) -> None:
-        with self._lock:  # a few times per job: the fields are the instance's dict entries
-            fields_ = self.__dict__
-            for name, n in counts.items():
-                fields_[name] += n
-
-    def as_dict(self) -> dict[str, int]:
-        with self._lock:
-            return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
-
-
-_MANAGERS: dict[str, Any] = {}
-
-
-class ManagerCounters:
-    """The scheduler side's counters on a page beside the device (``<device dir>/tier-manager``).
-
-    With vLLM's default multiprocessing the scheduler (the tier's manager) and the worker run in
-    different processes, and the worker publishes the device's telemetry page: it reads the
-    manager's lookups, hits, evictions and chunks in use here, so ``cxlemu monitor`` shows the
-    hit rate of such a run too. One writer, the manager's process; word 0 is its pid (0: none
-    yet). Until the device's directory exists (a private device, made by the worker) writes are
-    dropped, and the writer looks for it again at most every RETRY_S (it writes every scheduler
-    step)."""
-
-    FIELDS = ("lookups", "hits", "evictions", "chunks_in_use")
-    FILE = "tier-manager"
-    RETRY_S = 1.0
-
-    def __init__(self, device: str, *, writer: bool) -> None:
-        self.device, self.writer = device, writer
-        self._page: Any = None
-        self._retry_at = 0.0
-        self._open()
-
-    def _open(self) -> Any:
-        import time
-
-        import numpy as np
-
-        from emulator.device_dir import device_path
-
-        if self._page is None and not (self.writer and time.monotonic() < self._retry_at):
-            self._retry_at = time.monotonic() + self.RETRY_S
-            path = device_path(self.device) / self.FILE
-            size = 8 * (1 + len(self.FIELDS))
-            try:
-                if self.writer and path.parent.is_dir():
-                    if not path.is_file() or path.stat().st_size != size:  # made whole, then renamed in:
-                        tmp = path.with_suffix(f".{os.getpid()}")  # a reader never maps a short file
-                        tmp.write_bytes(bytes(size))
-                        os.replace(tmp, path)
-                    self._page = np.memmap(path, np.uint64, mode="r+", shape=(1 + len(self.FIELDS),))
-                    self._page[:] = 0  # nothing of an earlier run's
-                elif not self.writer and path.is_file() and path.stat().st_size == size:
-                    self._page = np.memmap(path, np.uint64, mode="r", shape=(1 + len(self.FIELDS),))
-            except (OSError, ValueError):  # the device's directory went (a private device closing)
-                self._page = None
-        return self._page
-
-    def write(self, counts: Mapping[str, int]) -> None:
-        page = self._open()
-        if page is not None:
-            page[1:] = [counts[f] for f in self.FIELDS]
-            page[0] = os.getpid()
-
-    def read(self) -> dict[str, int] | None:
-        """The manager's counters, or None while no manager has written them."""
-        page = self._open()
-        if page is None or not int(page[0]):
-            return None
-        return {f: int(v) for f, v in zip(self.FIELDS, page[1:], strict=True)}
-
-    def close(self) -> None:
-        if self._page is not None and self.writer:
-            self._page.flush()
-        self._page = None
-
-
-def live_manager(device: str) -> Any:
-    """The tier's scheduler-side manager on ``device`` in this process, or None (vLLM builds one
-    spec per role: the worker's spec has no manager, so tests and the telemetry find it here)."""
-    return _MANAGERS.get(device)
-
-
 def hotlist_unit(page: int) -> int:
     """The CHMU unit for pages of ``page`` bytes: the largest power of two dividing it, within
     the unit sizes a CHMU offers (256 B to 2 MiB), so no unit straddles two pages."""
@@ -232,19 +118,3 @@ def chunk_of_dpa(dpa: int, page: int, num_chunks: int) -> int:
     """The chunk a DPA of the tier's region belongs to, for equal pages of ``page`` bytes per
     layer (the worker's layer-major layout, driver/vllm/_worker.py)."""
     return (dpa // page) % num_chunks
-
-
-
-_STATS: dict[str, TierStats] = {}
-_STATS_LOCK = threading.Lock()
-
-
-def tier_stats(name: str) -> TierStats:
-    """The counters of the tier on device ``name`` in this process (created empty on first use)."""
-    with _STATS_LOCK:
-        return _STATS.setdefault(name, TierStats())
-
-
-def reset_tier_stats(name: str) -> None:
-    with _STATS_LOCK:
-        _STATS.pop(name, None)

@@ -19,18 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
-    OffloadingWorkerMetadata,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import (
-    OffloadingConnectorWorker,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
+from driver.vllm import _compat
+from driver.vllm._compat import (
+    KVConnectorRole,
     OffloadingConnector,
+    OffloadingConnectorWorker,
+    OffloadingWorkerMetadata,
+    init_logger,
 )
-from vllm.logger import init_logger
-
 from driver.vllm._config import parse_extra_config
 from emulator.spec.errors import ConfigError
 
@@ -76,16 +72,15 @@ class _CxlConnectorWorker(OffloadingConnectorWorker):
 
     def start_kv_transfers(self, metadata: Any) -> None:
         assert self.worker is not None
-        for job_id, src_spec, dst_spec in self._unsubmitted_store_jobs:
+        for job_id, src_spec, dst_spec in _compat.take_unsubmitted_stores(self):
             self.worker.submit_store(job_id, src_spec, dst_spec)
-        self._unsubmitted_store_jobs.clear()
         self._layer_jobs = []
         for job_id, entry in metadata.load_jobs.items():
             self._load_blocks[job_id] = [int(b) for b in entry.dst_spec.block_ids]
             if self.layerwise:
                 self._layer_jobs.append(job_id)  # synchronous: no finished_recving for it
             else:
-                self._load_jobs[job_id] = entry.req_id
+                _compat.load_jobs(self)[job_id] = entry.req_id
             self.worker.submit_load(job_id, entry.src_spec, entry.dst_spec, layerwise=self.layerwise)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -105,10 +100,10 @@ class _CxlConnectorWorker(OffloadingConnectorWorker):
                 if blocks is not None:
                     self._load_errors.update(blocks)
             if result.transfer_time is not None and result.transfer_size is not None and result.success:
-                meta = self._connector_worker_meta.transfer_stats
+                meta = _compat.worker_meta(self).transfer_stats
                 (meta.load if blocks is not None else meta.store).record(result.transfer_size, result.transfer_time)
-            self._connector_worker_meta.mark_completed(job_id)
-            req_id = self._load_jobs.pop(job_id, None)
+            _compat.worker_meta(self).mark_completed(job_id)
+            req_id = _compat.load_jobs(self).pop(job_id, None)
             if req_id is not None:
                 finished_recving.add(req_id)
         return set(), finished_recving
@@ -178,7 +173,7 @@ class CxlConnector(OffloadingConnector):
 
     def update_connector_output(self, connector_output: Any) -> None:
         meta = connector_output.kv_connector_worker_meta
-        jobs = self.scheduler._jobs
+        jobs = _compat.scheduler_jobs(self.scheduler)
         lost = [jobs[j].keys for j in getattr(meta, "failed_jobs", None) or () if j in jobs]
         sync_done = [j for j in getattr(meta, "completed_jobs", {}) if j in self._sync_loads]
         for job_id in sync_done:  # completed here, below: the request no longer lists them
@@ -190,8 +185,7 @@ class CxlConnector(OffloadingConnector):
             if job is None:  # dropped by a reset of the cache meanwhile
                 continue
             self.scheduler.manager.complete_load(job.keys, context)
-            if self.scheduler._chunks_being_loaded:
-                self.scheduler._chunks_being_loaded.difference_update(job.keys)
+            _compat.loading_done(self.scheduler, job.keys)
         for keys in lost:
             self.scheduler.manager.drop(keys)
 
@@ -203,7 +197,7 @@ class CxlConnector(OffloadingConnector):
         # once, where an asynchronous load's wait until it lands); the offloading scheduler
         # finds what to load by their missing hash. Show it the blocks past the locally
         # computed prefix as fresh: exactly those the load fills.
-        status = self.scheduler._req_status[request.request_id]
+        status = _compat.request_state(self.scheduler, request.request_id)
         fresh = _FreshFrom(blocks, status.num_locally_computed_tokens, self.scheduler.config.kv_group_configs)
         super().update_state_after_alloc(request, fresh, num_external_tokens)
         # The load lands within this step's forward (each layer waits for its blocks), so it
@@ -211,7 +205,7 @@ class CxlConnector(OffloadingConnector):
         # prepared in this same step, and vLLM asserts no load is pending then (it expects loads
         # to finish between steps). Its completion is taken in update_connector_output.
         for job_id in list(status.transfer_jobs):
-            if not self.scheduler._jobs[job_id].is_store:
+            if not _compat.scheduler_jobs(self.scheduler)[job_id].is_store:
                 status.transfer_jobs.discard(job_id)
                 self._sync_loads[job_id] = status.req_context
 

@@ -13,13 +13,19 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Collection, Container, Hashable, Iterable, Sequence
 from typing import Any
 
 from typing_extensions import override
-from vllm.logger import init_logger
-from vllm.v1.kv_offload.base import (
+
+from driver.vllm import _compat
+from driver.vllm._compat import (
+    CachePolicy,
     CanonicalKVCaches,
+    ChunkStatus,
+    CPULoadStoreSpec,
+    CPUOffloadingManager,
     LookupResult,
     OffloadingEvent,
     OffloadingManager,
@@ -29,24 +35,14 @@ from vllm.v1.kv_offload.base import (
     PrepareStoreOutput,
     ReqContext,
     ScheduleEndContext,
-)
-from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
-from vllm.v1.kv_offload.cpu.policies.base import (
-    CachePolicy,
-    ChunkStatus,
+    init_logger,
     order_request_keys,
 )
-
-from driver.vllm._config import (
-    _MANAGERS,
-    ManagerCounters,
-    TierConfig,
-    TierStats,
-    chunk_of_dpa,
-    hotlist_unit,
-    parse_extra_config,
-    tier_stats,
-)
+from driver.vllm._config import TierConfig, chunk_of_dpa, hotlist_unit, parse_extra_config
+from driver.vllm._counters import ManagerCounters
+from driver.vllm._stats import TierStats, register_manager, tier_stats, unregister_manager
+from emulator.device_dir import device_path
+from emulator.liveness import dead_firmware
 from emulator.spec.errors import ConfigError
 from firmware_model.policies import HotnessPolicy, NoVictimError, resolve_policy
 
@@ -55,6 +51,7 @@ __all__ = ["CxlOffloadingManager", "CxlOffloadingSpec", "DeviceHotlist", "privat
 logger = init_logger(__name__)
 
 from emulator.spec.payloads_memdev import CAPACITY_UNIT  # noqa: E402
+LIVENESS_S = 1.0  # the manager looks at a served device's firmware this often (a /proc read)
 
 
 def private_device_name(engine_id: str) -> str:
@@ -227,7 +224,8 @@ class CxlOffloadingManager(CPUOffloadingManager):
     def __init__(self, num_chunks: int, tier: TierConfig, stats: TierStats, device_name: str, *,
                  enable_events: bool = False, hotlist: DeviceHotlist | None = None) -> None:
         super().__init__(num_chunks=num_chunks, cache_policy="lru", enable_events=enable_events)
-        self._policy = _FirmwarePolicy(num_chunks, tier.policy)
+        self.firmware_policy = _FirmwarePolicy(num_chunks, tier.policy)
+        _compat.set_cache_policy(self, self.firmware_policy)  # vLLM's bookkeeping asks it
         self.tier = tier
         self.stats = stats
         self.device_name = device_name
@@ -236,10 +234,12 @@ class CxlOffloadingManager(CPUOffloadingManager):
         # for a worker in another process, which publishes the telemetry page: written every
         # scheduler step (four words: a few us against a step's ms)
         self._remote = ManagerCounters(device_name, writer=True)
+        self._served_dir = device_path(device_name) if tier.device is not None else None
+        self._check_at = 0.0
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if self.stats.device_lost:  # the worker found the device gone (in-process): no tier
+        if self.stats.device_lost:  # found gone (check_device, or the worker in this process): no tier
             return LookupResult.MISS
         got = super().lookup(key, req_context)
         self.stats.add(lookups=1, hits=int(got is LookupResult.HIT))
@@ -247,8 +247,10 @@ class CxlOffloadingManager(CPUOffloadingManager):
 
     @override
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
-        if self.stats.device_lost:
-            return None  # nothing can be stored: vLLM goes on without the tier
+        if self.stats.device_lost:  # store nothing, quietly: vLLM goes on without the tier. None
+            # is an allocation failure to vLLM, one warning per request and step (1,600-2,200
+            # lines over 20 rounds); the worker reported the loss once
+            return PrepareStoreOutput(keys_to_store=[], store_spec=CPULoadStoreSpec([]), evicted_keys=[])
         out = super().prepare_store(keys, req_context)
         if out is not None and out.evicted_keys:
             self.stats.add(evictions=len(out.evicted_keys))
@@ -257,9 +259,26 @@ class CxlOffloadingManager(CPUOffloadingManager):
     @override
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._steps += 1
-        if self._hotlist is not None and self._steps % self.tier.hotlist_every == 0:
+        self.check_device()
+        if self._hotlist is not None and self._steps % self.tier.hotlist_every == 0 and not self.stats.device_lost:
             self.feed_hotlist()
         self._publish()
+
+    def check_device(self) -> None:
+        """Whether a served device's firmware still runs, looked at once every LIVENESS_S. In a
+        process of its own (vLLM's default) the manager learns of a loss only here: the worker
+        that finds it is in another process. Whichever finds it first says so, once."""
+        if self._served_dir is None or self.stats.device_lost:
+            return
+        now = time.monotonic()
+        if now < self._check_at:
+            return
+        self._check_at = now + LIVENESS_S
+        reason = dead_firmware(self._served_dir)
+        if reason is not None and not self.stats.device_lost:
+            self.stats.add(device_lost=1)
+            logger.error("cxlemu tier: device %s is gone (%s); nothing more is looked up on it or stored to it: "
+                         "serving goes on without the tier", self.device_name, reason)
 
     def _publish(self) -> None:
         st = self.stats  # three ints read: no copy of every counter each step
@@ -269,10 +288,10 @@ class CxlOffloadingManager(CPUOffloadingManager):
     def feed_hotlist(self) -> int:
         """Add the CHMU's hotlist (device accesses, counted by the device) to the hotness
         policy's heat; returns the entries used."""
-        policy = self._policy.policy
+        policy = self.firmware_policy.policy
         if self._hotlist is None or not isinstance(policy, HotnessPolicy):
             return 0
-        by_chunk = {c.chunk_id: k for k, c in self._policy.chunks.items()}
+        by_chunk = {c.chunk_id: k for k, c in self.firmware_policy.chunks.items()}
         used = 0
         for dpa, count in self._hotlist.read():
             key = by_chunk.get(self._hotlist.chunk_of(dpa))
@@ -288,12 +307,11 @@ class CxlOffloadingManager(CPUOffloadingManager):
         their chunks go back to the pool; pinned ones (a transfer still using them) stay."""
         dropped = []
         for key in keys:
-            chunk = self._policy.get(key)
+            chunk = self.firmware_policy.get(key)
             if chunk is None or chunk.ref_cnt != 0:
                 continue
-            self._policy.remove(key)
-            self._num_evictable_cache_chunks -= 1
-            self._free_chunk(chunk)
+            self.firmware_policy.remove(key)
+            _compat.free_chunk(self, chunk)
             dropped.append(key)
         if dropped:
             self.stats.add(dropped=len(dropped))
@@ -302,14 +320,13 @@ class CxlOffloadingManager(CPUOffloadingManager):
         return dropped
 
     def chunks_in_use(self) -> int:
-        return self._num_allocated_chunks - len(self._free_list)
+        return _compat.chunks_in_use(self)
 
     @override
     def shutdown(self) -> None:
         self._publish()
         self._remote.close()
-        if _MANAGERS.get(self.device_name) is self:
-            del _MANAGERS[self.device_name]
+        unregister_manager(self.device_name, self)
         if self._hotlist is not None:
             self._hotlist.close()
             self._hotlist = None
@@ -323,9 +340,7 @@ class CxlOffloadingSpec(OffloadingSpec):
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
         """The manager is vLLM's CPU manager underneath and reports its gauges and histograms:
         vLLM's stat loggers need their definitions (they assert every reported key has one)."""
-        from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-
-        return CPUOffloadingSpec.build_metric_definitions(extra_config)
+        return _compat.CPUOffloadingSpec.build_metric_definitions(extra_config)
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -366,7 +381,7 @@ class CxlOffloadingSpec(OffloadingSpec):
             self._manager = CxlOffloadingManager(self.num_chunks, self.tier, self.stats, self.device_name,
                                                  enable_events=self.kv_events_config.enable_kv_cache_events,
                                                  hotlist=hotlist)
-            _MANAGERS[self.device_name] = self._manager
+            register_manager(self.device_name, self._manager)
         return self._manager
 
     @override

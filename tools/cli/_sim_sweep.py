@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tools.cli._common import ArgumentError, CliError, parse_port
+from tools.cli._common import ArgumentError, CliError, need_extra, parse_port
 from tools.sim import hardware as hw
 from tools.sim import sweep
 from tools.sim.run import MODES
@@ -162,6 +162,7 @@ def register_sweep(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    need_extra("distributed", "sim", "sim sweep")
     grid = grid_from_args(args)
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be >= 1, got {args.workers}")

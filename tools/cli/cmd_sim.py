@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from tools.cli._common import ArgumentError, CliError
+from tools.cli._common import ArgumentError, CliError, need_extra
 
 
 def register(subparsers: Any) -> None:
@@ -197,6 +197,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tools.sim.run import MODES, build_scripts, simulate
     from tools.sim.sweep import json_rows
 
+    if args.plot:
+        need_extra("matplotlib", "sim", "sim serve")
     base = base_point(args)
     levels, trace_scripts = _levels_and_trace(args, base)
     modes = args.offload or list(MODES)

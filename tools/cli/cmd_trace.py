@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from tools.cli._common import ArgumentError, CliError, print_json
+from tools.cli._common import ArgumentError, CliError, need_extra, print_json
 
 _COST_FLAGS = ("block_bytes", "latency_ns", "bandwidth_gbps", "time_scale", "compute_ns")
 
@@ -281,10 +281,8 @@ def _cmd_record(args: argparse.Namespace) -> int:
         spec = RecordSpec(**{k: getattr(args, k) for k in RecordSpec.defaults()})
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    try:
-        trace = record(spec)
-    except ImportError as exc:
-        raise CliError(f"recording needs torch and transformers ({exc.name} missing): "
-                       "pip install torch==2.13.0 transformers") from None
+    for module in ("torch", "transformers"):
+        need_extra(module, "kv", "trace record")
+    trace = record(spec)
     _write(trace, args.out)
     return 0

@@ -34,7 +34,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vll
 
 @pytest.fixture
 def device() -> Iterator[Any]:
-    from driver.vllm._config import reset_tier_stats
+    from driver.vllm._stats import reset_tier_stats
     from emulator.device import DeviceConfig, serve
 
     name = f"stg{os.getpid() % 100000}"
@@ -51,7 +51,8 @@ def _worker(name: str, tensors: list[Any], **tier: Any) -> Any:
         CanonicalKVCacheTensor,
     )
 
-    from driver.vllm._config import TierConfig, tier_stats
+    from driver.vllm._config import TierConfig
+    from driver.vllm._stats import tier_stats
     from driver.vllm._worker import CxlOffloadingWorker
 
     kv = CanonicalKVCaches([CanonicalKVCacheTensor(t, PAGE) for t in tensors],
@@ -71,7 +72,7 @@ def _specs(kv: list[int], chunks: list[int]) -> tuple[Any, Any]:
 def _roundtrip(name: str, where: str, slots: int) -> tuple[list[Any], list[Any], Any, dict[str, int]]:
     """Store two jobs (5 and 3 blocks) and load them back into other KV blocks, one of them
     layer-wise; the staging buffer holds ``slots`` blocks."""
-    from driver.vllm._config import tier_stats
+    from driver.vllm._stats import tier_stats
 
     g = torch.Generator().manual_seed(0)
     tensors = [torch.randint(-128, 127, (NB, PAGE), dtype=torch.int8, generator=g).to(where) for _ in range(L)]
@@ -90,12 +91,12 @@ def _roundtrip(name: str, where: str, slots: int) -> tuple[list[Any], list[Any],
         w.submit_load(3, dev, gpu, layerwise=True)
         for layer in range(L):  # the forward's waits, layer by layer
             w.wait_layer([3], layer)
-        piece = w._jobs[3].pieces[0]
+        piece = w._open_jobs[3].pieces[0]
         if slots >= 3:  # job 2 gave its slots back at once (an untimed device): each layer copied
             # when the forward waited for it
-            assert len(w._jobs[3].pieces) == 1 and piece.scattered == set(range(L))
+            assert len(w._open_jobs[3].pieces) == 1 and piece.scattered == set(range(L))
         else:  # 3 blocks in 1 slot: waited whole at layer 0, in pieces
-            assert not w._jobs[3].layer_handles and not piece.scattered
+            assert not w._open_jobs[3].layer_handles and not piece.scattered
         w.wait({2, 3})
         loaded = sorted((r.job_id, r.success) for r in w.get_finished())
         assert stored == [(0, True), (1, True)] and loaded == [(2, True), (3, True)]
