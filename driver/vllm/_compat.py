@@ -68,7 +68,7 @@ def check_version(version: str) -> None:
         warnings.warn(UntestedVllmWarning(
             f"cxlemu's vLLM tier is tested with vLLM {TESTED_VLLM}, this is vLLM {version}: it reaches into "
             f"vLLM's offloading internals (driver/vllm/_compat.py), which change between versions; "
-            f"pip install 'cxlemu[vllm]' for the tested one"), stacklevel=2)
+            f"pip install -e '.[vllm]' in the cxlemu checkout for the tested one"), stacklevel=2)
 
 
 vllm = import_vllm()
@@ -103,7 +103,7 @@ try:
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 except ImportError as exc:
     raise VllmImportError(f"vLLM {vllm.__version__} lacks {exc.name or exc} that cxlemu's tier uses (tested with "
-                          f"vLLM {TESTED_VLLM}): pip install 'cxlemu[vllm]'") from exc
+                          f"vLLM {TESTED_VLLM}): pip install -e '.[vllm]' in the cxlemu checkout") from exc
 
 __all__ += ["BlockIDsLoadStoreSpec", "CPULoadStoreSpec", "CPUOffloadingManager", "CPUOffloadingSpec", "CachePolicy",
             "CanonicalKVCaches", "ChunkStatus", "GPULoadStoreSpec", "KVConnectorRole", "LoadStoreSpec",
@@ -161,7 +161,7 @@ def missing_private() -> list[str]:
 _missing = missing_private()
 if _missing:
     raise VllmImportError(f"vLLM {vllm.__version__} lacks {', '.join(_missing)} that cxlemu's tier uses (tested with "
-                          f"vLLM {TESTED_VLLM}): pip install 'cxlemu[vllm]'")
+                          f"vLLM {TESTED_VLLM}): pip install -e '.[vllm]' in the cxlemu checkout")
 
 
 # manager (CPUOffloadingManager)

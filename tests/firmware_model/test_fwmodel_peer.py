@@ -1,4 +1,4 @@
-"""cxlemu's policies against an independent peer: libCacheSim (``pip install 'cxlemu[peer]'``).
+"""cxlemu's policies against an independent peer: libCacheSim (``pip install -e '.[peer]'``).
 
 The same traces (Zipf of three skews and a Zipf + scan mix, several seeds) at 10, 25 and 50 % of
 their distinct blocks through cxlemu's replay (the C loops and the Python policies) and through
@@ -12,7 +12,7 @@ from firmware_model.replay import replay_keys
 from tools.trace.gen import scanmix, zipf
 from tools.trace.peer import PEER_NAMES, available, peer_hits
 
-pytestmark = pytest.mark.skipif(not available(), reason="libCacheSim not installed: pip install 'cxlemu[peer]'")
+pytestmark = pytest.mark.skipif(not available(), reason="libCacheSim not installed: pip install -e '.[peer]'")
 
 TRACES = {
     **{f"zipf{a / 1000:g}-s{seed}": {"kind": zipf, "accesses": 20_000, "blocks": 2_000, "alpha_milli": a,

@@ -1,4 +1,4 @@
-"""The same trace through libCacheSim (``pip install 'cxlemu[peer]'``), the independent peer.
+"""The same trace through libCacheSim (``pip install -e '.[peer]'``), the independent peer.
 
 libCacheSim's Python binding runs its C simulator over a trace file; the trace is written in its
 ``oracleGeneral`` binary format (per access: u32 timestamp, u64 object id, u32 size, i64 the

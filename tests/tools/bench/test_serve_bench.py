@@ -199,7 +199,8 @@ def test_cli_without_vllm_is_one_line_exit_2(monkeypatch, capsys):
     monkeypatch.delitem(sys.modules, "driver.vllm._compat", raising=False)
     assert main(["bench", "serve", "--quick"]) == 2
     assert capsys.readouterr().err == \
-        "cxlemu: error: `cxlemu bench serve` needs the vllm extra: pip install 'cxlemu[vllm]'\n"
+        ("cxlemu: error: `cxlemu bench serve` needs the vllm extra: pip install torch==2.13.0 --index-url "
+         "https://download.pytorch.org/whl/cpu && pip install -e '.[vllm]' (in the cxlemu checkout)\n")
 
 
 def test_pcie_host_preset_cites_its_numbers():

@@ -18,6 +18,14 @@ def _without(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
     monkeypatch.delitem(sys.modules, "driver.vllm._compat", raising=False)
 
 
+_CPU_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && "
+#: what each message says to run: from the checkout, torch's CPU build first where the extra needs torch
+INSTALL = {"sim": "pip install -e '.[sim]' (in the cxlemu checkout)",
+           "bench": "pip install -e '.[bench]' (in the cxlemu checkout)",
+           "kv": _CPU_TORCH + "pip install -e '.[kv]' (in the cxlemu checkout)",
+           "vllm": _CPU_TORCH + "pip install -e '.[vllm]' (in the cxlemu checkout)"}
+
+
 @pytest.mark.parametrize(("argv", "missing", "extra"), [
     (["sim", "sweep"], "distributed", "sim"),
     (["bench", "kv"], "torch", "kv"),
@@ -34,7 +42,7 @@ def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch, capsys: pytes
     assert main(argv) == 2
     command = " ".join(argv[:2])
     assert capsys.readouterr().err == \
-        f"cxlemu: error: `cxlemu {command}` needs the {extra} extra: pip install 'cxlemu[{extra}]'\n"
+        f"cxlemu: error: `cxlemu {command}` needs the {extra} extra: {INSTALL[extra]}\n"
 
 
 @pytest.mark.parametrize("argv", [["bench", "tier"], ["bench", "serve", "--quick"]])
