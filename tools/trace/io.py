@@ -224,8 +224,9 @@ def _columns(objs: list[Any], rounded: bool) -> TraceColumns:
     try:
         t = [o["t"] for o in objs]
         blocks = [o["block"] for o in objs]
-        seqs = [o.get("seq", 0) for o in objs]
-        layers = [o.get("layer", 0) for o in objs]
+        bare = set(map(len, objs)) <= {2}  # "t" and "block" alone (most traces): seq and layer are 0
+        seqs = [] if bare else [o.get("seq", 0) for o in objs]
+        layers = [] if bare else [o.get("layer", 0) for o in objs]
     except (TypeError, KeyError, AttributeError):  # a line that is not an object with "t" and "block"
         raise _Irregular from None
     if not _all_int(t) or not _all_int(layers):
@@ -243,6 +244,8 @@ def _columns(objs: list[Any], rounded: bool) -> TraceColumns:
         raise _Irregular from None
     block, block_keys = _id_column(blocks)
     seq, seq_keys = _id_column(seqs)
+    if bare:
+        seq = layer_col = np.zeros(len(objs), dtype=np.int64)
     return TraceColumns(t=t_col, block=block, seq=seq, layer=layer_col, block_keys=block_keys, seq_keys=seq_keys)
 
 
