@@ -5,7 +5,10 @@ tensors handed to attention are zero-copy views of it and the working set is exa
 frames hold: no hidden concatenation buffer. ``peak_bytes`` is the high-water mark of frame
 memory ever allocated, which is what the accelerator really held; allocation never passes the
 budget because at most ``budget // frame_bytes`` frames exist at once, and never more than one per
-layer once the layer count is known (:meth:`Arena.limit_frames`), however large the budget.
+layer once the layer count is known (:meth:`Arena.limit_frames`), however large the budget. When
+the sequences outgrow the frames and the budget holds every layer's frame at the larger size
+(beside one old frame while they are copied), :meth:`Arena.grow` re-carves them in place: nothing
+goes through the device.
 
 Staging buffers live in host memory (pinned on CUDA when the host allows it, with a one-line
 notice and pageable memory otherwise); they are where the device's DMA lands and are counted
@@ -65,23 +68,49 @@ class Arena:
         self._free: list[Frame] = []
         self.allocated = 0
         self.peak_bytes = 0
+        self.ran_out = False  # take() has found every frame in use: layers are being evicted
 
     def configure(self, layout: KVLayout, needed: int, headroom: int, when: str = "") -> None:
         """Choose a per-sequence token capacity >= ``needed``; all frames must be released.
         ``BudgetTooSmall`` if two frames of ``needed`` tokens do not fit (``when``: its detail)."""
         assert self.allocated == len(self._free), "configure() with frames in use"
-        affordable = layout.max_capacity(self.budget)
-        if needed > affordable:
+        if needed > layout.max_capacity(self.budget):
             raise BudgetTooSmall(self.budget, layout.min_budget(needed), layout.batch, needed, when)
-        bt = layout.block_tokens
-        # with headroom the capacity grows in whole blocks; without (the caller gave the final
-        # length) it is exactly what is needed, so no budget byte is lost to rounding
-        want = -(-(needed + headroom) // bt) * bt if headroom else needed
         self.layout = layout
-        self.capacity = max(needed, min(want, affordable))
+        self.capacity = self._capacity_for(layout, needed, headroom)
         self._limit()
         self._free.clear()
         self.allocated = 0
+
+    def _capacity_for(self, layout: KVLayout, needed: int, headroom: int) -> int:
+        # with headroom the capacity grows in whole blocks; without (the caller gave the final
+        # length) it is exactly what is needed, so no budget byte is lost to rounding
+        bt = layout.block_tokens
+        want = -(-(needed + headroom) // bt) * bt if headroom else needed
+        return max(needed, min(want, layout.max_capacity(self.budget)))
+
+    def grow(self, needed: int, headroom: int, in_use: int) -> bool:
+        """Re-carve for ``needed`` tokens keeping the ``in_use`` frames, each then copied into a
+        larger one by :meth:`regrown`, if they all fit in the budget at the new size beside one
+        of today's (an old frame is dropped once copied); False, nothing changed, if not."""
+        assert self.layout is not None and self.allocated - len(self._free) == in_use
+        capacity = self._capacity_for(self.layout, needed, headroom)
+        new_bytes, old_bytes = self.layout.frame_bytes(capacity), self.frame_bytes
+        if capacity < needed or in_use * new_bytes + old_bytes > self.budget:
+            return False
+        self.capacity = capacity
+        self._limit()
+        self._free.clear()
+        self.allocated = in_use
+        self.peak_bytes = max(self.peak_bytes, in_use * new_bytes + old_bytes)
+        return True
+
+    def regrown(self, old: Frame) -> Frame:
+        """A frame of the capacity :meth:`grow` chose holding ``old``'s tokens (the caller drops
+        ``old``)."""
+        frame = self._new_frame()
+        frame.data.narrow(3, 0, old.data.shape[3]).copy_(old.data)
+        return frame
 
     def limit_frames(self, frames: int) -> None:
         """At most ``frames`` frames, however many the budget affords: a cache uses one frame per
@@ -109,14 +138,17 @@ class Arena:
         if self._free:
             return self._free.pop()
         if self.allocated >= self.max_frames:
+            self.ran_out = True
             return None
-        lay = self.layout
-        assert lay is not None
-        data = torch.empty((2, lay.batch, lay.kv_heads, self.capacity, lay.head_dim),
-                           dtype=self.dtype, device=self.device)
         self.allocated += 1
         self.peak_bytes = max(self.peak_bytes, self.bytes_in_use)
-        return Frame(data)
+        return self._new_frame()
+
+    def _new_frame(self) -> Frame:
+        lay = self.layout
+        assert lay is not None
+        return Frame(torch.empty((2, lay.batch, lay.kv_heads, self.capacity, lay.head_dim),
+                                 dtype=self.dtype, device=self.device))
 
     def give(self, frame: Frame) -> None:
         self._free.append(frame)

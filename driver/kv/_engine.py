@@ -262,7 +262,7 @@ class ResidencyEngine:
         self._append(frame, old_len, k, v)
         st.seq_len = new_len
         st.chunks.ensure(lay.blocks(new_len))
-        if n > 1:
+        if n > 1 and self.arena.ran_out:  # while every layer has a frame, none goes to the device
             self.writeback.write_through(st)
         self._prefetch_after(layer)
         return frame.k.narrow(2, 0, new_len), frame.v.narrow(2, 0, new_len)
@@ -486,9 +486,12 @@ class ResidencyEngine:
         st.frame = None
 
     def _regrow(self, needed: int) -> None:
-        """The sequences outgrew the frames: save everything, re-carve the arena larger."""
+        """The sequences outgrew the frames: grow them in place if every layer still fits, else
+        save everything and re-carve the arena larger."""
         self.counters["regrows"] += 1
         self._drain_loads()
+        if self._grow_in_place(needed):
+            return
         for st in self.layers:
             if st.frame is not None:
                 if st.index in self.policy:
@@ -504,6 +507,23 @@ class ResidencyEngine:
         if self._pq is not None:  # every frame left: hint the window again from here
             self._pq.end_sequence(0)
             self._hinted = -1
+
+    def _grow_in_place(self, needed: int) -> bool:
+        """Every layer resident and every frame, larger, still within the budget: copy each
+        frame into a larger one on the accelerator; nothing goes through the device, the frame
+        count, the policy and the prefetch window stay as they are."""
+        if not self._layers_counted or any(st.frame is None for st in self.layers):
+            return False
+        if not self.arena.grow(needed, self._headroom(needed), len(self.layers)):
+            return False
+        self.writeback.drain_writes(self.layers)  # writes straight from an old frame land first
+        self._unregister_all()  # the old frames' byte views go with them
+        for st in self.layers:
+            old = cast(Frame, st.frame)
+            self.mover.before_compute(old)  # CUDA: the copy waits for a load into it
+            st.frame = self.arena.regrown(old)
+            self.mover.release(old)
+        return True
 
     def _outgrown(self, needed: int) -> str:
         """``BudgetTooSmall``'s detail when the sequences outgrow the frames after the prefill."""

@@ -13,7 +13,8 @@ the image already holds the tokens of the last save, and only the new ones are c
 (many tokens in one update) writes its full blocks through at once, straight from the frame (the
 frame is not given up before that write is reaped): the prompt's KV goes to the device while
 the next layers compute, and the first eviction of each layer in decode writes only its tail
-instead of the whole prompt.
+instead of the whole prompt. The engine does so only once its frames ran out (a layer was
+evicted): while every layer has a frame, nothing is written to the device.
 """
 from __future__ import annotations
 

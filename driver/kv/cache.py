@@ -96,7 +96,8 @@ class CxlCache(Cache):
     * ``hbm_budget_bytes``: KV bytes allowed on the accelerator, working buffers included; at
       least two layers of the batch's KV (else ``BudgetTooSmall`` names the minimum). Any larger
       int works: a budget beyond all the KV keeps every layer resident (one frame per layer is
-      the most ever made). The KV shape (batch, kv heads, head dim, dtype) first reaches the cache
+      the most ever made) and moves nothing through the device (outgrown frames grow in place).
+      The KV shape (batch, kv heads, head dim, dtype) first reaches the cache
       with the first forward, so ``BudgetTooSmall`` comes at the prefill's first layer, before any
       token is produced: for ``max_seq_len`` tokens if given, else for the prompt; without
       ``max_seq_len`` a budget the growing sequences outgrow is found only then, mid-generation.

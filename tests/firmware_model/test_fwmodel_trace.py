@@ -1,11 +1,15 @@
 """Trace generators, JSON-lines and binary round trips, and the attention recorder (seeded random tiny Llama)."""
 from __future__ import annotations
 
+import gzip
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from firmware_model.replay import Access
 from tools.cli.main import main
@@ -139,6 +143,63 @@ def test_cli_gen_binary_then_replay_equals_jsonl(tmp_path, capsys) -> None:
             doc = json.loads(capsys.readouterr().out)
             docs.append({k: doc[k] for k in ("policy", "hits", "opt_hits", "evictions", "unique_blocks")})
     assert docs[:2] == docs[2:] and docs[0]["hits"] <= docs[0]["opt_hits"]
+
+
+# Keys of every kind a JSON line holds: integers past 64 bits (orjson would round them to floats),
+# strings, lists of them; sequence ids likewise.
+_SCALAR_KEYS = st.one_of(st.integers(min_value=-(2 ** 70), max_value=2 ** 70), st.text(max_size=3))
+_KEYS = st.one_of(_SCALAR_KEYS, st.lists(_SCALAR_KEYS, max_size=3).map(tuple))
+_ACCESSES = st.lists(st.builds(Access, t=st.integers(0, 2 ** 40), block=_KEYS, seq=_KEYS,
+                               layer=st.integers(0, 64)), max_size=30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=_ACCESSES)
+def test_jsonl_reads_back_exactly_with_or_without_a_comment(trace: list[Access]) -> None:
+    """JSON lines read back as written, by the fast pass (orjson) and the careful one (a comment line
+    sends the file there): big integers stay exact integers."""
+    buf = io.StringIO()
+    write_trace(trace, buf)
+    assert read_trace(io.StringIO(buf.getvalue())) == trace
+    assert read_trace(io.StringIO("# careful\n" + buf.getvalue())) == trace
+
+
+def test_convert_round_trips_jsonl_and_binary_exactly(tmp_path: Path, capsys) -> None:
+    """`trace convert` to .npz and back gives the same accesses and the same JSON lines, byte for byte;
+    the binary and JSON-lines columns of a generated trace are equal."""
+    trace = [Access(0, (1, "sys", 2), seq=3, layer=1), Access(1, 2 ** 70), Access(2, -5, seq="s"),
+             Access(2, (1, "sys", 2), seq=3, layer=1), Access(3, "x", seq=2 ** 64, layer=2)]
+    jsonl, npz, back = tmp_path / "t.jsonl", tmp_path / "t.npz", tmp_path / "back.jsonl"
+    with open(jsonl, "w") as f:
+        write_trace(trace, f)
+    assert main(["trace", "convert", str(jsonl), "--out", str(npz)]) == 0
+    assert main(["trace", "convert", str(npz), "--out", str(back)]) == 0
+    assert capsys.readouterr().err == f"wrote 5 accesses to {npz}\nwrote 5 accesses to {back}\n"
+    assert is_binary(npz) and load_trace(npz) == trace and back.read_bytes() == jsonl.read_bytes()
+    assert main(["trace", "gen", "zipf", "--accesses", "5000", "--blocks", "700", "--out", str(jsonl)]) == 0
+    assert main(["trace", "convert", str(jsonl), "--out", str(npz)]) == 0
+    from_jsonl, from_npz = load_columns(jsonl), load_columns(npz)
+    assert len(from_jsonl) == 5000 and from_jsonl.block_keys is None and from_npz.block_keys is None
+    assert all(np.array_equal(getattr(from_jsonl, c), getattr(from_npz, c)) for c in ("t", "block", "seq", "layer"))
+
+
+def test_a_binary_file_given_as_jsonl_is_one_error_naming_it(tmp_path: Path, capsys) -> None:
+    """Binary data where JSON lines are expected, or a damaged .npz: a TraceFormatError naming the
+    file, which the CLI prints as one line (exit 2)."""
+    gz = tmp_path / "t.jsonl"
+    gz.write_bytes(gzip.compress(b'{"t":0,"block":1}\n' * 10))
+    message = f"{gz}:1: binary data, not JSON lines; a trace is JSON lines or a binary .npz/.npy file"
+    with pytest.raises(TraceFormatError) as exc:
+        load_columns(gz)
+    assert str(exc.value) == message
+    assert main(["trace", "replay", str(gz), "--capacity", "4"]) == 2
+    assert capsys.readouterr() == ("", f"cxlemu: error: {message}\n")
+    npz = tmp_path / "cut.npz"
+    save_binary([Access(t, t % 7) for t in range(100)], npz)
+    npz.write_bytes(npz.read_bytes()[:300])
+    assert main(["trace", "convert", str(npz), "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert capsys.readouterr() == ("", f"cxlemu: error: {npz}: not a trace numpy can read without pickles "
+                                       "(File is not a zip file)\n")
 
 
 def test_zipf_and_scanmix_shapes() -> None:

@@ -3,6 +3,7 @@
     cxlemu trace replay FILE --policy NAME|module:Class --capacity BLOCKS [--prefetch
                         [--prefetch-window N|auto|module:function]] [--json]
     cxlemu trace gen KIND [--out FILE] [--<param> N ...]
+    cxlemu trace convert FILE --out FILE.npz|FILE.jsonl
     cxlemu trace record [--out FILE] [--steps N] [--block-tokens N] [--threshold X] ...
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ def register(subparsers: Any) -> None:
     sub.required = True
     _register_replay(sub)
     _register_gen(sub)
+    _register_convert(sub)
     _register_record(sub)
 
 
@@ -163,9 +165,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                           args.prefetch_window)
     except OSError as exc:
         raise CliError(f"cannot read trace {args.file}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:  # a ValueError too: caught first to name the file
-        raise not_text_error(args.file, exc, "a trace is JSON lines or a binary .npz (write one with "
-                                             "`cxlemu trace gen KIND --out FILE.npz`)") from None
     except (TraceFormatError, ValueError) as exc:
         raise CliError(str(exc)) from None
     if args.json:
@@ -261,6 +260,27 @@ def _write(trace: list, out: str) -> None:
     except OSError as exc:
         raise CliError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(f"wrote {n} accesses to {out}", file=sys.stderr)
+
+
+def _register_convert(sub: Any) -> None:
+    c = sub.add_parser("convert", help="convert a trace between JSON lines and binary .npz (the same accesses)")
+    c.add_argument("file", metavar="FILE", help="a trace: JSON lines or binary .npz/.npy")
+    c.add_argument("--out", "-o", required=True,
+                   help="output file: a name ending .npz gets the binary format, any other JSON lines, - stdout")
+    c.set_defaults(func=_cmd_convert)
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from tools.trace.io import TraceFormatError, load_columns
+
+    try:
+        cols = load_columns(args.file)
+    except OSError as exc:
+        raise CliError(f"cannot read trace {args.file}: {exc.strerror or exc}") from None
+    except TraceFormatError as exc:
+        raise CliError(str(exc)) from None
+    _write(cols.accesses(), args.out)
+    return 0
 
 
 def _register_record(sub: Any) -> None:

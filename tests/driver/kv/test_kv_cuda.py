@@ -56,6 +56,22 @@ def test_cuda_tokens_equal_dynamic_cache(gpu_model, gpu_batch, policy, fraction,
     assert engine.staging.total == 0 and engine.arena.allocated == 0
 
 
+@pytest.mark.gpu
+@cuda
+def test_cuda_frames_grow_in_place_when_every_layer_fits(gpu_model, gpu_batch) -> None:
+    """A budget beyond all the KV, no max_seq_len: the outgrown GPU frames are copied into larger
+    ones on the GPU, nothing goes through the store, and the tokens are DynamicCache's."""
+    ids, mask, ref = gpu_batch
+    store = MemoryBlockStore(4 << 20)
+    cache = CxlCache(hbm_budget_bytes=10**30, block_tokens=4, store=store)  # 16 + 4 tokens, then 25
+    out = generate(gpu_model, ids, mask, cache)
+    stats = cache.stats()
+    cache.close()
+    assert torch.equal(out, ref)
+    assert (stats["regrows"], stats["loads"], stats["evictions"]) == (1, 0, 0)
+    assert (store.bytes_read, store.bytes_written) == (0, 0)
+
+
 def _delayed_run(gpu_model, ids, mask, mover_cls, delay_cycles: int):
     cache = CxlCache(hbm_budget_bytes=2 * frame_bytes(3, ids.shape[1] + NEW - 1), block_tokens=4,
                      store=MemoryBlockStore(4 << 20), prefetch_depth=1)

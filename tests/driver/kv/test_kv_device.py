@@ -40,6 +40,19 @@ def test_private_device_tokens_and_media(model, batch) -> None:
     assert name not in list_devices()
 
 
+def test_a_budget_beyond_all_the_kv_moves_nothing_through_the_device(model, batch) -> None:
+    """hbm_budget_bytes=10**30 without max_seq_len, prefix sharing off (prefills would be written
+    through): the frames regrow in place and the device's link counts zero bytes either way."""
+    ids, mask, ref = batch
+    cache = CxlCache(hbm_budget_bytes=10**30, block_tokens=4, prefix_sharing=False)
+    out = generate(model, ids, mask, cache, NEW)
+    stats, link = cache.stats(), cache._engine.store.datapath.counters()
+    cache.close()
+    assert torch.equal(out, ref)
+    assert (stats["regrows"], stats["loads"], stats["offloads"]) == (1, 0, 0)
+    assert (link["read_bytes"], link["write_bytes"], link["read_transfers"], link["write_transfers"]) == (0, 0, 0, 0)
+
+
 def test_named_device(model, batch, served) -> None:
     """device=<name> opens a served device; closing the cache leaves the device up."""
     from emulator.device import list_devices
@@ -301,9 +314,10 @@ def test_blocks_move_whole_and_close_unregisters_every_buffer(served) -> None:
 
 @pytest.mark.parametrize("prefix_sharing", [False, True])
 def test_a_prefill_writes_its_full_blocks_through(prefix_sharing) -> None:
-    """With private chunks on CPU, an update of many tokens writes its full blocks to the store at
-    once, straight from the frame, and they hold exactly those tokens; the partial block stays
-    dirty. (With prefix sharing, blocks are hashed and written when the layer leaves.)"""
+    """With private chunks on CPU, once the frames ran out an update of many tokens writes its
+    full blocks to the store at once, straight from the frame, and they hold exactly those tokens;
+    the partial block stays dirty. While every layer had a frame nothing was written. (With prefix
+    sharing, blocks are hashed and written when the layer leaves.)"""
     import numpy as np
 
     from driver.kv import MemoryBlockStore
@@ -313,14 +327,18 @@ def test_a_prefill_writes_its_full_blocks_through(prefix_sharing) -> None:
     engine = ResidencyEngine(budget=2 * frame_bytes(1, 40), policy="lru", block_tokens=8, store=store,
                              device=torch.device("cpu"), dtype=torch.float32, max_seq_len=40,
                              prefix_sharing=prefix_sharing)
-    k, v = torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 16)
-    engine.update(0, k, v)
-    st = engine.layers[0]
-    if prefix_sharing:
-        assert (st.clean_upto, store.bytes_written) == (0, 0)
-    else:
-        chunk = 8 * 16 * 4
-        assert st.clean_upto == 24 and store.bytes_written == 3 * 4 * chunk  # 3 blocks x 4 pieces
+    kv = [(torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 16)) for _ in range(3)]
+    for layer in (0, 1):
+        engine.update(layer, *kv[layer])
+    assert (engine.arena.ran_out, store.bytes_written) == (False, 0)
+    engine.update(2, *kv[2])  # no frame left: layer 0 leaves, saving its 30 tokens of 4 pieces
+    chunk = 8 * 16 * 4
+    st = engine.layers[2]
+    if prefix_sharing:  # shared chunks are written as far as their tokens go
+        assert (st.clean_upto, store.bytes_written) == (0, 4 * 30 * 16 * 4)
+    else:  # private ones whole: layer 0's 4 blocks, then layer 2's 3 full ones written through
+        assert st.clean_upto == 24 and store.bytes_written == (4 + 3) * 4 * chunk
+        k, v = kv[2]
         for p, piece in enumerate([k[0, 0], k[0, 1], v[0, 0], v[0, 1]]):
             for j in range(3):
                 c = int(st.chunks.ids[0, p, j])

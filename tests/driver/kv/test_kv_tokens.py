@@ -177,18 +177,41 @@ def test_budget_too_small_for_the_final_length_is_found_when_it_can_be(model) ->
 def test_a_budget_beyond_all_the_kv_keeps_every_layer_resident(model, policy) -> None:
     """hbm_budget_bytes of 2**62 or 10**30 bytes: nothing is sized by the budget (one frame per
     layer, the policy built for those frames), the tokens are DynamicCache's, and no layer leaves
-    the accelerator but for the regrow of frames the sequences outgrew (no max_seq_len given)."""
+    the accelerator: the frames the sequences outgrew (no max_seq_len given) grow in place."""
     ids, mask, ref = reference(model, [16, 9])
     for budget in (1 << 62, 10**30):
-        cache = CxlCache(hbm_budget_bytes=budget, policy=policy, block_tokens=4, store=MemoryBlockStore(1 << 20))
+        store = MemoryBlockStore(1 << 20)
+        cache = CxlCache(hbm_budget_bytes=budget, policy=policy, block_tokens=4, store=store)
         out = generate(model, ids, mask, cache, NEW)
         stats, engine = cache.stats(), cache._engine
         cache.close()
         assert torch.equal(out, ref)
         assert (stats["frames"], engine.policy.capacity, stats["hbm_budget_bytes"]) == (LAYERS, LAYERS, budget)
-        assert stats["regrows"] == 1  # 16 tokens + 4 of headroom, then 23
-        assert stats["evictions"] == stats["loads"] == LAYERS  # the regrow's, each layer back once
-        assert stats["hbm_peak_bytes"] == LAYERS * frame_bytes(2, engine.arena.capacity)
+        assert (stats["regrows"], engine.arena.capacity) == (1, 28)  # 16 tokens + 4 of headroom, then 21 + 5
+        assert (stats["evictions"], stats["loads"], store.bytes_read, store.bytes_written) == (0, 0, 0, 0)
+        # the four frames of 28 tokens beside one of 20 while it was copied
+        assert stats["hbm_peak_bytes"] == LAYERS * frame_bytes(2, 28) + frame_bytes(2, 20)
+
+
+@pytest.mark.parametrize("prefix_sharing", [True, False])
+def test_no_device_traffic_while_every_layer_fits(model, prefix_sharing: bool) -> None:
+    """No max_seq_len, so the frames regrow: a budget holding every layer moves exactly zero bytes
+    through the store (no round trip at the regrow, no prompt written through at the prefill);
+    one holding two layers moves bytes both ways, and the tokens are DynamicCache's in both."""
+    ids, mask, ref = reference(model, [16, 9])
+    moved = {}
+    for layers in (LAYERS + 1, 2):
+        store = MemoryBlockStore(1 << 20)
+        cache = CxlCache(hbm_budget_bytes=layers * frame_bytes(2, 28), block_tokens=4, store=store,
+                         prefix_sharing=prefix_sharing)
+        out = generate(model, ids, mask, cache, NEW)
+        stats = cache.stats()
+        cache.close()
+        assert torch.equal(out, ref) and stats["regrows"] >= 1
+        assert (stats["bytes_loaded"], stats["bytes_offloaded"]) == (store.bytes_read, store.bytes_written)
+        moved[layers] = (store.bytes_read, store.bytes_written)
+    assert moved[LAYERS + 1] == (0, 0)
+    assert moved[2][0] > 0 and moved[2][1] > 0
 
 
 @pytest.mark.parametrize("policy", ONLINE_POLICY_NAMES)

@@ -70,8 +70,7 @@ def test_policy_flags_refuse_a_function_that_is_no_policy(zipf_trace: Path, argv
 
 def test_replay_names_a_binary_file_given_as_a_trace(binary_file: Path) -> None:
     assert refused("trace", "replay", str(binary_file), "--capacity", "4") == (
-        f"trace {binary_file} is not a trace: it is binary, not JSON-lines text (byte 0xd0 is not UTF-8); a trace "
-        "is JSON lines or a binary .npz (write one with `cxlemu trace gen KIND --out FILE.npz`)")
+        f"{binary_file}:1: binary data, not JSON lines; a trace is JSON lines or a binary .npz/.npy file")
 
 
 def test_sim_serve_names_a_binary_file_given_as_a_trace(binary_file: Path) -> None:
