@@ -2,7 +2,7 @@
 
 The C loops are the twins of the Python policies driven by :func:`firmware_model.replay.count_hits`
 (``lru``, plain ``lfu``, ``arc``, ``s3fifo`` and Belady's ``opt``): the same hit on every access, checked by
-``tests/test_fwmodel_fastreplay.py`` on hypothesis-generated traces. They replay dense integer ids;
+``tests/firmware_model/test_fwmodel_fastreplay.py`` on hypothesis-generated traces. They replay dense integer ids;
 :func:`dense_ids` maps any keys to them (an integer array that is already dense is used as it is).
 Without the extension (a source checkout never built, or built from older sources:
 ``python -m firmware_model._fast_build``) :data:`AVAILABLE` is false and replay runs the Python

@@ -1,6 +1,7 @@
 """A hotness-tracking unit with the semantics of CXL 3.2's Hotness Monitoring Unit (CHMU).
 
-Facts from the CHMU RFC as summarised in reference/cxl.md ("CXL 3.2 Hotness Monitoring Unit"):
+Facts from the CHMU RFC (QEMU and the Linux perf driver, 2024-2025; not yet in mainline QEMU),
+whose register layout is emulator/spec/chmu.py:
 
 * the DPA space is divided into units of ``unit_size`` (a power of two >= 256 B); each unit has a
   saturating counter ``counter_width`` bits wide (RFC default 16);

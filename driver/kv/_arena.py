@@ -198,7 +198,7 @@ class StagingPool:
         if self.pin:
             try:
                 return torch.empty(size, dtype=torch.uint8, pin_memory=True)
-            except RuntimeError as exc:  # small hosts: pinning GBs fails (see kv-offload.md)
+            except RuntimeError as exc:  # small hosts: pinning GBs fails (the locked-memory limit, RLIMIT_MEMLOCK)
                 self.pin = False
                 self.notice = f"pinned host memory unavailable ({exc}); staging in pageable memory"
                 warnings.warn(self.notice, RuntimeWarning, stacklevel=3)

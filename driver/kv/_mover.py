@@ -107,7 +107,7 @@ class CudaMover:
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
         # test hook: a GPU-side sleep before every copy on the side stream, so that a missing
-        # wait would let compute read a frame before its bytes land (tests/test_kv_cuda.py)
+        # wait would let compute read a frame before its bytes land (tests/driver/kv/test_kv_cuda.py)
         self.delay_cycles = delay_cycles
 
     def _delay(self) -> None:

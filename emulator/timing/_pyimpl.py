@@ -2,7 +2,7 @@
 
 Its link arithmetic (charged bytes, occupancy, reservation, completion) is the firmware model's
 (``firmware_model.link``), applied to the link-state words in shared memory; the C core is
-checked against both by the differential tests (tests/test_link_model.py). It is the fallback
+checked against both by the differential tests (tests/firmware_model/test_link_model.py). It is the fallback
 when the extension is not built. Link-state updates are atomic within a process (one lock);
 across processes only the C core's compare-and-swap is — a process sharing a link should use
 ``impl="c"``.

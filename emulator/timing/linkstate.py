@@ -17,7 +17,7 @@ anyone.  All fields are little-endian u64, updated with atomic operations by the
     word 136  device-internal copies: +1 bytes, +2 transfers
     word 160  the device state word: bits 0-31 boot generation, bit 32 UP, bit 33 MEDIA
 
-The word offsets repeat ``_datapath.h``; ``tests/test_timing_datapath.py`` checks both agree.
+The word offsets repeat ``_datapath.h``; ``tests/emulator/timing/test_timing_datapath.py`` checks both agree.
 The state word is set by the firmware and checked by every transfer here; why and when it
 changes (boots, a dead firmware marked down) is ``emulator.liveness``'s.
 """

@@ -5,7 +5,7 @@ Error), and the device must still answer Identify afterwards.
 
 CI runs 100 examples x 25 commands in-process (dispatch through the registers, background jobs
 stepped by the test) plus a short end-to-end run through a served device and `MemDev.send`.
-More: CXLEMU_FUZZ_EXAMPLES=5000 python -m pytest tests/test_mbox_fuzz.py
+More: CXLEMU_FUZZ_EXAMPLES=5000 python -m pytest tests/emulator/test_mbox_fuzz.py
 """
 from __future__ import annotations
 

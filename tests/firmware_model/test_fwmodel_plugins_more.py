@@ -158,7 +158,7 @@ def test_prefetch_replay_takes_a_window_function(myfw) -> None:
 
 
 def _engine_steps(depth):
-    """The decisions of the residency engine (tests/test_kv_engine_decisions.py's model) on a
+    """The decisions of the residency engine (tests/driver/kv/test_kv_engine_decisions.py's model) on a
     manual clock for ``prefetch_depth=depth``."""
     torch = pytest.importorskip("torch")
     from kv_support import frame_bytes

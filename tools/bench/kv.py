@@ -219,7 +219,7 @@ def register(bench: Any) -> None:
                    help="firmware policies: built-in names or module:Class (repeatable; default all online ones)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the DMA engine gets a core)")
     p.add_argument("--repeat", type=int, default=2, help="rounds over all modes; each keeps its fastest")
-    p.add_argument("--markdown", action="store_true", help="a markdown table (for BENCHMARKS-kv.md)")
+    p.add_argument("--markdown", action="store_true", help="a markdown table (for BENCHMARKS.md)")
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
     p.set_defaults(func=cmd_kv)
 

@@ -361,7 +361,7 @@ class SimEngine:
         self.clock = clock or SimpyClock()
         self.env = self.clock.env
         self.cost, self.cfg, self.scripts = cost, cfg, list(scripts)
-        self.pool = BlockPool(cfg.kv_blocks, uncached_first=True)  # vLLM 0.11+'s free queue
+        self.pool = BlockPool(cfg.kv_blocks, uncached_first=True)  # vLLM 0.32's free queue (uncached blocks first)
         self.pool.get_new_blocks(1)  # vLLM's null block: taken at start, never used for KV
         #: block id -> the tier write still reading it; a step that reallocates the block (or
         #: preempts its request) first waits for that write, as vLLM's offload worker does

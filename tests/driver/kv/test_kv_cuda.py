@@ -110,7 +110,7 @@ def test_the_race_test_can_fail(gpu_model, gpu_batch) -> None:
 
 
 def test_pinned_memory_failure_falls_back_with_a_notice(monkeypatch) -> None:
-    """If the host cannot pin (small hosts, see kv-offload.md), staging is pageable and says so."""
+    """If the host cannot pin (small hosts: the locked-memory limit), staging is pageable and says so."""
     real_empty = torch.empty
 
     def no_pinning(*args, **kwargs):
