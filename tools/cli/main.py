@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from tools.cli._common import CliError
@@ -134,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `cxlemu ... | head`: the reader has what it wanted; stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        os.close(devnull)
+        return 1  # as rich's Console does for the commands that print through it
     except Exception as exc:  # a bug or an unexpected device state: one line unless --debug
         if debug:
             raise

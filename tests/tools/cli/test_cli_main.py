@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
-from pathlib import Path
+
+import pytest
+from cli_support import ROOT
 
 from tools.cli.main import COMMANDS, build_parser
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _listing(parser: argparse.ArgumentParser) -> list[tuple[str, str | None]]:
@@ -55,3 +56,19 @@ def test_a_command_imports_only_its_own_module() -> None:
     out, modules = _modules_after("trace", "gen", "loop", "--steps", "1", "--layers", "1", "--blocks", "1")
     assert [m for m in modules if m.startswith("tools.cli.cmd_")] == ["tools.cli.cmd_trace"]
     assert out == '{"t":0,"block":[0,0,0]}\n'
+
+
+
+@pytest.mark.parametrize("argv", [["presets"], ["list"]])  # printed through rich; printed as plain JSON
+def test_a_reader_that_closes_early_stops_the_command_quietly(argv: list[str]) -> None:
+    """`cxlemu ... | head`: stdout's reader is gone before the command writes; it exits 1 with
+    nothing on stderr, whether rich or print writes (`list` said `cxlemu: error: [Errno 32]
+    Broken pipe`)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # no reader: the first write fails with EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tools.cli.main", *argv], cwd=ROOT, stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (1, "")
