@@ -10,8 +10,6 @@ import pathlib
 
 from cffi import FFI  # type: ignore[import-untyped]
 
-from firmware_model.cbuild import compile_in_place
-
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 _HEADER = (_ROOT / "firmware_model/_fastreplay.h").read_text()
 
@@ -36,6 +34,10 @@ ffibuilder = make_builder()
 
 def build_in_place() -> pathlib.Path:
     """Compile next to the sources (a source checkout without ``pip install -e .``)."""
+    # imported here, not at the top: setuptools runs this file (cffi_modules) in pip's build
+    # environment, where importing the package (its __init__ imports numpy) fails
+    from firmware_model.cbuild import compile_in_place
+
     return compile_in_place(make_builder(str(_ROOT)), _ROOT / "firmware_model")
 
 
