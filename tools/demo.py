@@ -16,6 +16,7 @@ from rich.table import Table
 
 from driver import MemDev, PoisonError
 from emulator.device import DeviceConfig, serve
+from tools.common import install_extra
 
 DEMO_DPA = 0x10000
 PATTERN = bytes(range(256)) * 2  # 512 B: eight 64-B lines
@@ -35,7 +36,7 @@ def _kv(console: Console, md_name: str) -> bool | None:
     try:
         from driver.kv.demo import run_kv_demo
     except ImportError as exc:
-        console.print(escape(f"skipping the KV generation: {exc} (pip install -e '.[kv]')"), style="yellow")
+        console.print(escape(f"skipping the KV generation: {exc} ({install_extra('kv')})"), style="yellow")
         return None
     return run_kv_demo(console, device=md_name)
 
