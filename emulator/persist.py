@@ -24,9 +24,10 @@ and `--fresh`). Without a `state.json` the list is rebuilt from the bitmap the s
 State that cannot be saved is not acknowledged as saved. A failed save (the file made a
 directory, the folder read-only, the disk full) is logged once, retried with back-off and
 flagged (`error`, `failures`: Maintenance Needed in Get Health Info, `state_save_failures` on the
-telemetry page and in the monitor); until a save succeeds, the commands that change the saved
-state are refused with UNSAVED (the dispatcher asks `refusal`), and one that ran when the save
-failed is answered UNSAVED instead of Success.
+telemetry page and in the monitor). Before a command that changes the saved state runs, the
+dispatcher asks `refusal`, which writes the state as it is: where that fails, the command is
+refused with UNSAVED and changes nothing, so a host told it failed never finds it applied. One
+whose own save fails after it ran (the disk filled in between) is answered UNSAVED, not Success.
 """
 from __future__ import annotations
 
@@ -170,14 +171,15 @@ class PersistentState:
     def snapshot(self) -> dict[str, Any]:
         return {"version": VERSION, "poison": self.fw.poison.to_state(), "fwslots": self.fw.fwslots.to_state()}
 
-    def save(self) -> bool:
-        """Write the state if it changed since the last save. True when the file holds the
-        current state (written now or before); False when it could not be written (logged once
-        per failing spell, flagged, retried by `service` with back-off)."""
+    def save(self, *, force: bool = False) -> bool:
+        """Write the state if it changed since the last save (``force``: even if not, to find out
+        whether it can be written). True when the file holds the current state (written now or
+        before); False when it could not be written (logged once per failing spell, flagged,
+        retried by `service` with back-off)."""
         state = self.snapshot()
         text = json.dumps(state, sort_keys=True)
-        if text == self._saved_text:
-            return True
+        if text == self._saved_text and not force and self.error is None:
+            return True  # a failing store is written again even when nothing changed: to notice it mended
         try:
             for i, crc in enumerate(state["fwslots"]["crc32"]):
                 image = self.fw.fwslots.images[i]
@@ -205,9 +207,10 @@ class PersistentState:
         self.fw.health.state_unsaved = True
 
     def refusal(self, opcode: int) -> RetCode | None:
-        """The dispatcher's check: UNSAVED for a command that would change the saved state while
-        it cannot be saved (after one more try, so a fixed folder is noticed at once)."""
-        if opcode in PERSISTENT_OPCODES and self.error is not None and not self.save():
+        """The dispatcher's check before a command runs: UNSAVED for one that would change the
+        saved state when the state cannot be written now (a forced save: a store that broke since
+        the last save is found before the command changes anything, a fixed one at once)."""
+        if opcode in PERSISTENT_OPCODES and not self.save(force=True):
             return UNSAVED
         return None
 
