@@ -1,5 +1,6 @@
 """The command line is built only in ``tools/cli``: outside it no module adds parsers or
-arguments, sets a parser's defaults or takes an ``argparse.Namespace`` (libraries take typed
+arguments, sets a parser's defaults or takes an ``argparse.Namespace`` (annotated so, or a
+parameter ``args`` whose attributes it reads: the project's name for one; libraries take typed
 parameters and return data; the CLI parses, formats and prints). The import-linter contract keeps
 ``import argparse`` inside tools.cli; this catches what it cannot see, a library filling a parser
 or reading a Namespace someone else handed it.
@@ -29,6 +30,13 @@ def _is_namespace(annotation: ast.expr | None) -> bool:
     return isinstance(annotation, ast.Name) and annotation.id == "Namespace"
 
 
+def _reads_attributes(function: ast.AST, name: str) -> bool:
+    """Whether ``function`` reads an attribute of its parameter ``name``: a parameter called
+    ``args`` read as ``args.flag`` is a Namespace in all but its annotation (``args: Any``)."""
+    return any(isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == name
+               for n in ast.walk(function))
+
+
 def command_line_code(source: str, name: str) -> list[str]:
     """``name:line: what`` for each parser call and each function taking a Namespace in ``source``."""
     found: list[tuple[int, str]] = []
@@ -41,6 +49,8 @@ def command_line_code(source: str, name: str) -> list[str]:
             for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs):
                 if _is_namespace(arg.annotation):
                     found.append((node.lineno, f"{node.name}({arg.arg}: Namespace)"))
+                elif arg.arg == "args" and _reads_attributes(node, "args"):
+                    found.append((node.lineno, f"{node.name}(args) reading args.<flag>"))
     return [f"{name}:{line}: {what}" for line, what in sorted(found)]
 
 
@@ -79,10 +89,16 @@ def test_the_scan_finds_parser_calls_and_namespace_parameters() -> None:
         def other(*, ns: "Namespace") -> None:
             pass
 
-        def fine(n: int, names: dict) -> None:
+        def fine(n: int, names: dict, *args: int) -> None:
             names.setdefault("x", n)
+
+        def handler(args: Any) -> int:
+            return args.n
+
+        def passes(args: list) -> int:
+            return len(args)
         """)
     assert command_line_code(source, "lib.py") == [
         "lib.py:5: .add_parser(", "lib.py:6: .add_argument(",
         "lib.py:7: .set_defaults(", "lib.py:8: .add_subparsers(", "lib.py:10: run(args: Namespace)",
-        "lib.py:13: other(ns: Namespace)"]
+        "lib.py:13: other(ns: Namespace)", "lib.py:19: handler(args) reading args.<flag>"]

@@ -11,6 +11,7 @@ from tools.bench import liveness, mailbox
 from tools.bench.liveness import TARGET_MS
 from tools.bench.mailbox import KINDS, MAX_HOSTS, SoakError, SoakResult
 from tools.cli._common import CliError, parse_size, print_json
+from tools.cli.bench import show
 from tools.monitor import bench as telemetry
 
 
@@ -47,10 +48,7 @@ def cmd_mailbox(args: Any) -> int:
         raise CliError(str(exc), exit_code=1) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if args.json:
-        print_json(result.to_dict())
-    else:
-        Console().print(render_mailbox(result))
+    show(args.json, result.to_dict(), lambda: render_mailbox(result))
     return 0 if result.ok else 1
 
 
@@ -101,20 +99,20 @@ def cmd_liveness(args: Any) -> int:
     if args.kills < 1:
         raise CliError(f"--kills must be >= 1, got {args.kills}")
     result = liveness.run(args.kills)
-    if args.json:
-        print_json(result)
-    else:
-        from rich.console import Console
-        from rich.table import Table
-
-        t = Table(title="cxlemu bench liveness: SIGKILL of the server to DeviceGone")
-        for col in ("call", "kills", "min ms", "median ms", "max ms", "target", ""):
-            t.add_column(col)
-        for r in result["rows"]:
-            t.add_row(r["call"], str(r["kills"]), f"{r['min_ms']:g}", f"{r['median_ms']:g}", f"{r['max_ms']:g}",
-                      f"< {TARGET_MS:g} ms", "[green]pass[/green]" if r["pass"] else "[red]FAIL[/red]")
-        Console().print(t)
+    show(args.json, result, lambda: render_liveness(result))
     return 0 if result["ok"] else 1
+
+
+def render_liveness(result: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="cxlemu bench liveness: SIGKILL of the server to DeviceGone")
+    for col in ("call", "kills", "min ms", "median ms", "max ms", "target", ""):
+        t.add_column(col)
+    for r in result["rows"]:
+        t.add_row(r["call"], str(r["kills"]), f"{r['min_ms']:g}", f"{r['median_ms']:g}", f"{r['max_ms']:g}",
+                  f"< {TARGET_MS:g} ms", "[green]pass[/green]" if r["pass"] else "[red]FAIL[/red]")
+    return t
 
 
 def register_telemetry(bench: Any) -> None:

@@ -13,6 +13,7 @@ from tools.bench import kv, tier
 from tools.bench.kv import DEMAND_GOAL, RATIO_GOAL, WARMUP_STEPS, KvBenchRow, KvGoals, goals
 from tools.bench.tier import TARGET_US
 from tools.cli._common import VLLM_MODULE, CliError, need_extra, print_json
+from tools.cli.bench import show
 from tools.trace import bench as fwbench
 from tools.trace.bench import FwmodelBenchResult
 from tools.trace.io import load_trace
@@ -191,29 +192,29 @@ def cmd_tier(args: Any) -> int:
         raise CliError(f"--blocks must be sizes >= 1 separated by commas (e.g. 16,64), got {args.blocks!r}")
     need_extra(VLLM_MODULE, "vllm", "bench tier")
     result = tier.run(layers=args.layers, page=args.page_kib << 10, blocks=blocks, jobs=args.jobs, reps=args.reps)
-    if args.json:
-        print_json(result)
-    else:
-        from rich.console import Console
-        from rich.table import Table
-
-        t = Table(title=f"cxlemu bench tier: the tier's own cost per KV block ({result['layers']} layers, "
-                        "untimed device)")
-        for col in ("page", "blocks/job", "pattern", "direction", "descs/job", "CPU us/block",
-                    "copies us/block", "own us/block", "wall us/block", "target (own)"):
-            t.add_column(col)
-        for r in result["rows"]:
-            if r["target_us"] is None:
-                verdict = "(real page: copies)"
-            elif r["pattern"] == "runs":
-                verdict = f"<= {TARGET_US:g} us " + ("[green]pass[/green]" if r["pass"] else "[red]FAIL[/red]")
-            else:
-                verdict = f"{'within' if r['pass'] else 'over'} (worst case)"
-            t.add_row(f"{r['page_bytes']} B", str(r["blocks_per_job"]), r["pattern"], r["direction"],
-                      str(r["descriptors_per_job"]), f"{r['cpu_us_per_block']:g}", f"{r['copies_us_per_block']:g}",
-                      f"{r['own_us_per_block']:g}", f"{r['wall_us_per_block']:g}", verdict)
-        Console().print(t)
+    show(args.json, result, lambda: render_tier(result))
     return 0 if result["ok"] else 1
+
+
+def render_tier(result: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"cxlemu bench tier: the tier's own cost per KV block ({result['layers']} layers, "
+                    "untimed device)")
+    for col in ("page", "blocks/job", "pattern", "direction", "descs/job", "CPU us/block",
+                "copies us/block", "own us/block", "wall us/block", "target (own)"):
+        t.add_column(col)
+    for r in result["rows"]:
+        if r["target_us"] is None:
+            verdict = "(real page: copies)"
+        elif r["pattern"] == "runs":
+            verdict = f"<= {TARGET_US:g} us " + ("[green]pass[/green]" if r["pass"] else "[red]FAIL[/red]")
+        else:
+            verdict = f"{'within' if r['pass'] else 'over'} (worst case)"
+        t.add_row(f"{r['page_bytes']} B", str(r["blocks_per_job"]), r["pattern"], r["direction"],
+                  str(r["descriptors_per_job"]), f"{r['cpu_us_per_block']:g}", f"{r['copies_us_per_block']:g}",
+                  f"{r['own_us_per_block']:g}", f"{r['wall_us_per_block']:g}", verdict)
+    return t
 
 
 def register_fwmodel(bench: Any) -> None:
@@ -232,12 +233,7 @@ def cmd_fwmodel(args: Any) -> int:
         except (OSError, ValueError) as exc:
             raise CliError(f"cannot use {args.attention}: {exc}") from None
     result = fwbench.measure(attention, args.record_steps)
-    if args.json:
-        print_json(result.to_dict())
-    else:
-        from rich.console import Console
-
-        Console().print(render_fwmodel(result))
+    show(args.json, result.to_dict(), lambda: render_fwmodel(result))
     return 0
 
 

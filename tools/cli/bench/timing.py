@@ -14,7 +14,8 @@ from tools.bench.bandwidth import MODES, SIZES, BandwidthResult
 from tools.bench.latency import ROUND_HOPS, LatencyResult
 from tools.bench.overhead import OverheadResult
 from tools.bench.target import TIMING_FLAGS, Target, open_target, private_timing, scratch_region
-from tools.cli._common import CliError, parse_int, parse_size, print_json
+from tools.cli._common import CliError, parse_int, parse_size
+from tools.cli.bench import show
 
 
 def add_target_arguments(p: Any) -> None:
@@ -73,13 +74,8 @@ def cmd_latency(args: Any) -> int:
                                      native=args.native)
     except (ValueError, RuntimeError) as exc:
         raise CliError(str(exc)) from None
-    if args.json:
-        print_json({"device": target.name, "private": target.private,
-                    "timing": target.timing.to_dict(), **result.to_dict()})
-    else:
-        from rich.console import Console
-
-        Console().print(render_latency(target.name, result))
+    show(args.json, {"device": target.name, "private": target.private, "timing": target.timing.to_dict(),
+                     **result.to_dict()}, lambda: render_latency(target.name, result))
     return 0
 
 
@@ -140,13 +136,8 @@ def cmd_bandwidth(args: Any) -> int:
                                                          seconds=args.seconds, channels=args.channels))
     except (ValueError, RuntimeError) as exc:
         raise CliError(str(exc)) from None
-    if args.json:
-        print_json({"device": target.name, "private": target.private, "timing": target.timing.to_dict(),
-                    "results": [r.to_dict() for r in results]})
-    else:
-        from rich.console import Console
-
-        Console().print(render_bandwidth(target.name, results))
+    show(args.json, {"device": target.name, "private": target.private, "timing": target.timing.to_dict(),
+                     "results": [r.to_dict() for r in results]}, lambda: render_bandwidth(target.name, results))
     return 0
 
 
@@ -174,12 +165,7 @@ def register_overhead(bench: Any) -> None:
 
 def cmd_overhead(args: Any) -> int:
     result = overhead.measure(args.impl)
-    if args.json:
-        print_json(result.to_dict())
-    else:
-        from rich.console import Console
-
-        Console().print(render_overhead(result))
+    show(args.json, result.to_dict(), lambda: render_overhead(result))
     return 0
 
 
@@ -211,12 +197,8 @@ def register_fidelity(bench: Any) -> None:
 
 def cmd_fidelity(args: Any) -> int:
     checks = fidelity.run(quick=args.quick)
-    if args.json:
-        print_json({"host": {"cpus": os.cpu_count(), "load": os.getloadavg()}, "checks": checks})
-    else:
-        from rich.console import Console
-
-        Console().print(render_fidelity(checks))
+    show(args.json, {"host": {"cpus": os.cpu_count(), "load": os.getloadavg()}, "checks": checks},
+         lambda: render_fidelity(checks))
     return 1 if any(c["pass"] is False for c in checks) else 0
 
 
