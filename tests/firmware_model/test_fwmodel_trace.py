@@ -250,12 +250,8 @@ def test_bench_rows_score_policies_against_opt() -> None:
     """The fwmodel bench: exact ratios on a loop (LRU 0, reuse 1), rows render, hotness measured."""
     from rich.console import Console
 
-    from tools.trace.bench import (
-        FwmodelBenchResult,
-        measure_hotness,
-        measure_policies,
-        render,
-    )
+    from tools.cli.bench.kv import render_fwmodel as render
+    from tools.trace.bench import FwmodelBenchResult, measure_hotness, measure_policies
 
     rows = measure_policies({"loop": loop(steps=8, layers=4, blocks=4)}, fractions=(0.5,), policies=("lru", "reuse"))
     by = {r["policy"]: r for r in rows}

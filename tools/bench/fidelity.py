@@ -185,35 +185,3 @@ def run(*, quick: bool = False) -> list[dict[str, Any]]:
             checks.append(sharing_check(share.name, dp, 2 * secs))
         checks += side_by_side_checks(none_dev.name, slow.name, 5000 if quick else 50_000)
     return checks
-
-
-def render(checks: list[dict[str, Any]]) -> Any:
-    from rich.table import Table
-
-    t = Table(title="cxlemu bench fidelity")
-    for col in ("check", "value", "target", ""):
-        t.add_column(col, justify="right" if col == "value" else "left")
-    for c in checks:
-        verdict = {True: "[green]pass[/green]", False: "[red]FAIL[/red]", None: "[dim]info[/dim]"}
-        t.add_row(c["check"], f"{c['value']:g}", c["target"], verdict[c["pass"]])
-    return t
-
-
-def register(bench: Any) -> None:
-    p = bench.add_parser("fidelity", help="the timed data path's benchmark list, each against its target")
-    p.add_argument("--quick", action="store_true", help="fewer hops and shorter streams (a smoke run)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_fidelity)
-
-
-def cmd_fidelity(args: Any) -> int:
-    from tools.common import print_json
-
-    checks = run(quick=args.quick)
-    if args.json:
-        print_json({"host": {"cpus": os.cpu_count(), "load": os.getloadavg()}, "checks": checks})
-    else:
-        from rich.console import Console
-
-        Console().print(render(checks))
-    return 1 if any(c["pass"] is False for c in checks) else 0

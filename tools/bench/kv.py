@@ -20,7 +20,6 @@ every mode are checked against ``resident``.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -198,105 +197,6 @@ def _row(ctx: int, pct: int, mode: str, frames: int, times: list[float], bound: 
                       hit_rate=hits / (hits + misses) if hits + misses else 1.0, tokens_equal=equal)
 
 
-def register(bench: Any) -> None:
-    p = bench.add_parser("kv", help="LLM decode with the KV cache on the device vs resident, demand "
-                                    "fetch and whole-layer offload")
-    p.add_argument("--preset", default="leo-x16", help="device timing preset (default leo-x16)")
-    p.add_argument("--time-scale", type=float, default=5.0,
-                   help="multiply device times (default 5: a 50 GB/s link above this host's memcpy)")
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--context", type=int, action="append", help="context tokens (repeatable; default 2048, 8192)")
-    p.add_argument("--budget", type=int, action="append", help="HBM budget, %% of the KV (repeatable; default 100, 50, 25)")
-    p.add_argument("--steps", type=int, default=16, help=f"decode steps (the first {WARMUP_STEPS} are not timed)")
-    p.add_argument("--block-tokens", type=int, default=256)
-    p.add_argument("--prefetch-depth", default="auto",
-                   help="layers loaded ahead, 'auto' (default: the firmware model's window for the link), "
-                        "or module:function (your own window function)")
-    p.add_argument("--policy", action="append",
-                   help="firmware policies: built-in names or module:Class (repeatable; default all online ones)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the DMA engine gets a core)")
-    p.add_argument("--repeat", type=int, default=2, help="rounds over all modes; each keeps its fastest")
-    p.add_argument("--markdown", action="store_true", help="a markdown table (for BENCHMARKS.md)")
-    p.add_argument("--json", action="store_true", help="JSON instead of a table")
-    p.set_defaults(func=cmd_kv)
-
-
-def cmd_kv(args: Any) -> int:
-    from dataclasses import replace
-
-    from tools.common import CliError, need_extra, print_json
-
-    torch = need_extra("torch", "kv", "bench kv")
-    need_extra("transformers", "kv", "bench kv")
-    from emulator import presets
-    from firmware_model.policies import ONLINE_POLICY_NAMES, resolve_policy
-
-    if args.prefetch_depth != "auto":
-        try:
-            args.prefetch_depth = int(args.prefetch_depth)
-        except ValueError:
-            if ":" not in args.prefetch_depth:
-                raise CliError(f"--prefetch-depth must be a number of layers, 'auto' or module:function, "
-                               f"got {args.prefetch_depth!r}") from None
-            from firmware_model.prefetch import resolve_window
-
-            try:
-                resolve_window(args.prefetch_depth)
-            except ValueError as exc:  # PolicyProtocolError is one too
-                raise CliError(f"--prefetch-depth: {exc}") from None
-    if args.repeat < 1:
-        raise CliError("--repeat must be >= 1")
-    for flag, values, low in (("--layers", [args.layers], 2), ("--hidden", [args.hidden], 1),
-                              ("--heads", [args.heads], 1), ("--kv-heads", [args.kv_heads], 1),
-                              ("--context", args.context or [], 1), ("--block-tokens", [args.block_tokens], 1),
-                              ("--threads", [args.threads], 1)):
-        bad = [v for v in values if v < low]
-        if bad:
-            raise CliError(f"{flag} must be >= {low}, got {bad[0]}")
-    bad_budget = [b for b in args.budget or [] if not 0 < b <= 100]
-    if bad_budget:
-        raise CliError(f"--budget is a percentage of the KV in (0, 100], got {bad_budget[0]}")
-    if not args.time_scale > 0:
-        raise CliError(f"--time-scale must be > 0, got {args.time_scale}")
-    if args.steps <= WARMUP_STEPS:
-        raise CliError(f"--steps must be > {WARMUP_STEPS} (the warm-up steps are not timed)")
-    if args.hidden % args.heads or args.heads % args.kv_heads:
-        raise CliError("--hidden must be a multiple of --heads, and --heads of --kv-heads")
-    policies = args.policy or list(ONLINE_POLICY_NAMES)
-    unknown = {p for p in policies if ":" not in p} - set(ONLINE_POLICY_NAMES)
-    if unknown:
-        raise CliError(f"unknown policy {min(unknown)!r}: choose from {', '.join(ONLINE_POLICY_NAMES)}, "
-                       "or your own class as module:Class")
-    for spec in policies:
-        try:
-            resolve_policy(spec)  # module:Class imported and checked against the protocol
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-    timing = replace(presets.load(args.preset).timing, time_scale=args.time_scale)
-    if not timing.read_bandwidth_gbps:
-        raise CliError(f"preset {args.preset!r} has an unthrottled link: pick one with a bandwidth (e.g. leo-x16)")
-    torch.set_num_threads(args.threads)
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    with console.status("bench kv") as status:
-        rows = run(layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
-                   contexts=args.context or [2048, 8192], budgets=args.budget or [100, 50, 25],
-                   steps=args.steps, block_tokens=args.block_tokens, policies=policies, timing=timing,
-                   prefetch_depth=args.prefetch_depth, repeat=args.repeat,
-                   progress=lambda m: status.update(f"bench kv: {m}"))
-    if args.json:
-        print_json([r.to_dict() for r in rows])
-    elif args.markdown:
-        print(markdown(rows))
-    else:
-        Console(width=None if sys.stdout.isatty() else 140).print(render(rows, args, timing))
-    return 0 if all(r.tokens_equal for r in rows) else 1
-
-
 #: The goals (BENCHMARKS.md) for the best cxlemu policy at a budget below 100 %.
 RATIO_GOAL, DEMAND_GOAL = 1.10, 1.5
 
@@ -330,56 +230,3 @@ def goals(rows: list[KvBenchRow]) -> list[KvGoals]:
         out.append(KvGoals(key[0], key[1], best.mode, best.ratio, group["demand"].step_ms / best.step_ms,
                            group["layerwise"].step_ms / best.step_ms))
     return out
-
-
-def _goal_cells(g: KvGoals) -> list[str]:
-    ok = ["met" if m else "not met" for m in g.met]
-    return [str(g.context), str(g.budget_pct), g.best, f"{g.ratio:.3f} ({ok[0]})",
-            f"{g.over_demand:.2f}x ({ok[1]})", f"{g.over_layerwise:.2f}x ({ok[2]})"]
-
-
-_GOAL_COLUMNS = ("context", "budget %", "best", f"ratio <= {RATIO_GOAL:.2f}", f"x demand >= {DEMAND_GOAL}",
-                 "x whole-layer > 1")
-
-
-def render(rows: list[KvBenchRow], args: Any, timing: Any) -> Any:
-    """A rich table of the rows (pure: rows in, renderable out)."""
-    from rich.table import Table
-
-    t = Table(title=f"bench kv: {args.layers} layers, hidden {args.hidden}, {args.kv_heads} kv heads, "
-                    f"preset {args.preset} x{timing.time_scale:g} "
-                    f"({timing.read_bandwidth_gbps / timing.time_scale:g} GB/s effective)")
-    for col in ("context", "budget %", "mode", "frames", "step ms", "tokens/s", "ratio", "hit rate",
-                "GB loaded", "stall ms/step", "tokens ok"):
-        t.add_column(col, justify="left" if col == "mode" else "right")
-    for r in rows:
-        t.add_row(str(r.context), str(r.budget_pct), r.mode, str(r.frames), f"{r.step_ms:.2f}",
-                  f"{r.tokens_per_s:.1f}", f"{r.ratio:.2f}", f"{r.hit_rate:.2f}", f"{r.gb_loaded:.3f}",
-                  f"{r.stall_ms:.2f}", "yes" if r.tokens_equal else "NO")
-    found = goals(rows)
-    if not found:
-        return t
-    from rich.console import Group
-
-    g = Table(title="goals for the best cxlemu policy in this run (budgets below 100 %)")
-    for col in _GOAL_COLUMNS:
-        g.add_column(col, justify="left" if col == "best" else "right")
-    for goal in found:
-        g.add_row(*_goal_cells(goal))
-    return Group(t, g)
-
-
-def markdown(rows: list[KvBenchRow]) -> str:
-    """The rows as a markdown table."""
-    head = ("| context | budget % | mode | frames | step ms | tokens/s | ratio | hit rate | GB loaded "
-            "| stall ms/step | tokens equal |\n|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    lines = [head]
-    for r in rows:
-        lines.append(f"| {r.context} | {r.budget_pct} | {r.mode} | {r.frames} | {r.step_ms:.2f} | "
-                     f"{r.tokens_per_s:.1f} | {r.ratio:.2f} | {r.hit_rate:.2f} | {r.gb_loaded:.3f} | "
-                     f"{r.stall_ms:.2f} | {'yes' if r.tokens_equal else 'NO'} |")
-    found = goals(rows)
-    if found:
-        lines += ["", "| " + " | ".join(_GOAL_COLUMNS) + " |", "|---:|---:|---|---:|---:|---:|"]
-        lines += ["| " + " | ".join(_goal_cells(g)) + " |" for g in found]
-    return "\n".join(lines)

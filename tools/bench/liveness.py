@@ -82,32 +82,3 @@ def run(kills: int = 5) -> dict[str, Any]:
              "max_ms": round(max(t), 2), "target_ms": TARGET_MS, "pass": max(t) < TARGET_MS}
             for c, t in times.items()]
     return {"rows": rows, "ok": all(r["pass"] for r in rows)}
-
-
-def register(bench: Any) -> None:
-    p = bench.add_parser("liveness", help="time from kill -9 of a server to DeviceGone in read / send / open")
-    p.add_argument("--kills", type=int, default=5, help="kills per call (default 5)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_liveness)
-
-
-def cmd_liveness(args: Any) -> int:
-    from tools.common import CliError, print_json
-
-    if args.kills < 1:
-        raise CliError(f"--kills must be >= 1, got {args.kills}")
-    result = run(args.kills)
-    if args.json:
-        print_json(result)
-    else:
-        from rich.console import Console
-        from rich.table import Table
-
-        t = Table(title="cxlemu bench liveness: SIGKILL of the server to DeviceGone")
-        for col in ("call", "kills", "min ms", "median ms", "max ms", "target", ""):
-            t.add_column(col)
-        for r in result["rows"]:
-            t.add_row(r["call"], str(r["kills"]), f"{r['min_ms']:g}", f"{r['median_ms']:g}", f"{r['max_ms']:g}",
-                      f"< {TARGET_MS:g} ms", "[green]pass[/green]" if r["pass"] else "[red]FAIL[/red]")
-        Console().print(t)
-    return 0 if result["ok"] else 1

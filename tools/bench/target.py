@@ -13,30 +13,20 @@ from typing import Any
 
 from emulator.timing import DataPath, TimingConfig
 
-_TIMING_FLAGS = (("read_latency_ns", float), ("write_latency_ns", float),
-                 ("bandwidth_gbps", float), ("transaction_bytes", int), ("time_scale", float))
+#: the timing a private device takes from its own flags (name, type); the CLI makes each a flag
+TIMING_FLAGS = (("read_latency_ns", float), ("write_latency_ns", float),
+                ("bandwidth_gbps", float), ("transaction_bytes", int), ("time_scale", float))
 
 
-def add_target_arguments(p: Any) -> None:
-    """NAME of a served device, or --preset / explicit timing for a private device."""
-    p.add_argument("name", nargs="?", help="a served device (see `cxlemu list`); omit to serve a private one")
-    g = p.add_argument_group("private device (when NAME is omitted)")
-    g.add_argument("--preset", help="timing preset (see `cxlemu presets`)")
-    for flag, kind in _TIMING_FLAGS:
-        g.add_argument("--" + flag.replace("_", "-"), type=kind, default=None)
-    g.add_argument("--capacity", default="256M", help="private device size (default 256M)")
-    p.add_argument("--impl", choices=("auto", "c", "py"), default="auto", help="data path implementation")
-    p.add_argument("--json", action="store_true", help="JSON instead of a table")
-
-
-def timing_from_args(args: Any) -> TimingConfig:
-    """Preset first, explicit flags override (as `cxlemu serve` does)."""
+def private_timing(preset: str | None, given: dict[str, Any]) -> TimingConfig:
+    """Preset first, the values given (TIMING_FLAGS' names; ``bandwidth_gbps`` both ways)
+    override, as `cxlemu serve` does."""
     base = TimingConfig()
-    if args.preset:
+    if preset:
         from emulator import presets
 
-        base = presets.load(args.preset).timing
-    given = {k: getattr(args, k) for k, _ in _TIMING_FLAGS if getattr(args, k) is not None}
+        base = presets.load(preset).timing
+    given = dict(given)
     if "bandwidth_gbps" in given:
         bw = given.pop("bandwidth_gbps")
         given.update(read_bandwidth_gbps=bw, write_bandwidth_gbps=bw)
@@ -56,27 +46,24 @@ class Target:
 
 
 @contextlib.contextmanager
-def open_target(args: Any) -> Iterator[Target]:
-    """Open the device named by ``args`` (or serve a private one) and its data path."""
+def open_target(name: str | None, *, timing: TimingConfig | None = None, capacity: int = 256 << 20,
+                impl: str = "auto") -> Iterator[Target]:
+    """Open the served device ``name`` and its data path, or (``name`` None) serve a private one
+    of ``capacity`` bytes with ``timing``."""
     from emulator.device import DeviceConfig, DeviceFiles, serve
-    from tools.common import CliError, parse_size
 
-    explicit = args.preset or any(getattr(args, k) is not None for k, _ in _TIMING_FLAGS)
-    if args.name and explicit:
-        raise CliError("give either a device NAME or private-device timing flags (--preset, --read-latency-ns, ...), not both")
-    if args.name:
-        files = DeviceFiles.open(args.name)
-        dp = DataPath.for_device(files, impl=args.impl)
+    if name:
+        files = DeviceFiles.open(name)
+        dp = DataPath.for_device(files, impl=impl)
         try:
-            yield Target(args.name, False, dp, files)
+            yield Target(name, False, dp, files)
         finally:
             dp.close()
             files.close()
         return
-    config = DeviceConfig(name=f"bench-{os.getpid()}", capacity=parse_size(args.capacity),
-                          timing=timing_from_args(args))
+    config = DeviceConfig(name=f"bench-{os.getpid()}", capacity=capacity, timing=timing or TimingConfig())
     with serve(config) as served:
-        dp = DataPath.for_device(served.files, impl=args.impl)
+        dp = DataPath.for_device(served.files, impl=impl)
         try:
             yield Target(config.name, True, dp, served.files)
         finally:

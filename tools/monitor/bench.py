@@ -80,24 +80,3 @@ def run(rounds: int) -> dict[str, float]:
         "kv sharing gauges, 32 x 4 seqs x 16 pieces x 512 blocks (1M references)": _mean_us(
             lambda: sharing_gauges([large]), max(1, rounds // 100)),
     }
-
-
-def register(bench: Any) -> None:
-    p = bench.add_parser("telemetry", help="the telemetry page's cost: publishes, a snapshot, the KV sharing gauges")
-    p.add_argument("--rounds", type=int, default=2000, help="rounds each call is averaged over (default 2000)")
-    p.add_argument("--json", action="store_true", help="{call: microseconds} instead of lines")
-    p.set_defaults(func=cmd_telemetry)
-
-
-def cmd_telemetry(args: Any) -> int:
-    from tools.common import CliError, print_json
-
-    if args.rounds < 1:
-        raise CliError(f"--rounds must be >= 1, got {args.rounds}")
-    result = run(args.rounds)
-    if args.json:
-        print_json(result)
-    else:
-        for name, us in result.items():
-            print(f"{us:9.1f} us  {name}")
-    return 0

@@ -86,7 +86,8 @@ def _row(mode: str, pct: int, step: float, ratio: float = 1.0, context: int = 81
 
 def test_goals_take_the_best_cxlemu_row_of_each_budget() -> None:
     """The issue's three goals per (context, budget < 100 %), from the rows of one run."""
-    from tools.bench.kv import goals, markdown
+    from tools.bench.kv import goals
+    from tools.cli.bench.kv import markdown
 
     rows = [_row("resident", 100, 22.0), _row("cxlemu:lru", 100, 22.5),
             _row("demand", 50, 38.0), _row("layerwise", 50, 40.0),

@@ -180,7 +180,7 @@ def test_plan_modes_sizes_kv_space_and_tier():
 def test_terminal_chart_renders_bars_and_values():
     from rich.console import Console
 
-    from tools.bench.serve import render_chart
+    from tools.cli.bench.serving import render_chart
 
     analysis = {"summary": {"none": {1: {"output_tokens_per_s": 10.0}, 2: {"output_tokens_per_s": 20.0}},
                             "cxl-smart": {1: {"output_tokens_per_s": 5.0}, 2: {"output_tokens_per_s": math.nan}}}}
