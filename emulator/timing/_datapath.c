@@ -358,12 +358,20 @@ static inline uint64_t media_occ(const cxl_dp *dp, int dir, uint64_t charged)
     return dp->media_link ? occupancy_ns(charged, dp->media_fs_per_byte[dir]) : 0;
 }
 
-static void account_media(const cxl_dp *dp, int dir, uint64_t n, uint64_t occ_m)
+/* reserve_shared() and the media's counters (bytes and transfers of host transfers; a copy,
+ * n == 0 here, counts its busy time only, as on the host's page); *held = how long the transfer
+ * holds a resource, the longer of its two occupancies. */
+static uint64_t reserve_media(const cxl_dp *dp, int dir, uint64_t req, uint64_t n, uint64_t occ,
+                              uint64_t occ_m, uint64_t *held)
 {
     uint64_t *w = dp->media_link + CXL_LS_DIR_WORD(dir);
-    __atomic_fetch_add(w + CXL_LS_BYTES, n, __ATOMIC_RELAXED);
-    __atomic_fetch_add(w + CXL_LS_TRANSFERS, 1, __ATOMIC_RELAXED);
+    *held = occ_m > occ ? occ_m : occ;
+    if (n) {
+        __atomic_fetch_add(w + CXL_LS_BYTES, n, __ATOMIC_RELAXED);
+        __atomic_fetch_add(w + CXL_LS_TRANSFERS, 1, __ATOMIC_RELAXED);
+    }
     __atomic_fetch_add(w + CXL_LS_BUSY_NS, occ_m, __ATOMIC_RELAXED);
+    return reserve_shared(dp, dir, req, occ, occ_m);
 }
 
 static void account(const cxl_dp *dp, int dir, uint64_t n, uint64_t occ, uint64_t total)
@@ -502,14 +510,9 @@ static int64_t short_transfer(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *
     uint64_t occ = occupancy_ns(charged, dp->fs_per_byte[dir]), occ_m = media_occ(dp, dir, charged);
     int64_t lat = dp->lat_ns[dir];
     uint64_t req = (uint64_t)ticks_to_ns(copied);
-    uint64_t start, held = occ;
-    if (occ_m) {
-        start = reserve_shared(dp, dir, req, occ, occ_m);
-        held = occ_m > occ ? occ_m : occ;
-        account_media(dp, dir, n, occ_m);
-    } else {
-        start = reserve_always(dp, dir, req, occ);
-    }
+    uint64_t held = occ;
+    uint64_t start = occ_m ? reserve_media(dp, dir, req, n, occ, occ_m, &held)
+                           : reserve_always(dp, dir, req, occ);
     uint64_t completion = start + held + (uint64_t)lat;
     account(dp, dir, n, occ, completion - req);
     int64_t wait_ps = (int64_t)(completion - req) * 1000 - dp->comp_ps[0];
@@ -557,14 +560,8 @@ static int64_t timed_from(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst,
     uint64_t req = (uint64_t)ref.ns;
     if (n == 0)
         return (int64_t)req;
-    uint64_t start, held = occ;
-    if (occ_m) {
-        start = reserve_shared(dp, dir, req, occ, occ_m);
-        held = occ_m > occ ? occ_m : occ;
-        account_media(dp, dir, n, occ_m);
-    } else {
-        start = reserve(dp, dir, req, occ);
-    }
+    uint64_t held = occ;
+    uint64_t start = occ_m ? reserve_media(dp, dir, req, n, occ, occ_m, &held) : reserve(dp, dir, req, occ);
     uint64_t completion = start + held + (uint64_t)lat;
     memcpy(dst, src, n);
     account(dp, dir, n, occ, completion - req);
@@ -625,8 +622,9 @@ static uint64_t hold(const cxl_dp *dp, int dir, uint64_t req, uint64_t occ, uint
 {
     if (occ_m == 0)
         return reserve(dp, dir, req, occ) + occ;
-    __atomic_fetch_add(dp->media_link + CXL_LS_DIR_WORD(dir) + CXL_LS_BUSY_NS, occ_m, __ATOMIC_RELAXED);
-    return reserve_shared(dp, dir, req, occ, occ_m) + (occ_m > occ ? occ_m : occ);
+    uint64_t held;
+    uint64_t start = reserve_media(dp, dir, req, 0, occ, occ_m, &held);
+    return start + held;
 }
 
 /* Device-internal copy: the device reads src and writes dst, streaming, so it holds both
