@@ -289,6 +289,53 @@ def test_copies_and_empty_transfers_agree_with_the_model(cfg: TimingConfig, ops)
     assert datapath("py") == expected
 
 
+_media_bandwidth = st.one_of(st.none(), st.sampled_from([0.001, 16.0, 100.0, 1000.0]),
+                             st.floats(0.01, 400.0, allow_nan=False))
+_shared_timing = st.builds(
+    TimingConfig, read_latency_ns=st.integers(0, 2000), write_latency_ns=st.integers(0, 2000),
+    read_bandwidth_gbps=_bandwidth, write_bandwidth_gbps=_bandwidth,
+    media_read_bandwidth_gbps=_media_bandwidth, media_write_bandwidth_gbps=_media_bandwidth,
+    transaction_bytes=st.sampled_from([64, 256, 4096]), time_scale=st.sampled_from([1.0, 0.25, 2.5]))
+# (host, kind, a, b, bytes, gap): two hosts' transfers and copies interleaved on one clock
+_two_hosts_ops = st.lists(st.tuples(st.integers(0, 1), st.sampled_from(["read", "write", "copy"]),
+                                    st.integers(0, MEDIA - MAX_N), st.integers(0, MEDIA - MAX_N),
+                                    st.integers(0, MAX_N), st.integers(0, 3000)), min_size=1, max_size=16)
+
+
+@settings(max_examples=400, deadline=None)
+@given(cfg=_shared_timing, ops=_two_hosts_ops)
+def test_two_hosts_sharing_the_media_agree_with_the_model(cfg: TimingConfig, ops) -> None:
+    """Two hosts' data paths (their own link-state pages, one media block) on one simulated
+    clock, impl='c' and 'py': every completion, each host's link_free and the media's free time
+    are the two-resource model's (two Links sharing one MediaLink)."""
+    media = MediaLink()
+    links = [Link(cfg.link_params(), media), Link(cfg.link_params(), media)]
+    now, expected = 0, []
+    for host, kind, a, b, n, gap in ops:
+        now += gap
+        link = links[host]
+        expected.append(link.copy(a, b, n, now) if kind == "copy" else link.transfer(kind, now, n, a))
+
+    for impl in ("c", "py"):
+        clock, block = ManualClock(0), bytearray(4096)
+        dps = [DataPath(bytearray(MEDIA), None, bytearray(4096), cfg, impl=impl, clock=clock,
+                        media_link=block) for _ in range(2)]
+        got = []
+        for host, kind, a, b, n, gap in ops:
+            clock.advance(gap)
+            dp = dps[host]
+            if kind == "copy":
+                got.append(dp.copy(a, b, n))
+            else:
+                got.append(dp.read(a, bytearray(n)) if kind == "read" else dp.write(a, bytes(n)))
+        assert got == expected, impl
+        for dp, link in zip(dps, links, strict=True):
+            c = dp.counters()
+            assert [c["read_link_free_ns"], c["write_link_free_ns"]] == link.free, impl
+        m = dps[0].media_counters()
+        assert [m["read_link_free_ns"], m["write_link_free_ns"]] == media.free, impl
+
+
 def test_an_untimed_link_completes_at_the_request_time() -> None:
     link = Link(LinkParams())
     assert [link.transfer("read", 5, 1 << 20), link.copy(0, 64, 64, 9)] == [5, 9] and link.free == [0, 0]
