@@ -86,11 +86,14 @@ class DataPath:
 
     def __init__(self, media: Any, poison_bits: Any, link_state: Any, config: TimingConfig, *,
                  impl: str = "auto", clock: Clock | None = None,
-                 state: tuple[memoryview, int] | None = None, name: str = "") -> None:
+                 state: tuple[memoryview, int] | None = None, name: str = "", media_link: Any = None) -> None:
         """``state``: (a one-element u64 view of the device state word, the value it must hold
         for media access: ``emulator.liveness``); every transfer fails with ``DeviceGone`` or
         ``MediaDisabled`` while it holds anything else.  None: nothing is checked (a bare data
-        path over buffers).  ``name`` names the device in those errors."""
+        path over buffers).  ``name`` names the device in those errors.  ``media_link``: the device's
+        shared media block (``linkstate.open_media``'s mapping, shared by every host's data
+        path) where the config limits the media's bandwidth; None: a block of its own (one
+        host), and without a media limit none is used."""
         if not isinstance(config, TimingConfig):
             raise ConfigError(f"config must be a TimingConfig, got {type(config).__name__}")
         if impl not in _IMPLS:
@@ -110,8 +113,12 @@ class DataPath:
                               f"{self.size} B needs {need} (1 bit per 64-B line)")
         self._link = linkstate.words(link_state)
         linkstate.initialize(self._link)
+        params = config.link_params()
+        if media_link is None and params.media_limited:
+            media_link = bytearray(linkstate.USED_BYTES)
+        self._media_link = None if media_link is None else linkstate.media_words(media_link)
         self.impl = self._choose_impl(impl)
-        self._core = self._make_core(config.link_params())
+        self._core = self._make_core(params)
         # the C core's one-call entry for host buffers (None on the Python twin, or where
         # _fastcall is not built: then CCore.transfer converts with ffi.from_buffer)
         self._fast: Any = None
@@ -136,12 +143,14 @@ class DataPath:
 
     def _make_core(self, params: LinkParams) -> Any:
         if self.impl == "py":
-            return PyCore(self.media, self.poison_bits, self._link, params, state=self.state)
+            return PyCore(self.media, self.poison_bits, self._link, params, state=self.state,
+                          media_link=self._media_link)
         from emulator.timing.cimpl import CCore
         from emulator.timing.calibration import calibrated_comp_ns
 
         comp = (0, 0) if self.clock is not None or params.untimed else calibrated_comp_ns()
-        return CCore(self.media, self.poison_bits, self._link, params, comp, state=self.state)
+        return CCore(self.media, self.poison_bits, self._link, params, comp, state=self.state,
+                     media_link=self._media_link)
 
     # -- helpers --------------------------------------------------------------------------
     def _now(self) -> int:
@@ -317,12 +326,19 @@ class DataPath:
         direction, ``link_free_ns``, device-internal copies (see ``linkstate.snapshot``)."""
         return linkstate.snapshot(self._link)
 
+    def media_counters(self) -> dict[str, int]:
+        """The shared media's counters in ``counters()``'s names (``read_link_free_ns`` is the
+        media's free time; ``busy_ns`` its occupancy), or {} where no media block is used."""
+        return {} if self._media_link is None else linkstate.snapshot(self._media_link)
+
     @classmethod
     def for_device(cls, files: Any, *, config: TimingConfig | None = None, impl: str = "auto",
-                   clock: Clock | None = None, state: tuple[memoryview, int] | None = None) -> DataPath:
+                   clock: Clock | None = None, state: tuple[memoryview, int] | None = None,
+                   media_link: Any = None) -> DataPath:
         """The data path of a device: its media, poison bitmap and the link-state page of
         its BAR (``emulator.device.DeviceFiles`` or anything with those mmaps and ``config``).
-        Every host that opens the device this way shares its one link.
+        Every host that opens the device this way shares its one link.  ``media_link``: the
+        device's shared media block, as for ``DataPath``.
 
         Opened on a served device, it checks the device state word on every transfer (see
         ``emulator.liveness``): once that firmware stops, dies or is restarted every transfer
@@ -338,7 +354,7 @@ class DataPath:
             else:
                 word.release()
         return cls(files.media, files.poison, link, config or files.config.timing,
-                   impl=impl, clock=clock, state=state, name=getattr(files, "name", ""))
+                   impl=impl, clock=clock, state=state, name=getattr(files, "name", ""), media_link=media_link)
 
     def close(self) -> None:
         """Release the views of media, poison bitmap and BAR (so their mmaps can close).  A
@@ -347,7 +363,8 @@ class DataPath:
         core, self._core = self._core, _CLOSED
         if core is not _CLOSED:
             core.close()
-        for view in (self.media, self.poison_bits, self._link, self.state[0] if self.state else None):
+        for view in (self.media, self.poison_bits, self._link, self._media_link,
+                     self.state[0] if self.state else None):
             if view is not None:
                 view.release()
 

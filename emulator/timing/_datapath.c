@@ -9,7 +9,11 @@
  *     completion = start + occ + lat_ns[d]
  *
  * so bandwidth is shared by everyone who maps the same link-state page (threads and
- * processes) while latency pipelines, as on a real link.  link_free is advanced with a
+ * processes) while latency pipelines, as on a real link.  With a shared media block
+ * (dp->media_link: several hosts on one device) the transfer also holds the media, from the
+ * same start, for occ_m = charged * media_fs_per_byte[d] / 1e6:
+ *     start = max(now, link_free[d], media_free[d]),  completion = start + max(occ, occ_m) + lat
+ * (firmware_model/link.py's model; reserve_shared() below).  link_free is advanced with a
  * compare-and-swap; counters with atomic adds.  The pure-Python twin (_pyimpl.py)
  * implements the same arithmetic; tests compare the two on a simulated clock.
  *
@@ -307,6 +311,69 @@ static uint64_t reserve(const cxl_dp *dp, int dir, uint64_t req, uint64_t occ)
     return start;
 }
 
+/* Reserve the host's link (occ ns) and the shared media (occ_m > 0 ns) from one start,
+ * max(req, link_free if occ, media_free); returns the start.  Two words in two pages cannot be
+ * swapped together, so the media is claimed first and the host's link at the same start after:
+ * - a process that finds media_free moved since it read it fails its media CAS and recomputes
+ *   the start from both words afresh (nothing of it is claimed yet);
+ * - once the media is claimed, [start, start + occ_m) is ours: the host word's CAS then only
+ *   retries while link_free stays <= start (another transfer of this host that ends before our
+ *   start), which leaves our start valid;
+ * - if this host's link was taken past our start meanwhile (a second thread of the same host),
+ *   the media claim is taken back with a CAS from our own end to the value we replaced, which
+ *   succeeds only if nobody claimed the media after us: then no trace is left and we start over;
+ *   otherwise the claim stays as a gap the media idles, and we start over after it.
+ * So at every moment each word's claims never overlap and each transfer holds both resources
+ * from one start; uncontended (one thread per host, and every simulated-clock run) it is the
+ * model's arithmetic exactly.  Media claims are only advanced or rolled back by their owner. */
+static uint64_t reserve_shared(const cxl_dp *dp, int dir, uint64_t req, uint64_t occ, uint64_t occ_m)
+{
+    uint64_t *host = dir_word(dp, dir, CXL_LS_FREE);
+    uint64_t *media = dp->media_link + CXL_LS_DIR_WORD(dir) + CXL_LS_FREE;
+    for (;;) {
+        uint64_t h = __atomic_load_n(host, __ATOMIC_ACQUIRE);
+        uint64_t m = __atomic_load_n(media, __ATOMIC_ACQUIRE);
+        uint64_t start = occ && h > req ? h : req;
+        if (m > start)
+            start = m;
+        if (!__atomic_compare_exchange_n(media, &m, start + occ_m, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            continue;
+        if (occ == 0)
+            return start;
+        while (h <= start) {
+            if (__atomic_compare_exchange_n(host, &h, start + occ, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE))
+                return start;
+        }
+        uint64_t mine = start + occ_m;
+        __atomic_compare_exchange_n(media, &mine, m, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    }
+}
+
+/* The media's occupancy of a transfer, 0 without a shared media block (one predictable branch
+ * on every timed transfer: the cost of the feature to a device without it). */
+static inline uint64_t media_occ(const cxl_dp *dp, int dir, uint64_t charged)
+{
+    return dp->media_link ? occupancy_ns(charged, dp->media_fs_per_byte[dir]) : 0;
+}
+
+/* reserve_shared() and the media's counters (bytes and transfers of host transfers; a copy,
+ * n == 0 here, counts its busy time only, as on the host's page); *held = how long the transfer
+ * holds a resource, the longer of its two occupancies. */
+static uint64_t reserve_media(const cxl_dp *dp, int dir, uint64_t req, uint64_t n, uint64_t occ,
+                              uint64_t occ_m, uint64_t *held)
+{
+    uint64_t *w = dp->media_link + CXL_LS_DIR_WORD(dir);
+    *held = occ_m > occ ? occ_m : occ;
+    if (n) {
+        __atomic_fetch_add(w + CXL_LS_BYTES, n, __ATOMIC_RELAXED);
+        __atomic_fetch_add(w + CXL_LS_TRANSFERS, 1, __ATOMIC_RELAXED);
+    }
+    __atomic_fetch_add(w + CXL_LS_BUSY_NS, occ_m, __ATOMIC_RELAXED);
+    return reserve_shared(dp, dir, req, occ, occ_m);
+}
+
 static void account(const cxl_dp *dp, int dir, uint64_t n, uint64_t occ, uint64_t total)
 {
     __atomic_fetch_add(dir_word(dp, dir, CXL_LS_BYTES), n, __ATOMIC_RELAXED);
@@ -439,11 +506,14 @@ static int64_t short_transfer(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *
 {
     memcpy(dst, src, n);
     uint64_t copied = ticks_now();
-    uint64_t occ = occupancy_ns(charged_bytes(dp, dpa, n), dp->fs_per_byte[dir]);
+    uint64_t charged = charged_bytes(dp, dpa, n);
+    uint64_t occ = occupancy_ns(charged, dp->fs_per_byte[dir]), occ_m = media_occ(dp, dir, charged);
     int64_t lat = dp->lat_ns[dir];
     uint64_t req = (uint64_t)ticks_to_ns(copied);
-    uint64_t start = reserve_always(dp, dir, req, occ);
-    uint64_t completion = start + occ + (uint64_t)lat;
+    uint64_t held = occ;
+    uint64_t start = occ_m ? reserve_media(dp, dir, req, n, occ, occ_m, &held)
+                           : reserve_always(dp, dir, req, occ);
+    uint64_t completion = start + held + (uint64_t)lat;
     account(dp, dir, n, occ, completion - req);
     int64_t wait_ps = (int64_t)(completion - req) * 1000 - dp->comp_ps[0];
     if (wait_ps > 0)
@@ -484,18 +554,20 @@ static int64_t timed(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst, cons
 static int64_t timed_from(const cxl_dp *dp, int dir, uint64_t dpa, uint8_t *dst, const uint8_t *src,
                           uint64_t n, stamp_t ref, int real, int wait)
 {
-    uint64_t occ = occupancy_ns(charged_bytes(dp, dpa, n), dp->fs_per_byte[dir]);
+    uint64_t charged = charged_bytes(dp, dpa, n);
+    uint64_t occ = occupancy_ns(charged, dp->fs_per_byte[dir]), occ_m = media_occ(dp, dir, charged);
     int64_t lat = dp->lat_ns[dir];
     uint64_t req = (uint64_t)ref.ns;
     if (n == 0)
         return (int64_t)req;
-    uint64_t start = reserve(dp, dir, req, occ);
-    uint64_t completion = start + occ + (uint64_t)lat;
+    uint64_t held = occ;
+    uint64_t start = occ_m ? reserve_media(dp, dir, req, n, occ, occ_m, &held) : reserve(dp, dir, req, occ);
+    uint64_t completion = start + held + (uint64_t)lat;
     memcpy(dst, src, n);
     account(dp, dir, n, occ, completion - req);
     if (real && wait)
-        finish_wait(done_target(ref, (int64_t)(start + occ), lat, comp_long_ns(dp)),
-                    (int64_t)(start + occ), lat, comp_long_ns(dp));
+        finish_wait(done_target(ref, (int64_t)(start + held), lat, comp_long_ns(dp)),
+                    (int64_t)(start + held), lat, comp_long_ns(dp));
     return (int64_t)completion;
 }
 
@@ -545,6 +617,16 @@ int64_t cxl_write(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, uint64_t n
     return transfer(dp, CXL_DIR_WRITE, dpa, dp->media + dpa, src, n, now, wait, err_dpa);
 }
 
+/* One direction of a copy: reserve its link (and the media, if it holds it); when it is done. */
+static uint64_t hold(const cxl_dp *dp, int dir, uint64_t req, uint64_t occ, uint64_t occ_m)
+{
+    if (occ_m == 0)
+        return reserve(dp, dir, req, occ) + occ;
+    uint64_t held;
+    uint64_t start = reserve_media(dp, dir, req, 0, occ, occ_m, &held);
+    return start + held;
+}
+
 /* Device-internal copy: the device reads src and writes dst, streaming, so it holds both
  * directions of the link for their occupancy and pays both latencies once:
  *     completion = max(start_r + occ_r, start_w + occ_w) + lat_r + lat_w            */
@@ -571,10 +653,11 @@ int64_t cxl_copy(const cxl_dp *dp, uint64_t src, uint64_t dst, uint64_t n, int64
     uint64_t req = (uint64_t)ref.ns;
     if (n == 0)
         return (int64_t)req;
-    uint64_t occ_r = occupancy_ns(charged_bytes(dp, src, n), dp->fs_per_byte[CXL_DIR_READ]);
-    uint64_t occ_w = occupancy_ns(charged_bytes(dp, dst, n), dp->fs_per_byte[CXL_DIR_WRITE]);
-    uint64_t end_r = reserve(dp, CXL_DIR_READ, req, occ_r) + occ_r;
-    uint64_t end_w = reserve(dp, CXL_DIR_WRITE, req, occ_w) + occ_w;
+    uint64_t charged_r = charged_bytes(dp, src, n), charged_w = charged_bytes(dp, dst, n);
+    uint64_t occ_r = occupancy_ns(charged_r, dp->fs_per_byte[CXL_DIR_READ]);
+    uint64_t occ_w = occupancy_ns(charged_w, dp->fs_per_byte[CXL_DIR_WRITE]);
+    uint64_t end_r = hold(dp, CXL_DIR_READ, req, occ_r, media_occ(dp, CXL_DIR_READ, charged_r));
+    uint64_t end_w = hold(dp, CXL_DIR_WRITE, req, occ_w, media_occ(dp, CXL_DIR_WRITE, charged_w));
     uint64_t lat = (uint64_t)(dp->lat_ns[CXL_DIR_READ] + dp->lat_ns[CXL_DIR_WRITE]);
     uint64_t link_done = end_r > end_w ? end_r : end_w;
     memmove(dp->media + dst, dp->media + src, n);

@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 /* Bumped when a declaration below changes: cimpl refuses a stale build of the extension. */
-#define CXL_ABI_VERSION 5
+#define CXL_ABI_VERSION 6
 
 #define CXL_DIR_READ 0
 #define CXL_DIR_WRITE 1
@@ -54,6 +54,10 @@ typedef struct {
     int untimed;             /* all of lat_ns and fs_per_byte are 0: count, never read the clock */
     const uint64_t *state;   /* the device state word; NULL = not checked (a bare data path) */
     uint64_t state_ok;       /* the value it must hold for media access (generation | UP | MEDIA) */
+    uint64_t *media_link;    /* the device's shared media block (media.link, the link-state page's
+                                layout: FREE and counters per direction), mapped by every host;
+                                NULL = no shared media limit (then media_fs_per_byte is unused) */
+    uint64_t media_fs_per_byte[2]; /* the media's aggregate bandwidth; 0 = that direction unlimited */
 } cxl_dp;
 
 /* One scatter-gather element for cxl_issue_batch (the DMA engine's C path). */

@@ -56,8 +56,11 @@ class PyCore:
     """Timed transfers over a media buffer; errors come back as (code, dpa) like the C core."""
 
     def __init__(self, media: memoryview, poison: memoryview | None, link: memoryview,
-                 params: LinkParams, comp_ns: int = 0, state: tuple[memoryview, int] | None = None) -> None:
+                 params: LinkParams, comp_ns: int = 0, state: tuple[memoryview, int] | None = None,
+                 media_link: memoryview | None = None) -> None:
         self.state = state
+        # the shared media block (as the C core: used only where params limit the media)
+        self.media_link = media_link if params.media_limited else None
         self.media = media
         self.size = media.nbytes
         self.poison = np.frombuffer(poison, dtype=np.uint8) if poison is not None else None
@@ -105,6 +108,26 @@ class PyCore:
             self.link[word] = start + occ
         return start
 
+    def _hold(self, d: int, dpa: int, n: int, req: int, count: bool) -> tuple[int, int]:
+        """Reserve direction d's link and the shared media for a transfer (the model's
+        ``Link._hold`` on the shared words); (link occupancy, when both are released).
+        Caller holds _LINK_LOCK."""
+        occ = self.params.occupancy(d, dpa, n)
+        occ_m = self.params.media_occupancy(d, dpa, n) if self.media_link is not None else 0
+        if occ_m == 0:
+            start = self._reserve(d, req, occ)
+            return occ, start + occ
+        word, media = ls.dir_word(d) + ls.FREE, self.media_link
+        start = _link.reserve_shared(self.link[word], media[word], req, occ, occ_m)
+        if occ:
+            self.link[word] = start + occ
+        media[word] = start + occ_m
+        base = ls.dir_word(d)
+        for off, value in ((ls.BYTES, n), (ls.TRANSFERS, 1), (ls.BUSY_NS, occ_m)) if count else \
+                ((ls.BUSY_NS, occ_m),):
+            media[base + off] = (media[base + off] + value) & _U64
+        return occ, start + max(occ, occ_m)
+
     # -- transfers ----------------------------------------------------------------------
     def transfer(self, d: int, dpa: int, buf: Any, now: int, wait: bool) -> int:
         """Read (d=0: media→host) or write (d=1: host→media); now < 0 means real time."""
@@ -129,11 +152,10 @@ class PyCore:
             req = time.monotonic_ns() if real else now
         if n == 0:
             return req
-        occ = self.params.occupancy(d, dpa, n)
         lat = self.params.lat_ns[d]
         with _LINK_LOCK:
-            start = self._reserve(d, req, occ)
-            completion = start + occ + lat
+            occ, link_done = self._hold(d, dpa, n, req, count=True)
+            completion = link_done + lat
             for off, value in ((ls.BYTES, n), (ls.TRANSFERS, 1), (ls.BUSY_NS, occ),
                                (ls.LATENCY_NS, completion - req),
                                (ls.HIST + ls.hist_bucket(completion - req), 1)):
@@ -141,7 +163,7 @@ class PyCore:
         self._copy(d, dpa, host)
         if real and wait:
             copied = time.monotonic_ns() if lat else 0
-            wait_until(max(start + occ, copied) + lat - self.comp_ns)
+            wait_until(max(link_done, copied) + lat - self.comp_ns)
         return completion
 
     def _copy(self, d: int, dpa: int, host: memoryview) -> None:
@@ -167,12 +189,11 @@ class PyCore:
         req = time.monotonic_ns() if real else now
         if n == 0:
             return req
-        occ_r = self.params.occupancy(ls.DIR_READ, src, n)
-        occ_w = self.params.occupancy(ls.DIR_WRITE, dst, n)
         lat = self.params.lat_ns[ls.DIR_READ] + self.params.lat_ns[ls.DIR_WRITE]
         with _LINK_LOCK:
-            link_done = max(self._reserve(ls.DIR_READ, req, occ_r) + occ_r,
-                            self._reserve(ls.DIR_WRITE, req, occ_w) + occ_w)
+            occ_r, done_r = self._hold(ls.DIR_READ, src, n, req, count=False)
+            occ_w, done_w = self._hold(ls.DIR_WRITE, dst, n, req, count=False)
+            link_done = max(done_r, done_w)
             self._add(ls.COPY_WORD + ls.BYTES, n)
             self._add(ls.COPY_WORD + ls.TRANSFERS, 1)
             self._add(ls.dir_word(ls.DIR_READ) + ls.BUSY_NS, occ_r)

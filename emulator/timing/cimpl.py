@@ -15,7 +15,7 @@ from emulator.timing._cdatapath import __file__ as _LIBRARY  # its file holds tw
 from emulator.timing._cdatapath import ffi, lib  # ImportError when not built
 from emulator.timing.config import LinkParams
 
-_ABI_VERSION = 5  # CXL_ABI_VERSION in _datapath.h
+_ABI_VERSION = 6  # CXL_ABI_VERSION in _datapath.h
 if getattr(lib, "CXL_ABI_VERSION", 1) != _ABI_VERSION:
     raise ImportError("emulator.timing._cdatapath is a stale build of the C core: rebuild it "
                       "(`pip install -e .` or `python -m emulator.timing._build`)")
@@ -66,7 +66,9 @@ class CCore:
 
     def __init__(self, media: memoryview, poison: memoryview | None, link: memoryview,
                  params: LinkParams, comp_ns: tuple[float, float] = (0.0, 0.0),
-                 state: tuple[memoryview, int] | None = None) -> None:
+                 state: tuple[memoryview, int] | None = None, media_link: memoryview | None = None) -> None:
+        """``media_link``: the shared media block (``linkstate.media_words``), used only where
+        ``params`` limit the media."""
         self._keep: list[Any] = []
         dp = ffi.new("cxl_dp *")
         dp.media = self._ptr(media)
@@ -83,6 +85,9 @@ class CCore:
         if state is not None:  # (a writable view of the device state word, the value it must hold)
             dp.state = ffi.cast("uint64_t *", self._ptr(state[0]))
             dp.state_ok = state[1]
+        if media_link is not None and params.media_limited:  # else NULL: no media to reserve
+            dp.media_link = ffi.cast("uint64_t *", self._ptr(media_link))
+            dp.media_fs_per_byte = list(params.media_fs_per_byte)
         self.dp = dp
         self.params = params
         self.err = ffi.new("uint64_t *")

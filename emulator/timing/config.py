@@ -14,6 +14,10 @@ from firmware_model import link as _link
 LinkParams = _link.LinkParams
 
 
+_BANDWIDTHS = ("read_bandwidth_gbps", "write_bandwidth_gbps", "media_read_bandwidth_gbps",
+               "media_write_bandwidth_gbps")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TimingConfig:
     """How much every access to the device costs.
@@ -25,6 +29,10 @@ class TimingConfig:
     so latency pipelines and bandwidth is shared. Latencies are *added* to what the emulator's
     own access costs (local DRAM). A bandwidth of ``None`` means unthrottled (zero bandwidth is a
     configuration error: nothing would ever arrive); latencies of 0 add nothing.
+
+    ``media_*_bandwidth_gbps``: the device media's aggregate bandwidth, shared by all hosts of a
+    pooled device (each with its own link above): a transfer then also waits for, and holds,
+    the media (``firmware_model.link``). ``None`` (and a config.json without them): no media limit.
     """
 
     read_latency_ns: float = 0.0
@@ -33,6 +41,8 @@ class TimingConfig:
     write_bandwidth_gbps: float | None = None
     transaction_bytes: int = 64
     time_scale: float = 1.0
+    media_read_bandwidth_gbps: float | None = None  # GB/s, all hosts together; None = no limit
+    media_write_bandwidth_gbps: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -44,7 +54,7 @@ class TimingConfig:
         for name in ("read_latency_ns", "write_latency_ns"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 ns, got {getattr(self, name)}")
-        for name in ("read_bandwidth_gbps", "write_bandwidth_gbps"):
+        for name in _BANDWIDTHS:
             bw = getattr(self, name)
             if bw is not None and bw < 1e-3:
                 raise ConfigError(f"{name} must be at least 0.001 GB/s (1 MB/s), got {bw}; "
@@ -58,14 +68,16 @@ class TimingConfig:
     @property
     def untimed(self) -> bool:
         return (self.read_latency_ns == 0 and self.write_latency_ns == 0
-                and self.read_bandwidth_gbps is None and self.write_bandwidth_gbps is None)
+                and all(getattr(self, name) is None for name in _BANDWIDTHS))
 
     def link_params(self) -> LinkParams:
         """The firmware model's integer link (ns, femtoseconds per byte), time scale applied."""
         return LinkParams.from_rates(
             read_latency_ns=self.read_latency_ns, write_latency_ns=self.write_latency_ns,
             read_bandwidth_gbps=self.read_bandwidth_gbps or 0, write_bandwidth_gbps=self.write_bandwidth_gbps or 0,
-            time_scale=self.time_scale, txn_bytes=self.transaction_bytes)
+            time_scale=self.time_scale, txn_bytes=self.transaction_bytes,
+            media_read_bandwidth_gbps=self.media_read_bandwidth_gbps or 0,
+            media_write_bandwidth_gbps=self.media_write_bandwidth_gbps or 0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

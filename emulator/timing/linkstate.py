@@ -17,16 +17,25 @@ anyone.  All fields are little-endian u64, updated with atomic operations by the
     word 136  device-internal copies: +1 bytes, +2 transfers
     word 160  the device state word: bits 0-31 boot generation, bit 32 UP, bit 33 MEDIA
 
+The device's shared media (several hosts on one device, docs/pool-design.md section 1) is a block
+of the same layout in its own file, ``MEDIA_LINK_FILE`` in the device directory, mapped by every
+host: its directions' link_free is the media's free time, its counters the media's bytes,
+transfers and busy ns (``media_words``, ``open_media``).
+
 The word offsets repeat ``_datapath.h``; ``tests/emulator/timing/test_timing_datapath.py`` checks both agree.
 The state word is set by the firmware and checked by every transfer here; why and when it
 changes (boots, a dead firmware marked down) is ``emulator.liveness``'s.
 """
 from __future__ import annotations
 
+import mmap
+import os
 import struct
+from pathlib import Path
 from typing import Any
 
-from emulator.spec.registers import LINK_STATE_OFFSET
+from emulator.runtime_fs import open_private_file
+from emulator.spec.registers import LINK_STATE_OFFSET, LINK_STATE_SIZE
 
 MAGIC = int.from_bytes(b"CXLLINK1", "little")
 VERSION = 1
@@ -68,6 +77,34 @@ def initialize(w: memoryview) -> None:
     elif w[0] != MAGIC or w[1] != VERSION:
         raise ValueError(f"link_state holds magic {w[0]:#x} version {w[1]}, not a cxlemu link "
                          f"page (magic {MAGIC:#x} version {VERSION}): wrong BAR offset?")
+
+
+# ---- the shared media block -------------------------------------------------------------------
+#: the device-wide media block's file in a device directory (LINK_STATE_SIZE bytes)
+MEDIA_LINK_FILE = "media.link"
+
+
+def media_words(region: Any) -> memoryview:
+    """A media block (a ``MEDIA_LINK_FILE`` mapping, or any writable buffer of at least
+    ``USED_BYTES``) as u64 words, stamped on first use: what ``DataPath(media=...)`` takes."""
+    w = words(region)
+    initialize(w)
+    return w
+
+
+def open_media(directory: Path) -> mmap.mmap:
+    """Map ``directory``/``MEDIA_LINK_FILE``, creating it zeroed (``LINK_STATE_SIZE`` bytes, this
+    user's only) if absent, and stamp it; every host of the device maps the same file."""
+    fd = open_private_file(Path(directory) / MEDIA_LINK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        if os.fstat(fd).st_size < LINK_STATE_SIZE:
+            os.ftruncate(fd, LINK_STATE_SIZE)
+        mm = mmap.mmap(fd, LINK_STATE_SIZE, mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
+    w = media_words(mm)
+    w.release()
+    return mm
 
 
 def snapshot(region: memoryview | bytes) -> dict[str, int]:

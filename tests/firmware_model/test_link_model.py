@@ -18,6 +18,7 @@ from firmware_model.link import (
     WRITE,
     Link,
     LinkParams,
+    MediaLink,
     charged_bytes,
     occupancy_ns,
     reserve,
@@ -80,6 +81,87 @@ def test_from_rates_is_timing_configs_conversion() -> None:
 def test_bad_link_params_are_refused(kwargs, error, message) -> None:
     with pytest.raises(error, match=message):
         LinkParams(**kwargs)
+
+
+# ------------------------------------------------------------------------------ shared media
+def _two_hosts(**media_gbps: float) -> tuple[Link, Link, MediaLink]:
+    params = LinkParams.from_rates(read_latency_ns=90, write_latency_ns=90, read_bandwidth_gbps=64,
+                                   write_bandwidth_gbps=64, **media_gbps)
+    media = MediaLink()
+    return Link(params, media), Link(params, media), media
+
+
+def test_a_second_host_waits_for_the_shared_media() -> None:
+    """64 GB/s per host, 100 GB/s media, 1 MiB each at t=0: host 0 holds its link 16,384 ns and
+    the media 10,485.76 -> 10,486 ns; host 1's link is idle but its transfer starts when the
+    media is free, at 10,486, and holds its own link from there."""
+    a, b, media = _two_hosts(media_read_bandwidth_gbps=100)
+    assert a.transfer(READ, 0, 1 << 20) == 16_384 + 90
+    assert b.transfer(READ, 0, 1 << 20) == 10_486 + 16_384 + 90
+    assert (a.free, b.free, media.free) == ([16_384, 0], [10_486 + 16_384, 0], [2 * 10_486, 0])
+    assert b.transfer(WRITE, 5, 64) == 5 + 1 + 90  # writes have no media limit here: unaffected
+
+
+def test_media_slower_than_the_link_sets_the_completion() -> None:
+    """Media 32 GB/s under a 64 GB/s link: 1 MiB holds the media 32,768 ns, the link 16,384;
+    completion is start + latency + the longer, and the next host queues behind the media."""
+    a, b, media = _two_hosts(media_read_bandwidth_gbps=32)
+    assert a.transfer(READ, 0, 1 << 20) == 32_768 + 90
+    assert a.free[READ] == 16_384 and media.free[READ] == 32_768
+    assert b.transfer(READ, 100, 1 << 20) == 32_768 + 32_768 + 90
+
+
+def test_one_hosts_transfers_never_move_another_hosts_link() -> None:
+    a, b, media = _two_hosts(media_read_bandwidth_gbps=100, media_write_bandwidth_gbps=100)
+    for t in range(0, 50_000, 1_000):
+        a.transfer(READ, t, 4096)
+        a.transfer(WRITE, t, 65536)
+        a.copy(0, 4096, 8192, t)
+    assert b.free == [0, 0] and media.free != [0, 0]
+
+
+def test_a_link_without_shared_media_owns_one() -> None:
+    """A single host with a media limit: its media is its own, and still bounds it."""
+    link = Link(LinkParams.from_rates(read_bandwidth_gbps=64, media_read_bandwidth_gbps=32))
+    assert [link.transfer(READ, 0, 64), link.transfer(READ, 0, 64)] == [2, 4]
+    assert link.free == [3, 0] and link.media.free == [4, 0]  # 1 ns on the link from 2
+
+
+_ops = st.lists(st.tuples(st.sampled_from(["read", "write", "copy"]), st.integers(0, 1 << 20),
+                          st.integers(0, 1 << 20), st.integers(0, 1 << 21), st.integers(0, 5000)),
+                min_size=1, max_size=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lat=st.integers(0, 2000), bw=st.sampled_from([0, 0.001, 1.0, 16.0, 64.0, 1e7]),
+       scale=st.sampled_from([1.0, 0.25, 2.5]), txn=st.sampled_from([64, 4096]), ops=_ops)
+def test_no_media_limit_is_exactly_the_one_link_model(lat, bw, scale, txn, ops) -> None:
+    """With no media limit every time and link_free is the one-link model's (here written out
+    from its formula, as before the media existed), a shared MediaLink or not."""
+    params = LinkParams.from_rates(read_latency_ns=lat, write_latency_ns=lat // 2, read_bandwidth_gbps=bw,
+                                   write_bandwidth_gbps=bw / 2, time_scale=scale, txn_bytes=txn)
+    link, shared, free, now = Link(params), Link(params, MediaLink()), [0, 0], 0
+
+    def one(i: int, t: int, dpa: int, n: int) -> int:
+        occ = params.occupancy(i, dpa, n)
+        start = t if occ == 0 else max(t, free[i])
+        if occ:
+            free[i] = start + occ
+        return start + occ
+
+    for kind, a, b, n, gap in ops:
+        now += gap
+        if n == 0 or params.untimed:
+            want = now
+        elif kind == "copy":
+            want = max(now, one(READ, now, a, n), one(WRITE, now, b, n)) + sum(params.lat_ns)
+        else:
+            i = READ if kind == "read" else WRITE
+            want = one(i, now, a, n) + params.lat_ns[i]
+        got = [lk.copy(a, b, n, now) if kind == "copy" else lk.transfer(kind, now, n, a)
+               for lk in (link, shared)]
+        assert got == [want, want] and link.free == shared.free == free
+    assert shared.media.free == [0, 0]
 
 
 # ------------------------------------------------------------------------------ differential
@@ -205,6 +287,53 @@ def test_copies_and_empty_transfers_agree_with_the_model(cfg: TimingConfig, ops)
     expected = model()
     assert datapath("c") == expected
     assert datapath("py") == expected
+
+
+_media_bandwidth = st.one_of(st.none(), st.sampled_from([0.001, 16.0, 100.0, 1000.0]),
+                             st.floats(0.01, 400.0, allow_nan=False))
+_shared_timing = st.builds(
+    TimingConfig, read_latency_ns=st.integers(0, 2000), write_latency_ns=st.integers(0, 2000),
+    read_bandwidth_gbps=_bandwidth, write_bandwidth_gbps=_bandwidth,
+    media_read_bandwidth_gbps=_media_bandwidth, media_write_bandwidth_gbps=_media_bandwidth,
+    transaction_bytes=st.sampled_from([64, 256, 4096]), time_scale=st.sampled_from([1.0, 0.25, 2.5]))
+# (host, kind, a, b, bytes, gap): two hosts' transfers and copies interleaved on one clock
+_two_hosts_ops = st.lists(st.tuples(st.integers(0, 1), st.sampled_from(["read", "write", "copy"]),
+                                    st.integers(0, MEDIA - MAX_N), st.integers(0, MEDIA - MAX_N),
+                                    st.integers(0, MAX_N), st.integers(0, 3000)), min_size=1, max_size=16)
+
+
+@settings(max_examples=400, deadline=None)
+@given(cfg=_shared_timing, ops=_two_hosts_ops)
+def test_two_hosts_sharing_the_media_agree_with_the_model(cfg: TimingConfig, ops) -> None:
+    """Two hosts' data paths (their own link-state pages, one media block) on one simulated
+    clock, impl='c' and 'py': every completion, each host's link_free and the media's free time
+    are the two-resource model's (two Links sharing one MediaLink)."""
+    media = MediaLink()
+    links = [Link(cfg.link_params(), media), Link(cfg.link_params(), media)]
+    now, expected = 0, []
+    for host, kind, a, b, n, gap in ops:
+        now += gap
+        link = links[host]
+        expected.append(link.copy(a, b, n, now) if kind == "copy" else link.transfer(kind, now, n, a))
+
+    for impl in ("c", "py"):
+        clock, block = ManualClock(0), bytearray(4096)
+        dps = [DataPath(bytearray(MEDIA), None, bytearray(4096), cfg, impl=impl, clock=clock,
+                        media_link=block) for _ in range(2)]
+        got = []
+        for host, kind, a, b, n, gap in ops:
+            clock.advance(gap)
+            dp = dps[host]
+            if kind == "copy":
+                got.append(dp.copy(a, b, n))
+            else:
+                got.append(dp.read(a, bytearray(n)) if kind == "read" else dp.write(a, bytes(n)))
+        assert got == expected, impl
+        for dp, link in zip(dps, links, strict=True):
+            c = dp.counters()
+            assert [c["read_link_free_ns"], c["write_link_free_ns"]] == link.free, impl
+        m = dps[0].media_counters()
+        assert [m["read_link_free_ns"], m["write_link_free_ns"]] == media.free, impl
 
 
 def test_an_untimed_link_completes_at_the_request_time() -> None:

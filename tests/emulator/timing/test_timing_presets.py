@@ -43,7 +43,7 @@ def test_every_preset_cites_a_source():
 
 
 def test_unknown_preset_is_a_config_error_and_a_key_error():
-    with pytest.raises(presets.UnknownPreset, match="choose one of asic, fpga") as exc:
+    with pytest.raises(presets.UnknownPreset, match="choose one of asic, beluga-switch, fpga") as exc:
         presets.load("hbm9")
     assert isinstance(exc.value, ConfigError) and isinstance(exc.value, KeyError)
 
