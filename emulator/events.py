@@ -20,6 +20,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from emulator.regfile import RegisterFile
 from emulator.spec import registers as R
@@ -232,3 +233,68 @@ class EventLogs:
     def _publish_status(self) -> None:
         status = sum(1 << i for i, lg in enumerate(self._logs) if lg.records)
         self._regs.set_field(R.DEVICE_STATUS, "EVENT_STATUS", status)
+
+
+class PortEvents:
+    """The event logs of every host port of a device (``fw.events``), one ``EventLogs`` each,
+    mirrored into that port's Device Status register.
+
+    Every record the device raises goes into every port's logs: all of them are device-wide
+    facts (a media error, a health alert, a firmware error, a sanitize discarding the logs) that
+    each host sees as a real multi-headed device reports them to each head. Reading and clearing
+    (Get / Clear Event Records) act on the logs of the port whose command runs (``current()``),
+    so one host clearing its records leaves the others' to them. With one port this is exactly
+    the single ``EventLogs`` it wraps."""
+
+    def __init__(self, logs: list[EventLogs], current: Callable[[], int]) -> None:
+        self.ports = logs
+        self._current = current
+
+    @property
+    def here(self) -> EventLogs:
+        """The logs of the port whose command runs (port 0 between commands)."""
+        return self.ports[self._current()]
+
+    def _each(self, method: str, *args: object, **kwargs: object) -> int | None:
+        """Call ``method`` on every port's logs; the current port's result (its handle)."""
+        results = [getattr(logs, method)(*args, **kwargs) for logs in self.ports]
+        return results[self._current()]
+
+    # raised by the device: every port
+    def add(self, log: int, record: bytes, summary: str = "") -> int | None:
+        return self._each("add", log, record, summary)
+
+    def general_media(self, log: int, dpa: int, **kwargs: Any) -> int | None:
+        return self._each("general_media", log, dpa, **kwargs)
+
+    def dram(self, log: int, dpa: int, **kwargs: Any) -> int | None:
+        return self._each("dram", log, dpa, **kwargs)
+
+    def memory_module(self, log: int, device_event_type: int, **kwargs: Any) -> int | None:
+        return self._each("memory_module", log, device_event_type, **kwargs)
+
+    def firmware_error(self, opcode: int, exc: BaseException) -> None:
+        self._each("firmware_error", opcode, exc)
+
+    def discard_all(self) -> None:
+        self._each("discard_all")
+
+    # read and cleared by a host: its own port
+    def get(self, log: int, max_records: int) -> EventBatch:
+        return self.here.get(log, max_records)
+
+    def clear(self, log: int, handles: list[int]) -> RetCode:
+        return self.here.clear(log, handles)
+
+    def clear_all(self, log: int) -> RetCode:
+        return self.here.clear_all(log)
+
+    def count(self, log: int) -> int:
+        return self.here.count(log)
+
+    def counts(self) -> tuple[int, ...]:
+        return self.here.counts()
+
+    @property
+    def recent(self) -> deque[tuple[int, int, str]]:
+        return self.here.recent
