@@ -1,4 +1,6 @@
-"""Claiming a host port: the process that opens port h of a device holds it until it closes it.
+"""Claiming a host port: on a device of several host ports (``DeviceConfig.hosts`` > 1), the
+process that opens port h holds it until it closes it (a one-port device is shared by every
+process, as it always was: ``MemDev.open`` claims nothing there).
 
     host.<h>.lock   flock'd (exclusive, never blocking) by the claiming process while it has the
                     port open: the kernel drops it when that process dies, even by SIGKILL

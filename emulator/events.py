@@ -20,7 +20,6 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from emulator.regfile import RegisterFile
 from emulator.spec import registers as R
@@ -85,7 +84,15 @@ def header(record_uuid: bytes, severity: int, flags: int = 0) -> bytes:
 
 
 class EventLogs:
-    """The five logs of one device, mirrored into the Device Status register."""
+    """The five logs of one host port of a device, mirrored into that port's Device Status
+    register.
+
+    A device of several host ports has one ``EventLogs`` per port, made ``peers`` of each other
+    (``share_records``): every record the device raises goes into every port's logs, since all of
+    them are device-wide facts (a media error, a health alert, a firmware error) that each head of
+    a multi-headed device reports to its host, and Sanitize discards them all. Reading and
+    clearing (Get / Clear Event Records) act on one port's logs: one host clearing its records
+    leaves the others' to them. A one-port device has no peers: exactly one device's logs."""
 
     def __init__(self, regs: RegisterFile, clock: Callable[[], int],
                  sizes: Iterable[int] = EVENT_LOG_SIZES) -> None:
@@ -96,11 +103,19 @@ class EventLogs:
             raise ValueError(f"need {len(EventLog)} log sizes, got {len(self._logs)}")
         self._lock = threading.Lock()
         self.recent: deque[tuple[int, int, str]] = deque(maxlen=16)  # (timestamp, log, summary)
+        self.peers: list[EventLogs] = []  # the other ports' logs (share_records)
         self._publish_status()
 
     # adding records -----------------------------------------------------------------------------
     def add(self, log: int, record: bytes, summary: str = "") -> int | None:
-        """Append a 128-B record to `log`; returns its handle, or None if the log was full."""
+        """Append a 128-B record to `log` (and to every peer port's); returns its handle here, or
+        None if the log was full."""
+        handle = self._add(log, record, summary)
+        for peer in self.peers:
+            peer._add(log, record, summary)
+        return handle
+
+    def _add(self, log: int, record: bytes, summary: str) -> int | None:
         log = EventLog(log)
         if len(record) != EVENT_RECORD_SIZE:
             raise ValueError(f"an event record is {EVENT_RECORD_SIZE} bytes, got {len(record)}")
@@ -214,7 +229,12 @@ class EventLogs:
             return RetCode.SUCCESS
 
     def discard_all(self) -> None:
-        """Drop every record and overflow state (Sanitize, §8.2.9.9.5.1; QEMU discards them too)."""
+        """Drop every record and overflow state, here and in every peer port's logs (Sanitize,
+        §8.2.9.9.5.1; QEMU discards them too)."""
+        for logs in (self, *self.peers):
+            logs._discard()
+
+    def _discard(self) -> None:
         with self._lock:
             for lg in self._logs:
                 lg.records.clear()
@@ -235,66 +255,8 @@ class EventLogs:
         self._regs.set_field(R.DEVICE_STATUS, "EVENT_STATUS", status)
 
 
-class PortEvents:
-    """The event logs of every host port of a device (``fw.events``), one ``EventLogs`` each,
-    mirrored into that port's Device Status register.
 
-    Every record the device raises goes into every port's logs: all of them are device-wide
-    facts (a media error, a health alert, a firmware error, a sanitize discarding the logs) that
-    each host sees as a real multi-headed device reports them to each head. Reading and clearing
-    (Get / Clear Event Records) act on the logs of the port whose command runs (``current()``),
-    so one host clearing its records leaves the others' to them. With one port this is exactly
-    the single ``EventLogs`` it wraps."""
-
-    def __init__(self, logs: list[EventLogs], current: Callable[[], int]) -> None:
-        self.ports = logs
-        self._current = current
-
-    @property
-    def here(self) -> EventLogs:
-        """The logs of the port whose command runs (port 0 between commands)."""
-        return self.ports[self._current()]
-
-    def _each(self, method: str, *args: object, **kwargs: object) -> int | None:
-        """Call ``method`` on every port's logs; the current port's result (its handle)."""
-        results = [getattr(logs, method)(*args, **kwargs) for logs in self.ports]
-        return results[self._current()]
-
-    # raised by the device: every port
-    def add(self, log: int, record: bytes, summary: str = "") -> int | None:
-        return self._each("add", log, record, summary)
-
-    def general_media(self, log: int, dpa: int, **kwargs: Any) -> int | None:
-        return self._each("general_media", log, dpa, **kwargs)
-
-    def dram(self, log: int, dpa: int, **kwargs: Any) -> int | None:
-        return self._each("dram", log, dpa, **kwargs)
-
-    def memory_module(self, log: int, device_event_type: int, **kwargs: Any) -> int | None:
-        return self._each("memory_module", log, device_event_type, **kwargs)
-
-    def firmware_error(self, opcode: int, exc: BaseException) -> None:
-        self._each("firmware_error", opcode, exc)
-
-    def discard_all(self) -> None:
-        self._each("discard_all")
-
-    # read and cleared by a host: its own port
-    def get(self, log: int, max_records: int) -> EventBatch:
-        return self.here.get(log, max_records)
-
-    def clear(self, log: int, handles: list[int]) -> RetCode:
-        return self.here.clear(log, handles)
-
-    def clear_all(self, log: int) -> RetCode:
-        return self.here.clear_all(log)
-
-    def count(self, log: int) -> int:
-        return self.here.count(log)
-
-    def counts(self) -> tuple[int, ...]:
-        return self.here.counts()
-
-    @property
-    def recent(self) -> deque[tuple[int, int, str]]:
-        return self.here.recent
+def share_records(ports: list[EventLogs]) -> None:
+    """Make the logs of a device's host ports peers: a record added to one is added to all."""
+    for logs in ports:
+        logs.peers = [other for other in ports if other is not logs]

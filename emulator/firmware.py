@@ -36,7 +36,7 @@ from emulator.chmu_feed import FeedDrain
 from emulator.commands.event_policy import EventInterruptPolicy
 from emulator.commands.health import HealthService
 from emulator.commands.scan import ScanState
-from emulator.events import EventLogs, PortEvents
+from emulator.events import EventLogs, share_records
 from emulator.fw_telemetry import FirmwarePublisher
 from emulator.fwslots import FwSlots
 from emulator.health import HealthState
@@ -65,12 +65,13 @@ ABORT_LIMIT_PERCENT = 85
 class HostPort:
     """One host port: its BAR's registers and state word, and its event logs."""
 
-    def __init__(self, host: int, bar: object) -> None:
+    def __init__(self, host: int, bar: object, clock: Callable[[], int]) -> None:
+        """``clock``: the device time event records are stamped with (``Firmware.timestamp_ns``)."""
         self.host = host
         self.bar = bar
         self.regs = RegisterFile(bar)
         self.state = liveness.state_view(bar)
-        self.events: EventLogs | None = None  # built once the firmware's clock is (Firmware.__init__)
+        self.events = EventLogs(self.regs, clock)
 
 
 class Firmware:
@@ -83,7 +84,7 @@ class Firmware:
         self.files = files
         self.clock: Clock = clock if clock is not None else WallClock()
         self.config = files.config
-        self.ports = [HostPort(h, bar) for h, bar in enumerate(files.host_bars())]
+        self.ports = [HostPort(h, bar, self.timestamp_ns) for h, bar in enumerate(files.host_bars())]
         self.port = self.ports[0]  # the port whose command runs (serving); port 0 otherwise
         # Boot (a power cycle): a new generation in the state word, down until ready, so hosts
         # still holding the last boot's handles fail (emulator/liveness.py); registers at reset.
@@ -120,9 +121,7 @@ class Firmware:
         self.health = HealthState(start_ns=self.boot_ns)
         self.services.append(HealthService(self))
         self.event_policy = EventInterruptPolicy()
-        for p in self.ports:
-            p.events = EventLogs(p.regs, self.timestamp_ns)
-        self.events = PortEvents([p.events for p in self.ports if p.events is not None], lambda: self.port.host)
+        share_records([p.events for p in self.ports])
         self.error_hooks.append(self.events.firmware_error)
         self.poison = PoisonList(self)
         self.scan_media = ScanState()
@@ -140,6 +139,12 @@ class Firmware:
     def regs(self) -> RegisterFile:
         """The registers of the port whose command runs (port 0 outside a command)."""
         return self.port.regs
+
+    @property
+    def events(self) -> EventLogs:
+        """The event logs of the port whose command runs (port 0 outside a command); a record
+        added to them goes into every port's (``EventLogs.peers``)."""
+        return self.port.events
 
     def _set_state(self, word: int) -> None:
         """The state word, the same in every port's BAR: each host's data path checks its own."""

@@ -40,7 +40,7 @@ class FirmwarePublisher:
         records = fw.poison.records
         unit = fw.chmu.unit
         for port, writer in zip(fw.ports, self.writers):
-            logs = fw.events.ports[port.host]
+            logs = port.events
             info, warn, fail, fatal, dcd = logs.counts()
             writer.publish(
                 uptime_ns=now_ns - fw.boot_ns, timestamp_ns=fw.timestamp_ns(),
