@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mbox_support import firmware
 
 from emulator import liveness
 from emulator.device import DeviceConfig, DeviceFiles, load_config
@@ -20,13 +21,9 @@ from emulator.telemetry import TelemetryReader
 
 @pytest.fixture
 def fw3(device_name: str) -> Iterator[Firmware]:
-    files = DeviceFiles.create(DeviceConfig(name=device_name, capacity=256 << 20, hosts=3))
-    fw = Firmware(files)
-    try:
+    """A device of three host ports and its firmware, no runner (the test serves the doorbells)."""
+    with firmware(capacity=256 << 20, name=device_name, hosts=3) as fw:
         yield fw
-    finally:
-        fw.close()
-        files.destroy()
 
 
 def _ring(regs, opcode: int) -> None:
