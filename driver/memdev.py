@@ -21,10 +21,11 @@ from driver._cmd_fw import FwCommands
 from driver._cmd_generic import GenericCommands
 from driver._cmd_memdev import MemdevCommands
 from driver._cmd_poison import PoisonCommands
+from driver import ports
 from driver.mailbox import MBOX_TIMEOUT_S, MailboxClient
 from emulator import liveness
 from emulator.chmu_feed import AccessFeed
-from emulator.device_dir import DeviceFiles
+from emulator.device_dir import DeviceFiles, mbox_lock_name
 from emulator.regfile import RegisterFile, find_capabilities
 from emulator.spec import registers as R
 from emulator.spec.errors import DeviceGone
@@ -43,8 +44,9 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
     disabled (sanitize, secure erase) data-path calls raise ``MediaDisabled``."""
 
     def __init__(self, files: DeviceFiles, *, timeout_s: float = MBOX_TIMEOUT_S) -> None:
-        lock_fd = files.open_lock("mbox.lock")  # first: a missing lock leaves no view of the BAR behind
+        lock_fd = files.open_lock(mbox_lock_name(files.host))  # first: a missing lock leaves no view of the BAR behind
         self.files = files
+        self.host = files.host
         self.config = files.config
         self.bar = files.bar
         regs = RegisterFile(files.bar)
@@ -57,20 +59,34 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
         self.access_feed = AccessFeed(files.bar, files.path / "chmu.lock")  # what the CHMU counts
         self.capabilities = find_capabilities(regs)
         self._watch = liveness.WATCHER.add(files.path, liveness.state_view(files.bar), self._expected)
+        self._claimed = False  # set by open when it claimed the port (driver.ports); released by close
 
     @classmethod
-    def open(cls, name: str, *, timeout_s: float = MBOX_TIMEOUT_S,
+    def open(cls, name: str, *, host: int = 0, timeout_s: float = MBOX_TIMEOUT_S,
              ready_timeout_s: float = READY_TIMEOUT_S) -> "MemDev":
-        """Open a served device by name; waits for Mailbox Ready as Linux's cxl_await_media_ready,
-        and raises ``DeviceGone`` at once when no live firmware serves it (never served, stopped,
-        killed, or a zombie)."""
-        files = DeviceFiles.open(name)
+        """Open a served device by name through host port ``host`` (its BAR, mailbox and link;
+        ``NoSuchHost`` past the device's ``hosts``). On a device of several host ports the port
+        is claimed for this process (``driver.ports``: ``PortClaimed`` while another process
+        holds it); a one-port device is shared by every process, as it always was. Waits for Mailbox
+        Ready as Linux's cxl_await_media_ready, and raises ``DeviceGone`` at once when no live
+        firmware serves it (never served, stopped, killed, or a zombie)."""
+        files = DeviceFiles.open(name, host=host)
+        claims = files.config.hosts > 1
+        try:
+            if claims:
+                ports.claim(files)
+        except BaseException:
+            files.close()
+            raise
         try:
             cls._await_ready(files, ready_timeout_s)
             md = cls(files, timeout_s=timeout_s)
         except BaseException:
+            if claims:
+                ports.release(files)
             files.close()
             raise
+        md._claimed = claims
         return md
 
     @staticmethod
@@ -172,6 +188,9 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
         self._poison = np.zeros(0, np.uint8)
         self.datapath.close()  # releases its views of the mmaps before they are unmapped
         self._state.release()
+        if self._claimed:
+            self._claimed = False
+            ports.release(self.files)
         self.files.close()
 
     def __enter__(self) -> "MemDev":
@@ -181,7 +200,8 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
         self.close()
 
     def __repr__(self) -> str:
-        return f"MemDev({self.name!r}, capacity={self.config.capacity:#x})"
+        port = f", host={self.host}" if self.host else ""
+        return f"MemDev({self.name!r}{port}, capacity={self.config.capacity:#x})"
 
 
 def _nbytes(buf: Any) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from emulator.device_dir import (
     CAPACITY_UNIT,
+    MAX_HOSTS,
     DeviceConfig,
     DeviceFiles,
     check_backing,
@@ -12,6 +13,7 @@ from emulator.device_dir import (
     device_path,
     device_state,
     firmware_pid,
+    host_claims,
     list_devices,
     load_config,
     numa_node,
@@ -23,7 +25,7 @@ from emulator.device_dir import (
 from emulator.serving import Served, bind_media, serve
 
 __all__ = [
-    "CAPACITY_UNIT", "DeviceConfig", "DeviceFiles", "Served", "bind_media", "check_backing", "destroy",
-    "device_path", "device_state", "firmware_pid", "list_devices", "load_config", "numa_node", "open_bar",
+    "CAPACITY_UNIT", "MAX_HOSTS", "DeviceConfig", "DeviceFiles", "Served", "bind_media", "check_backing", "destroy",
+    "device_path", "device_state", "firmware_pid", "host_claims", "list_devices", "load_config", "numa_node", "open_bar",
     "poison_bitmap_size", "provision", "runtime_dir", "serve",
 ]

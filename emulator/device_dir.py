@@ -10,6 +10,8 @@ Serving one (its firmware in this process) is ``emulator.serving``; ``emulator.d
         state.json     poison list and firmware slots (emulator/persist.py); fwslot<N>.img
         firmware.pid   "<pid> <start time>" of the process serving it (emulator/liveness.py)
         mbox.lock      hosts flock it around one mailbox exchange
+        bar.h<h>, mbox.h<h>.lock   host port h > 0's BAR and mailbox lock (config.hosts ports)
+        host.<h>.lock, host.<h>.pid   the process that claimed port h (driver.MemDev.open)
 
 Hosts and monitors find devices by listing the runtime dir, as `cxl list` walks sysfs.
 
@@ -50,13 +52,42 @@ from emulator.runtime_fs import (
     runtime_dir,
 )
 from emulator.spec import registers as R
-from emulator.spec.errors import ConfigError, DeviceFileDamaged, DeviceFileError, DeviceNotFound, NoSpace
+from emulator.spec.errors import ConfigError, DeviceFileDamaged, DeviceFileError, DeviceNotFound, NoSpace, NoSuchHost
 from emulator.timing.config import TimingConfig
 
 from emulator.spec.payloads_memdev import CAPACITY_UNIT
 POISON_GRANULE = 64
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
 _STAGING_PREFIX = ".new-"  # a device being created: <runtime dir>/.new-<name>-<pid>
+MAX_HOSTS = 8  # host ports one device serves (config.hosts)
+
+
+# One home for the names of a host port's files: host 0 keeps the names a one-host device always
+# had, so every tool that maps `bar` or locks `mbox.lock` works unchanged.
+def bar_name(host: int) -> str:
+    """The file holding host port ``host``'s BAR."""
+    return "bar" if host == 0 else f"bar.h{host}"
+
+
+def mbox_lock_name(host: int) -> str:
+    """The lock hosts of port ``host`` flock around one mailbox exchange."""
+    return "mbox.lock" if host == 0 else f"mbox.h{host}.lock"
+
+
+def host_lock_name(host: int) -> str:
+    """The lock the process that claims port ``host`` holds (flock) while it has it open."""
+    return f"host.{host}.lock"
+
+
+def host_pid_name(host: int) -> str:
+    """The claiming process of port ``host``: "<pid> <start time>", as firmware.pid."""
+    return f"host.{host}.pid"
+
+
+def check_host(name: str, host: int, hosts: int) -> None:
+    """Refuse (``NoSuchHost``) a host port the device does not have."""
+    if isinstance(host, bool) or not isinstance(host, int) or not 0 <= host < hosts:
+        raise NoSuchHost(name, host, hosts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +101,7 @@ class DeviceConfig:
     serial: int | None = None
     fw_revision: str = "cxlemu-0.1.0"
     preset: str | None = None
+    hosts: int = 1  # host ports, each its own BAR and mailbox (an older config.json has none: 1)
     timing: TimingConfig = field(default_factory=TimingConfig)
 
     def __post_init__(self) -> None:
@@ -84,6 +116,8 @@ class DeviceConfig:
             raise ConfigError(f"numa_node must be >= 0 or None, got {self.numa_node}")
         if len(self.fw_revision.encode()) > 16:
             raise ConfigError(f"fw_revision {self.fw_revision!r} is longer than 16 bytes")
+        if isinstance(self.hosts, bool) or not isinstance(self.hosts, int) or not 1 <= self.hosts <= MAX_HOSTS:
+            raise ConfigError(f"hosts {self.hosts!r} must be an integer from 1 to {MAX_HOSTS}")
         if self.serial is None:
             object.__setattr__(self, "serial", zlib.crc32(self.name.encode()) | 0xC0DE_0000_0000)
 
@@ -203,22 +237,31 @@ def _damaged_remedy(path: Path) -> str:
             f"or `cxlemu destroy {name}`")
 
 
-def open_bar(name: str, *, writable: bool = False) -> mmap.mmap:
-    """Map a device's register file (read-only by default: monitors never write)."""
+def open_bar(name: str, *, writable: bool = False, host: int = 0) -> mmap.mmap:
+    """Map a device's register file (read-only by default: monitors never write); ``host``: that
+    host port's BAR (``NoSuchHost`` past the device's ports)."""
     path = _checked_device_dir(name)
     if not (path / "config.json").is_file():
         raise DeviceNotFound(name, str(runtime_dir()))
-    return _map(path / "bar", R.BAR_SIZE, writable=writable)
+    if host != 0:
+        check_host(name, host, load_config(name).hosts)
+    return _map(path / bar_name(host), R.BAR_SIZE, writable=writable)
 
 
 class DeviceFiles:
     """The mapped files of one device, shared by whoever opens them."""
 
-    def __init__(self, config: DeviceConfig, path: Path, *, writable: bool = True) -> None:
+    def __init__(self, config: DeviceConfig, path: Path, *, writable: bool = True, host: int = 0) -> None:
+        """``host``: the host port whose BAR ``bar`` maps (the firmware maps the others too,
+        ``host_bars``); ``NoSuchHost`` past the device's ports."""
+        check_host(config.name, host, config.hosts)
         self.config = config
         self.name = config.name
         self.path = path
-        self.bar = _map(path / "bar", R.BAR_SIZE, writable=writable)
+        self.host = host
+        self._writable = writable
+        self.bar = _map(path / bar_name(host), R.BAR_SIZE, writable=writable)
+        self._other_bars: dict[int, mmap.mmap] = {}
         self.media = _map(path / "media", config.capacity, writable=writable)
         self.lsa = _map(path / "lsa", config.lsa_size, writable=writable)
         self.poison = _map(path / "poison", poison_bitmap_size(config.capacity), writable=writable)
@@ -244,11 +287,18 @@ class DeviceFiles:
         os.rename(staged, path)
         return cls(config, path)
 
+    def host_bars(self) -> list[mmap.mmap]:
+        """Every host port's BAR, port order (the firmware serves them all); mapped once."""
+        for h in range(self.config.hosts):
+            if h != self.host and h not in self._other_bars:
+                self._other_bars[h] = _map(self.path / bar_name(h), R.BAR_SIZE, writable=self._writable)
+        return [self.bar if h == self.host else self._other_bars[h] for h in range(self.config.hosts)]
+
     @classmethod
-    def open(cls, name: str, *, writable: bool = True) -> "DeviceFiles":
+    def open(cls, name: str, *, writable: bool = True, host: int = 0) -> "DeviceFiles":
         config = load_config(name)
         try:
-            return cls(config, device_path(name), writable=writable)
+            return cls(config, device_path(name), writable=writable, host=host)
         except DeviceFileDamaged:
             if not (device_path(name) / "config.json").exists():  # destroyed since load_config
                 raise DeviceNotFound(name, str(runtime_dir())) from None
@@ -276,7 +326,7 @@ class DeviceFiles:
         if self._closed:
             return
         self._closed = True
-        for m in (self.bar, self.media, self.lsa, self.poison):
+        for m in (self.bar, self.media, self.lsa, self.poison, *self._other_bars.values()):
             with contextlib.suppress(BufferError):  # live views elsewhere: let GC unmap
                 m.close()
 
@@ -290,8 +340,13 @@ def poison_bitmap_size(capacity: int) -> int:
 
 
 def _file_sizes(config: DeviceConfig) -> dict[str, int]:
-    return {"bar": R.BAR_SIZE, "media": config.capacity, "lsa": config.lsa_size,
-            "poison": poison_bitmap_size(config.capacity)}
+    bars = {bar_name(h): R.BAR_SIZE for h in range(config.hosts)}
+    return {**bars, "media": config.capacity, "lsa": config.lsa_size, "poison": poison_bitmap_size(config.capacity)}
+
+
+def _lock_names(config: DeviceConfig) -> list[str]:
+    """The lock files a device has (created by a serve, never by a host)."""
+    return [n for h in range(config.hosts) for n in (mbox_lock_name(h), host_lock_name(h))]
 
 
 def _paths(path: Path, config: DeviceConfig) -> dict[Path, int]:
@@ -313,7 +368,7 @@ def check_backing(config: DeviceConfig) -> None:
     limit = st.f_blocks * st.f_frsize
     need = sum(_file_sizes(config).values())
     if need > limit:
-        fit = (limit - R.BAR_SIZE - config.lsa_size) * 512 // 513 // CAPACITY_UNIT * CAPACITY_UNIT
+        fit = (limit - config.hosts * R.BAR_SIZE - config.lsa_size) * 512 // 513 // CAPACITY_UNIT * CAPACITY_UNIT
         hint = f"at most {fit >> 20} MiB here" if fit > 0 else "none fits here"
         raise ConfigError(f"capacity {config.capacity} ({config.capacity >> 20} MiB) cannot be backed: the "
                           f"runtime dir {root} is on a filesystem of {limit >> 20} MiB ({hint}; "
@@ -334,7 +389,8 @@ def _build(config: DeviceConfig) -> Path:
         for fname, size in _file_sizes(config).items():
             with open(staged / fname, "wb") as f:
                 f.truncate(size)
-        (staged / "mbox.lock").touch()
+        for lock in _lock_names(config):
+            (staged / lock).touch()
         (staged / "config.json").write_text(config.to_json())
     except OSError as exc:
         shutil.rmtree(staged, ignore_errors=True)
@@ -344,21 +400,29 @@ def _build(config: DeviceConfig) -> Path:
 
 def _retire(path: Path) -> None:
     """Remove a stopped device's directory; hosts still holding its BAR see it down first."""
-    with contextlib.suppress(OSError, ValueError, DeviceFileError):  # damaged: nobody maps it
-        bar = _map(path / "bar", R.BAR_SIZE)
-        view = liveness.state_view(bar)
-        liveness.mark_down(view, view[0])
-        view.release()
-        bar.close()
+    for bar_file in sorted(path.glob("bar*")):  # every host port's BAR
+        with contextlib.suppress(OSError, ValueError, DeviceFileError):  # damaged: nobody maps it
+            bar = _map(bar_file, R.BAR_SIZE)
+            view = liveness.state_view(bar)
+            liveness.mark_down(view, view[0])
+            view.release()
+            bar.close()
     shutil.rmtree(path)
 
 
 def _resize(path: Path, old: DeviceConfig, new: DeviceConfig) -> None:
     """Reconfigure a stopped device's files in place: media, LSA and poison bitmap take the new
-    sizes (contents kept where they fit; a larger device reads zeros past the old end)."""
+    sizes (contents kept where they fit; a larger device reads zeros past the old end); host
+    ports added get their BAR, those removed lose theirs."""
+    old_sizes = _file_sizes(old)
     for fname, size in _file_sizes(new).items():
-        if size != _file_sizes(old)[fname]:
+        if size != old_sizes.get(fname):
+            os.close(open_private_file(path / fname, os.O_RDWR | os.O_CREAT))
             os.truncate(path / fname, size)
+    for h in range(new.hosts, old.hosts):
+        for fname in (bar_name(h), mbox_lock_name(h), host_lock_name(h), host_pid_name(h)):
+            with contextlib.suppress(FileNotFoundError):
+                (path / fname).unlink()
     (path / "config.json").write_text(new.to_json())
 
 
@@ -391,7 +455,8 @@ def provision(config: DeviceConfig, *, fresh: bool = False, reconfigure: bool = 
         except OSError as exc:
             raise ConfigError(f"device {name!r} cannot be reconfigured: {exc.strerror or exc}") from None
     # a lock deleted while the device was stopped: no host of an earlier boot locks it again
-    os.close(open_private_file(path / "mbox.lock", os.O_RDWR | os.O_CREAT))
+    for lock in _lock_names(config):
+        os.close(open_private_file(path / lock, os.O_RDWR | os.O_CREAT))
     return DeviceFiles(config, path)
 
 
@@ -406,6 +471,14 @@ def destroy(name: str) -> None:
     _retire(path)
 
 
+def host_claims(name: str) -> list[dict[str, Any]]:
+    """Each host port of the device and the live process that claimed it (None: unclaimed), as
+    ``cxlemu list`` shows them: ``[{"host": 0, "pid": 1234}, {"host": 1, "pid": None}]``."""
+    path = device_path(name)
+    hosts = load_config(name).hosts
+    return [{"host": h, "pid": liveness.firmware_pid(path, host_pid_name(h))} for h in range(hosts)]
+
+
 def numa_node(name: str) -> int | None:
     """The node the device's media lives on as its server found it (-1: unknown)."""
     try:
@@ -415,7 +488,8 @@ def numa_node(name: str) -> int | None:
 
 
 __all__ = [
-    "CAPACITY_UNIT", "DeviceConfig", "DeviceFiles", "check_backing", "destroy", "device_path", "device_state",
-    "firmware_pid", "list_devices", "load_config", "numa_node", "open_bar", "poison_bitmap_size", "provision",
+    "CAPACITY_UNIT", "MAX_HOSTS", "DeviceConfig", "DeviceFiles", "bar_name", "check_backing", "check_host",
+    "destroy", "device_path", "device_state", "firmware_pid", "host_claims", "host_lock_name", "host_pid_name",
+    "list_devices", "load_config", "mbox_lock_name", "numa_node", "open_bar", "poison_bitmap_size", "provision",
     "runtime_dir",
 ]

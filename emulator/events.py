@@ -84,7 +84,15 @@ def header(record_uuid: bytes, severity: int, flags: int = 0) -> bytes:
 
 
 class EventLogs:
-    """The five logs of one device, mirrored into the Device Status register."""
+    """The five logs of one host port of a device, mirrored into that port's Device Status
+    register.
+
+    A device of several host ports has one ``EventLogs`` per port, made ``peers`` of each other
+    (``share_records``): every record the device raises goes into every port's logs, since all of
+    them are device-wide facts (a media error, a health alert, a firmware error) that each head of
+    a multi-headed device reports to its host, and Sanitize discards them all. Reading and
+    clearing (Get / Clear Event Records) act on one port's logs: one host clearing its records
+    leaves the others' to them. A one-port device has no peers: exactly one device's logs."""
 
     def __init__(self, regs: RegisterFile, clock: Callable[[], int],
                  sizes: Iterable[int] = EVENT_LOG_SIZES) -> None:
@@ -95,11 +103,19 @@ class EventLogs:
             raise ValueError(f"need {len(EventLog)} log sizes, got {len(self._logs)}")
         self._lock = threading.Lock()
         self.recent: deque[tuple[int, int, str]] = deque(maxlen=16)  # (timestamp, log, summary)
+        self.peers: list[EventLogs] = []  # the other ports' logs (share_records)
         self._publish_status()
 
     # adding records -----------------------------------------------------------------------------
     def add(self, log: int, record: bytes, summary: str = "") -> int | None:
-        """Append a 128-B record to `log`; returns its handle, or None if the log was full."""
+        """Append a 128-B record to `log` (and to every peer port's); returns its handle here, or
+        None if the log was full."""
+        handle = self._add(log, record, summary)
+        for peer in self.peers:
+            peer._add(log, record, summary)
+        return handle
+
+    def _add(self, log: int, record: bytes, summary: str) -> int | None:
         log = EventLog(log)
         if len(record) != EVENT_RECORD_SIZE:
             raise ValueError(f"an event record is {EVENT_RECORD_SIZE} bytes, got {len(record)}")
@@ -213,7 +229,12 @@ class EventLogs:
             return RetCode.SUCCESS
 
     def discard_all(self) -> None:
-        """Drop every record and overflow state (Sanitize, §8.2.9.9.5.1; QEMU discards them too)."""
+        """Drop every record and overflow state, here and in every peer port's logs (Sanitize,
+        §8.2.9.9.5.1; QEMU discards them too)."""
+        for logs in (self, *self.peers):
+            logs._discard()
+
+    def _discard(self) -> None:
         with self._lock:
             for lg in self._logs:
                 lg.records.clear()
@@ -232,3 +253,10 @@ class EventLogs:
     def _publish_status(self) -> None:
         status = sum(1 << i for i, lg in enumerate(self._logs) if lg.records)
         self._regs.set_field(R.DEVICE_STATUS, "EVENT_STATUS", status)
+
+
+
+def share_records(ports: list[EventLogs]) -> None:
+    """Make the logs of a device's host ports peers: a record added to one is added to all."""
+    for logs in ports:
+        logs.peers = [other for other in ports if other is not logs]

@@ -10,6 +10,14 @@
 
 Everything device-side runs in the runner's one thread, so handlers and background jobs never race
 each other; hosts are serialised by the mailbox lock (driver) and the doorbell.
+
+A device with ``config.hosts`` > 1 has one BAR per host port (``bar``, ``bar.h1``, ...), each its
+own ``HostPort``: registers (mailbox, device status, memdev status), state word and event logs.
+The runner services every port's doorbell each pass, one command per port, so no host starves;
+while a command runs ``fw.port`` is its port, and ``fw.regs`` / ``fw.events`` resolve to it, so a
+handler keeps its signature ``handler(fw, payload)`` and acts on the port that asked. Media,
+poison, LSA, timestamp, health and firmware slots are the device's, shared by every port; the
+HDM decoders and the CHMU are on port 0's BAR.
 """
 from __future__ import annotations
 
@@ -28,7 +36,7 @@ from emulator.chmu_feed import FeedDrain
 from emulator.commands.event_policy import EventInterruptPolicy
 from emulator.commands.health import HealthService
 from emulator.commands.scan import ScanState
-from emulator.events import EventLogs
+from emulator.events import EventLogs, share_records
 from emulator.fw_telemetry import FirmwarePublisher
 from emulator.fwslots import FwSlots
 from emulator.health import HealthState
@@ -47,11 +55,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ABORT_LIMIT_PERCENT", "BackgroundJob", "Firmware", "FirmwareRunner", "Service"]
+__all__ = ["ABORT_LIMIT_PERCENT", "BackgroundJob", "Firmware", "FirmwareRunner", "HostPort", "Service"]
 
 Service = Callable[[int], object]  # returns truthy when it had work (the runner naps less)
 # §8.2.9.1.5: an abort is honoured only while the operation is below this percent (QEMU).
 ABORT_LIMIT_PERCENT = 85
+
+
+class HostPort:
+    """One host port: its BAR's registers and state word, and its event logs."""
+
+    def __init__(self, host: int, bar: object, clock: Callable[[], int]) -> None:
+        """``clock``: the device time event records are stamped with (``Firmware.timestamp_ns``)."""
+        self.host = host
+        self.bar = bar
+        self.regs = RegisterFile(bar)
+        self.state = liveness.state_view(bar)
+        self.events = EventLogs(self.regs, clock)
 
 
 class Firmware:
@@ -64,13 +84,14 @@ class Firmware:
         self.files = files
         self.clock: Clock = clock if clock is not None else WallClock()
         self.config = files.config
-        self.regs = RegisterFile(files.bar)
+        self.ports = [HostPort(h, bar, self.timestamp_ns) for h, bar in enumerate(files.host_bars())]
+        self.port = self.ports[0]  # the port whose command runs (serving); port 0 otherwise
         # Boot (a power cycle): a new generation in the state word, down until ready, so hosts
         # still holding the last boot's handles fail (emulator/liveness.py); registers at reset.
-        self._state = liveness.state_view(files.bar)
-        self.generation = liveness.next_generation(self._state[0])
-        self.regs.region(0, R.BAR_SIZE)[:] = bytes(R.BAR_SIZE)
-        self._state[0] = self.generation
+        self.generation = liveness.next_generation(max(p.state[0] & liveness.GEN_MASK for p in self.ports))
+        for p in self.ports:
+            p.regs.region(0, R.BAR_SIZE)[:] = bytes(R.BAR_SIZE)
+        self._set_state(self.generation)
         self.media = np.frombuffer(files.media, dtype=np.uint8)
         self.lsa = np.frombuffer(files.lsa, dtype=np.uint8) if self.config.lsa_size else np.zeros(0, np.uint8)
         self.poison_bits = np.frombuffer(files.poison, dtype=np.uint8)
@@ -84,11 +105,15 @@ class Firmware:
         self._bg_opcode = 0
         self._bg_abortable = False
         self._bg_percent = 0
-        init_device_registers(self.regs)
+        self._bg_port = self.ports[0]  # the port whose command started the background operation
+        for p in self.ports:
+            init_device_registers(p.regs)
         self.hdm = component.attach(self)
         self.chmu = chmu.attach(self)
-        self.access_feed = FeedDrain(files.bar, self.chmu)
-        self.services.append(self.access_feed.service)
+        # every port's accesses reach the one CHMU through that port's feed ring
+        feeds = [FeedDrain(p.bar, self.chmu) for p in self.ports]
+        self.access_feed = feeds[0]
+        self.services.extend(feed.service for feed in feeds)
         # the command groups' state (emulator/commands/): firmware slots (fw), health and alerts
         # (health), interrupt policy (event_policy), event logs (events), poison list (poison),
         # the last media scan (scan)
@@ -96,7 +121,7 @@ class Firmware:
         self.health = HealthState(start_ns=self.boot_ns)
         self.services.append(HealthService(self))
         self.event_policy = EventInterruptPolicy()
-        self.events = EventLogs(self.regs, self.timestamp_ns)
+        share_records([p.events for p in self.ports])
         self.error_hooks.append(self.events.firmware_error)
         self.poison = PoisonList(self)
         self.scan_media = ScanState()
@@ -105,8 +130,26 @@ class Firmware:
         self.services.append(self.persist.service)
         self.telemetry = FirmwarePublisher(self)
         self.services.append(self.telemetry.service)
-        self.regs.set_fields(R.MEMDEV_STATUS, MEDIA_STATUS=R.MEDIA_READY, MBOX_READY=1)
-        self._state[0] = liveness.serving_word(self.generation, media=True)
+        for p in self.ports:
+            p.regs.set_fields(R.MEMDEV_STATUS, MEDIA_STATUS=R.MEDIA_READY, MBOX_READY=1)
+        self._set_state(liveness.serving_word(self.generation, media=True))
+
+    # host ports --------------------------------------------------------------------------------
+    @property
+    def regs(self) -> RegisterFile:
+        """The registers of the port whose command runs (port 0 outside a command)."""
+        return self.port.regs
+
+    @property
+    def events(self) -> EventLogs:
+        """The event logs of the port whose command runs (port 0 outside a command); a record
+        added to them goes into every port's (``EventLogs.peers``)."""
+        return self.port.events
+
+    def _set_state(self, word: int) -> None:
+        """The state word, the same in every port's BAR: each host's data path checks its own."""
+        for p in self.ports:
+            p.state[0] = word
 
     # time ------------------------------------------------------------------------------------
     def set_timestamp(self, host_ns: int) -> None:
@@ -134,8 +177,9 @@ class Firmware:
     def media_disabled(self, disabled: bool) -> None:
         """Memory Device Status and the state word together: hosts' data paths refuse the media
         (MediaDisabled) from the moment this returns until it is enabled again."""
-        self._state[0] = liveness.serving_word(self.generation, media=not disabled)
-        self.regs.set_field(R.MEMDEV_STATUS, "MEDIA_STATUS", R.MEDIA_DISABLED if disabled else R.MEDIA_READY)
+        self._set_state(liveness.serving_word(self.generation, media=not disabled))
+        for p in self.ports:
+            p.regs.set_field(R.MEMDEV_STATUS, "MEDIA_STATUS", R.MEDIA_DISABLED if disabled else R.MEDIA_READY)
 
     # background operations (§8.2.8.4.7, §8.2.9.1.2) ----------------------------------------------
     @property
@@ -144,8 +188,9 @@ class Firmware:
 
     @property
     def background_status(self) -> tuple[bool, int, int, int]:
-        """(running, percent, opcode, retcode) as Background Operation Status reports them."""
-        v = self.regs.get(R.MB_BG_STATUS)
+        """(running, percent, opcode, retcode) as Background Operation Status reports them (the
+        mailbox of the port that started the last one)."""
+        v = self._bg_port.regs.get(R.MB_BG_STATUS)
         f = R.MB_BG_STATUS
         return (self._bg is not None, f.f("PERCENT").get(v), f.f("OPCODE").get(v), f.f("RETCODE").get(v))
 
@@ -153,6 +198,7 @@ class Firmware:
         if self._bg is not None:
             raise RuntimeError("a background operation is already running")  # dispatcher returns Busy first
         self._bg, self._bg_opcode, self._bg_abortable, self._bg_percent = job, opcode, abortable, 0
+        self._bg_port = self.port
         self.regs.set_fields(R.MB_BG_STATUS, OPCODE=opcode, PERCENT=0, RETCODE=0)
         self.regs.set_field(R.MB_STATUS, "BG_OP", 1)
 
@@ -170,7 +216,7 @@ class Firmware:
             self._finish_background(RetCode.INTERNAL_ERROR)
         else:
             self._bg_percent = max(0, min(99, int(percent)))
-            self.regs.set_field(R.MB_BG_STATUS, "PERCENT", self._bg_percent)
+            self._bg_port.regs.set_field(R.MB_BG_STATUS, "PERCENT", self._bg_percent)
         return True
 
     def request_abort(self) -> RetCode:
@@ -188,8 +234,8 @@ class Firmware:
         self._bg = None
         if not self._save_state() and rc == RetCode.SUCCESS and self._bg_opcode in PERSISTENT_OPCODES:
             rc = UNSAVED  # what it changed is not saved: the host is not told it succeeded
-        self.regs.set_fields(R.MB_BG_STATUS, PERCENT=percent, RETCODE=int(rc))
-        self.regs.set_field(R.MB_STATUS, "BG_OP", 0)
+        self._bg_port.regs.set_fields(R.MB_BG_STATUS, PERCENT=percent, RETCODE=int(rc))
+        self._bg_port.regs.set_field(R.MB_STATUS, "BG_OP", 0)
 
     def _save_state(self) -> bool:
         """Persist what a command or background operation changed (emulator/persist.py); False
@@ -207,8 +253,20 @@ class Firmware:
 
     # mailbox ---------------------------------------------------------------------------------
     def service_mailbox(self) -> bool:
-        """Run the command behind a rung doorbell; True if there was one."""
-        regs = self.regs
+        """Run the command behind each port's rung doorbell, one per port; True if there was one."""
+        served = False
+        for port in self.ports:
+            if port.regs.get(R.MB_CTRL) & 1:
+                self.port = port
+                try:
+                    served = self._service_port(port) or served
+                finally:
+                    self.port = self.ports[0]
+        return served
+
+    def _service_port(self, port: HostPort) -> bool:
+        """Run the command behind ``port``'s doorbell (``self.port`` is ``port``)."""
+        regs = port.regs
         if not regs.get(R.MB_CTRL) & 1:
             return False
         cmd = regs.get(R.MB_CMD)
@@ -225,19 +283,21 @@ class Firmware:
                     rc, out = UNSAVED, b""
         regs.region(R.MB_PAYLOAD_OFFSET, len(out))[:] = out
         regs.set_fields(R.MB_CMD, OPCODE=opcode, LENGTH=len(out))
-        regs.set_fields(R.MB_STATUS, RETCODE=int(rc), BG_OP=int(self._bg is not None))
+        regs.set_fields(R.MB_STATUS, RETCODE=int(rc), BG_OP=int(self._bg is not None and self._bg_port is port))
         regs.set_field(R.MB_CTRL, "DOORBELL", 0)  # last: the host may read everything above now
         return True
 
     def close(self) -> None:
         self._save_state()
-        self._state[0] = self.generation  # down: every host's data path and mailbox now fail
-        self._state.release()
-        self.regs.set_field(R.MEMDEV_STATUS, "MBOX_READY", 0)
+        self._set_state(self.generation)  # down: every host's data path and mailbox now fail
+        for p in self.ports:
+            p.state.release()
+            p.regs.set_field(R.MEMDEV_STATUS, "MBOX_READY", 0)
         self.telemetry.close()
         # drop the views so the mmaps can close
         self.media, self.lsa, self.poison_bits = (np.zeros(0, np.uint8) for _ in range(3))
-        self.regs = RegisterFile(bytearray(R.BAR_SIZE))
+        for p in self.ports:
+            p.regs, p.bar = RegisterFile(bytearray(R.BAR_SIZE)), None
 
 
 class FirmwareRunner:

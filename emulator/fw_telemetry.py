@@ -3,7 +3,8 @@
 Monitors and the Prometheus exporter read the page without asking the firmware anything
 (emulator/telemetry/layout.py has the layout); this module gathers what the firmware knows — media
 state, health, event and poison counts, failed saves of its state, the running background operation, the CHMU — and
-publishes it from the runner's thread, its only writer.
+publishes it from the runner's thread, its only writer, into every host port's BAR (the event
+counts and recent events are that port's logs; the rest is the device's).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class FirmwarePublisher:
 
     def __init__(self, fw: "Firmware") -> None:
         self.fw = fw
-        self.writer = TelemetryWriter(fw.files.bar, "firmware")
+        self.writers = [TelemetryWriter(p.bar, "firmware") for p in fw.ports]
         self._last_ns = 0
 
     def service(self, now_ns: int) -> None:
@@ -37,21 +38,24 @@ class FirmwarePublisher:
         fw = self.fw
         running, percent, opcode, _ = fw.background_status
         records = fw.poison.records
-        info, warn, fail, fatal, dcd = fw.events.counts()
         unit = fw.chmu.unit
-        self.writer.publish(
-            uptime_ns=now_ns - fw.boot_ns, timestamp_ns=fw.timestamp_ns(),
-            capacity_bytes=fw.config.capacity, capacity_used_bytes=fw.capacity_used_bytes,
-            media_status=fw.regs.get_field(R.MEMDEV_STATUS, "MEDIA_STATUS"),
-            health_status=fw.health.health_status(), temperature_c=fw.health.temperature,
-            life_used_pct=fw.health.life_used, poison_count=len(records),
-            events_info=info, events_warn=warn, events_fail=fail, events_fatal=fatal, events_dcd=dcd,
-            bg_running=int(running), bg_opcode=opcode, bg_percent=percent,
-            recent_events=[EventEntry(t, g, s) for t, g, s in list(fw.events.recent)[:MAX_LISTED]],
-            recent_poison=[PoisonEntry(r.dpa, r.length, int(r.source)) for r in records[:MAX_LISTED]],
-            chmu_enabled=int(unit.enabled), chmu_epoch_count=unit.status.epochs,
-            chmu_unit_size=unit.config.unit_size, hotlist=unit.hotlist.peek()[-256:],
-            state_save_failures=min(fw.persist.failures, 0xFFFF_FFFF))
+        for port, writer in zip(fw.ports, self.writers):
+            logs = port.events
+            info, warn, fail, fatal, dcd = logs.counts()
+            writer.publish(
+                uptime_ns=now_ns - fw.boot_ns, timestamp_ns=fw.timestamp_ns(),
+                capacity_bytes=fw.config.capacity, capacity_used_bytes=fw.capacity_used_bytes,
+                media_status=fw.regs.get_field(R.MEMDEV_STATUS, "MEDIA_STATUS"),
+                health_status=fw.health.health_status(), temperature_c=fw.health.temperature,
+                life_used_pct=fw.health.life_used, poison_count=len(records),
+                events_info=info, events_warn=warn, events_fail=fail, events_fatal=fatal, events_dcd=dcd,
+                bg_running=int(running), bg_opcode=opcode, bg_percent=percent,
+                recent_events=[EventEntry(t, g, s) for t, g, s in list(logs.recent)[:MAX_LISTED]],
+                recent_poison=[PoisonEntry(r.dpa, r.length, int(r.source)) for r in records[:MAX_LISTED]],
+                chmu_enabled=int(unit.enabled), chmu_epoch_count=unit.status.epochs,
+                chmu_unit_size=unit.config.unit_size, hotlist=unit.hotlist.peek()[-256:],
+                state_save_failures=min(fw.persist.failures, 0xFFFF_FFFF))
 
     def close(self) -> None:
-        self.writer.close()
+        for writer in self.writers:
+            writer.close()

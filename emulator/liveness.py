@@ -112,26 +112,28 @@ def process_alive(pid: int, started: int = -1) -> bool:
     return _death(pid, started) is None
 
 
-def write_pid(device_dir: Path) -> None:
-    """Record this process as the device's firmware (written whole, then renamed into place)."""
+def write_pid(device_dir: Path, fname: str = PID_FILE) -> None:
+    """Record this process as the device's firmware (or, ``fname``, as the claimer of a host
+    port: ``host.<h>.pid``), written whole, then renamed into place."""
     pid = os.getpid()
-    tmp = device_dir / f".{PID_FILE}.{pid}"
+    tmp = device_dir / f".{fname}.{pid}"
     tmp.write_text(f"{pid} {start_time(pid)}\n")
-    os.replace(tmp, device_dir / PID_FILE)
+    os.replace(tmp, device_dir / fname)
 
 
-def read_pid(device_dir: Path) -> tuple[int, int] | None:
-    """(pid, start time) from the device's pid file, or None when there is none."""
+def read_pid(device_dir: Path, fname: str = PID_FILE) -> tuple[int, int] | None:
+    """(pid, start time) from the device's pid file ``fname``, or None when there is none."""
     try:
-        parts = (device_dir / PID_FILE).read_text().split()
+        parts = (device_dir / fname).read_text().split()
         return int(parts[0]), int(parts[1]) if len(parts) > 1 else -1
     except (OSError, ValueError, IndexError):
         return None
 
 
-def firmware_pid(device_dir: Path) -> int | None:
-    """The pid of the live process serving the device, or None (none recorded, exited, zombie)."""
-    rec = read_pid(device_dir)
+def firmware_pid(device_dir: Path, fname: str = PID_FILE) -> int | None:
+    """The pid of the live process serving the device (``fname``: that pid file's, e.g. a host
+    port's claimer), or None (none recorded, exited, zombie)."""
+    rec = read_pid(device_dir, fname)
     if rec is None or not process_alive(*rec):
         return None
     return rec[0]

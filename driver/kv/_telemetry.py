@@ -74,10 +74,11 @@ def sharing_gauges(engines: Iterable[Any]) -> dict[str, int]:
 def host_writer(memdev: Any, what: str) -> Any:
     """A writer of ``memdev``'s host telemetry section, or None (with one warning saying why)
     when another live process holds it."""
+    from emulator.device_dir import bar_name
     from emulator.telemetry import TelemetryClaimed, TelemetryWriter
 
-    try:
-        return TelemetryWriter(memdev.bar, "host", lock_path=memdev.files.path / "bar")
+    try:  # the host section of the port's own BAR, claimed through that BAR's file
+        return TelemetryWriter(memdev.bar, "host", lock_path=memdev.files.path / bar_name(memdev.host))
     except TelemetryClaimed as exc:
         warnings.warn(f"{what} telemetry not published: {exc}", RuntimeWarning, stacklevel=3)
         return None

@@ -71,6 +71,24 @@ class DeviceNotFound(CxlemuError, LookupError):
         super().__init__(f"no device named {name!r}{where} (see `cxlemu list`)")
 
 
+class NoSuchHost(CxlemuError, ValueError):
+    """A host port the device does not have (ports are 0 .. hosts-1, ``DeviceConfig.hosts``)."""
+
+    def __init__(self, name: str, host: object, hosts: int) -> None:
+        self.device_name, self.host, self.hosts = name, host, hosts
+        super().__init__(f"device {name!r} has {hosts} host port{'s' if hosts != 1 else ''} "
+                         f"(0..{hosts - 1}): no host {host!r} (`cxlemu serve --hosts N --reconfigure` adds ports)")
+
+
+class PortClaimed(CxlemuError):
+    """Another live process holds this host port (``MemDev.open(name, host=h)`` claims it)."""
+
+    def __init__(self, name: str, host: int, pid: int) -> None:
+        self.device_name, self.host, self.pid = name, host, pid
+        super().__init__(f"device {name!r}: host port {host} is claimed by pid {pid}: open another port "
+                         f"(host=) or stop that process")
+
+
 class DeviceGone(CxlemuError):
     """The device went away (its firmware stopped or its files were destroyed)."""
 

@@ -12,8 +12,9 @@ from typing import Any
 
 from tools.common import VLLM_MODULE, CliError, need_extra, parse_hex, parse_int, parse_size, print_json
 
-__all__ = ["PORT_RANGE", "VLLM_MODULE", "ArgumentError", "CliError", "device_error", "human_table", "memdev_session",
-           "need_extra", "open_memdev", "parse_hex", "parse_int", "parse_port", "parse_size", "print_json"]
+__all__ = ["PORT_RANGE", "VLLM_MODULE", "ArgumentError", "CliError", "add_host_flag", "device_error", "human_table",
+           "memdev_session", "need_extra", "open_memdev", "parse_hex", "parse_host", "parse_int", "parse_port",
+           "parse_size", "print_json"]
 
 
 class ArgumentError(CliError, argparse.ArgumentTypeError):
@@ -37,26 +38,47 @@ def parse_port(text: str | int) -> int:
     return port
 
 
-def open_memdev(name: str):  # -> driver.MemDev (imported lazily: `cxlemu --help` stays fast)
-    """Open a served device for a subcommand; unknown or stopped devices, and files that cannot be
-    used as they are, become one-line errors."""
-    from driver import DeviceFileError, DeviceGone, DeviceNotFound, MemDev
+def parse_host(text: str | int) -> int:
+    """A host port index from decimal text (``--host``), usable as an argparse ``type=``; whether
+    the device has that port is for ``MemDev.open`` to say (``NoSuchHost``, exit 2)."""
+    from emulator.device_dir import MAX_HOSTS
 
     try:
-        return MemDev.open(name)
-    except (DeviceNotFound, DeviceFileError) as exc:
+        host = int(str(text).strip(), 10)
+    except ValueError:
+        raise ArgumentError(f"malformed host port {text!r}: use a number 0..{MAX_HOSTS - 1}") from None
+    if not 0 <= host < MAX_HOSTS:
+        raise ArgumentError(f"host port must be 0..{MAX_HOSTS - 1}, got {host}")
+    return host
+
+
+def add_host_flag(p: argparse.ArgumentParser) -> None:
+    """``--host H``: the host port a device command goes through (default 0)."""
+    p.add_argument("--host", type=parse_host, default=0, metavar="H",
+                   help="the host port to use (a device served with --hosts N has 0..N-1; default 0)")
+
+
+def open_memdev(name: str, host: int = 0):  # -> driver.MemDev (imported lazily: `cxlemu --help` stays fast)
+    """Open a served device through host port ``host`` for a subcommand; unknown or stopped
+    devices, a port it lacks or another process holds, and files that cannot be used as they
+    are, become one-line errors."""
+    from driver import DeviceFileError, DeviceGone, DeviceNotFound, MemDev, NoSuchHost, PortClaimed
+
+    try:
+        return MemDev.open(name, host=host)
+    except (DeviceNotFound, DeviceFileError, NoSuchHost) as exc:
         raise CliError(str(exc), exit_code=2) from None
-    except DeviceGone as exc:
+    except (DeviceGone, PortClaimed) as exc:
         raise CliError(str(exc), exit_code=1) from None
 
 
 @contextmanager
-def memdev_session(name: str) -> Iterator[Any]:
+def memdev_session(name: str, host: int = 0) -> Iterator[Any]:
     """An open MemDev for one subcommand: a bad argument (ValueError from a typed wrapper) exits 2,
     a device error (return code, poison, timeout) exits 1, one line each."""
     from driver import CxlemuError
 
-    with open_memdev(name) as md:
+    with open_memdev(name, host) as md:
         try:
             yield md
         except ValueError as exc:

@@ -7,7 +7,9 @@ import sys
 from typing import Any
 
 from tools.cli._common import (
+    ArgumentError,
     CliError,
+    add_host_flag,
     open_memdev,
     parse_hex,
     parse_int,
@@ -32,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reconfigure", action="store_true",
                    help="change a stopped device's settings (media kept where it fits)")
     p.add_argument("--numa-node", type=int, default=None, help="bind the media to this NUMA node")
+    p.add_argument("--hosts", type=_parse_hosts, default=None, metavar="N",
+                   help="host ports, 1..8, each its own BAR and mailbox (new device: default 1; stopped one: as it was)")
     p.add_argument("--preset", default=None, help="timing preset (see `cxlemu presets`)")
     p.add_argument("--read-latency-ns", type=float, default=None)
     p.add_argument("--write-latency-ns", type=float, default=None)
@@ -51,12 +55,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name")
     p.add_argument("opcode", help="e.g. 0x4000")
     p.add_argument("--payload", default="", help="input payload as hex")
+    add_host_flag(p)
     p.add_argument("--wait", action="store_true", help="follow a background command to completion")
     p.set_defaults(func=cmd_raw)
 
     p = sub.add_parser("destroy", help="remove a stopped device's files")
     p.add_argument("name")
     p.set_defaults(func=cmd_destroy)
+
+
+def _parse_hosts(text: str) -> int:
+    """``serve --hosts N``: 1..MAX_HOSTS host ports."""
+    from emulator.device_dir import MAX_HOSTS
+
+    try:
+        hosts = int(text.strip(), 10)
+    except ValueError:
+        raise ArgumentError(f"malformed host count {text!r}: use a number 1..{MAX_HOSTS}") from None
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise ArgumentError(f"host count must be 1..{MAX_HOSTS}, got {hosts}")
+    return hosts
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -94,6 +112,8 @@ def build_config(args: argparse.Namespace) -> Any:
             fields["lsa_size"] = parse_size(args.lsa_size)
         if args.numa_node is not None:
             fields["numa_node"] = args.numa_node
+        if args.hosts is not None:
+            fields["hosts"] = args.hosts
         return base.with_(**fields)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
@@ -135,7 +155,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     link = "unthrottled" if t.read_bandwidth_gbps is None else f"{t.read_bandwidth_gbps:g} GB/s"
     kept = (" (reconfigured, media kept)" if args.reconfigure else " (as it was: media, LSA, poison, slots kept)") \
         if existed else " (new)"
-    print(f"cxlemu: serving {config.name}{kept}: {config.capacity >> 20} MiB, read {t.read_latency_ns:g} ns / "
+    ports = f", {config.hosts} host ports" if config.hosts > 1 else ""
+    print(f"cxlemu: serving {config.name}{kept}: {config.capacity >> 20} MiB{ports}, read {t.read_latency_ns:g} ns / "
           f"write {t.write_latency_ns:g} ns, {link}, "
           f"pid {__import__('os').getpid()} (SIGINT/SIGTERM to stop)", file=sys.stderr, flush=True)
     try:
@@ -152,6 +173,7 @@ def describe(name: str) -> dict[str, Any]:
         device_path,
         device_state,
         firmware_pid,
+        host_claims,
         load_config,
         numa_node,
     )
@@ -162,6 +184,7 @@ def describe(name: str) -> dict[str, Any]:
         "firmware_version": cfg.fw_revision, "numa_node": numa_node(name), "state": device_state(name),
         "host": firmware_pid(name), "preset": cfg.preset, "lsa_size": cfg.lsa_size,
         "timing": cfg.timing.to_dict(), "path": str(device_path(name)),
+        "hosts": host_claims(name),  # each host port and the live process that claimed it (None: free)
     }
     if record["state"] == "served":
         record["firmware_version"] = _running_revision(name) or cfg.fw_revision
@@ -230,7 +253,7 @@ def cmd_raw(args: argparse.Namespace) -> int:
 
     if len(payload) > MAILBOX_PAYLOAD_SIZE:
         raise CliError(f"payload of {len(payload)} bytes exceeds the {MAILBOX_PAYLOAD_SIZE}-byte mailbox")
-    with open_memdev(args.name) as md:
+    with open_memdev(args.name, args.host) as md:
         rc, out = md.send(opcode, payload, wait_background=args.wait)
     print_json({"retcode": rc, "retcode_name": retcode_name(rc), "payload": out.hex()})
     if rc not in (0, 1):

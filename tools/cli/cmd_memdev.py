@@ -25,6 +25,7 @@ from typing import Any
 
 from tools.cli._common import (
     CliError,
+    add_host_flag,
     human_table,
     parse_hex,
     parse_int,
@@ -53,6 +54,7 @@ def _named(parent: argparse._SubParsersAction, cmd: str, help_text: str, func: A
            human: bool = True) -> argparse.ArgumentParser:
     p = parent.add_parser(cmd, help=help_text)
     p.add_argument("name", help="device name, e.g. mem0")
+    add_host_flag(p)
     if human:
         p.add_argument("--human", action="store_true", help="a rich table instead of JSON")
     p.set_defaults(func=func)
@@ -105,7 +107,7 @@ def _emit(args: argparse.Namespace, title: str, record: dict[str, Any]) -> int:
 
 
 def cmd_identify(args: argparse.Namespace) -> int:
-    with device(args.name) as md:
+    with device(args.name, args.host) as md:
         record = {"memdev": args.name, **md.identity()}  # the driver's record, as `md.identity()` prints it
     return _emit(args, f"{args.name}: Identify and Identify Memory Device", record)
 
@@ -149,7 +151,7 @@ def alert_config_json(cfg: Any) -> dict[str, Any]:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    with device(args.name) as md:
+    with device(args.name, args.host) as md:
         health = health_json(md.health())
         alerts = alert_config_json(md.alert_config()) if args.alerts else None
     if args.human:
@@ -178,7 +180,7 @@ def cmd_set_alert_config(args: argparse.Namespace) -> int:
                            f"or --{flag}-alert off alone to disable")
     if not enable and not disable:
         raise CliError("nothing to set: give at least one --X-alert on|off (see --help)")
-    with device(args.name) as md:
+    with device(args.name, args.host) as md:
         md.set_alert_config(disable=disable, **enable)
         alerts = alert_config_json(md.alert_config())
     print_json({"memdev": args.name, "alert_config": alerts})
@@ -186,13 +188,13 @@ def cmd_set_alert_config(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    with device(args.name) as md:
+    with device(args.name, args.host) as md:
         part = md.partition_info()
     return _emit(args, f"{args.name}: partition", {"memdev": args.name, **asdict(part)})
 
 
 def cmd_timestamp(args: argparse.Namespace) -> int:
-    with device(args.name) as md:
+    with device(args.name, args.host) as md:
         if args.set is not None:
             md.set_timestamp(None if args.set == "now" else parse_int(args.set, "timestamp"))
         ns = md.timestamp()
@@ -203,7 +205,7 @@ def cmd_lsa(args: argparse.Namespace) -> int:
     offset = parse_int(args.offset, "offset")
     if args.write is not None and args.length is not None:
         raise CliError("--length reads; --write writes: give one of them")
-    with device(args.name) as md:
+    with device(args.name, args.host) as md:
         lsa_size = md.identify_memdev().lsa_size
         if args.write is not None:
             data = parse_hex(args.write, "--write data")
@@ -221,7 +223,7 @@ def cmd_lsa(args: argparse.Namespace) -> int:
 
 
 def cmd_fw_info(args: argparse.Namespace) -> int:
-    with device(args.name) as md:
+    with device(args.name, args.host) as md:
         info = md.fw_info()
     return _emit(args, f"{args.name}: firmware", {"memdev": args.name, **asdict(info),
                                                   "revisions": list(info.revisions)})
@@ -272,7 +274,7 @@ def cmd_fw_update(args: argparse.Namespace) -> int:
         image = Path(args.file).read_bytes()
     except OSError as exc:
         raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
-    with device(args.name) as md:
+    with device(args.name, args.host) as md:
         info = md.fw_info()
         slot = parse_int(args.slot, "slot") if args.slot is not None else \
             next(s for s in range(1, info.slots_supported + 1) if s != info.active_slot)
@@ -285,7 +287,7 @@ def cmd_fw_update(args: argparse.Namespace) -> int:
 
 def cmd_fw_activate(args: argparse.Namespace) -> int:
     slot = parse_int(args.slot, "slot")
-    with device(args.name) as md:
+    with device(args.name, args.host) as md:
         md.activate_firmware(slot, online=not args.on_reset)
         info = md.fw_info()
     print_json({"memdev": args.name, "active_slot": info.active_slot, "staged_slot": info.staged_slot,

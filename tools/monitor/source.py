@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from emulator import device as dev
+from emulator.device_dir import bar_name
 from emulator.liveness import read_pid
 from emulator.spec import registers as R
 from emulator.telemetry import TelemetryReader, TelemetrySnapshot
@@ -126,7 +127,7 @@ class DeviceSource:
     @staticmethod
     def _bar_inode(path: Path) -> tuple[int, int] | None:
         try:
-            st = os.stat(path / "bar")
+            st = os.stat(path / bar_name(0))  # host port 0: the firmware section is the same in every BAR
         except OSError:
             return None
         return (st.st_dev, st.st_ino) if st.st_size >= R.BAR_SIZE else None
@@ -134,7 +135,7 @@ class DeviceSource:
     def _attach(self, path: Path, inode: tuple[int, int]) -> None:
         self.close()
         self.history.reset()
-        with open(path / "bar", "rb") as f:
+        with open(path / bar_name(0), "rb") as f:
             self._bar = mmap.mmap(f.fileno(), R.BAR_SIZE, prot=mmap.PROT_READ)
         self._reader = TelemetryReader(self._bar)
         self._inode = inode

@@ -1,0 +1,91 @@
+"""`cxlemu serve --hosts N`: a device of several host ports, kept across serves like its capacity;
+`list` shows each port's claimer, `raw` and the memdev commands go through `--host`."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from cli_support import cxlemu, serve_process
+
+from driver import MemDev
+from emulator.device import device_path, load_config
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+
+
+def _ports(name: str) -> list[str]:
+    return sorted(p.name for p in Path(device_path(name)).glob("bar*"))
+
+
+def test_hosts_are_kept_across_serves_refused_changed_and_reset_by_fresh(device_name: str) -> None:
+    name = device_name
+    proc = serve_process(name, "--capacity", "256M", "--hosts", "2")
+    try:
+        assert load_config(name).hosts == 2 and _ports(name) == ["bar", "bar.h1"]
+        with MemDev.open(name, host=1):
+            record = json.loads(cxlemu("list", name, check=True).stdout)[0]
+            # the test process claimed port 1; the CLI's own look at the device claims nothing
+            assert record["hosts"] == [{"host": 0, "pid": None}, {"host": 1, "pid": os.getpid()}]
+            claimed = cxlemu("raw", name, "0x0001", "--host", "1")
+            assert claimed.returncode == 1 and claimed.stderr.count("\n") == 1
+            assert f"host port 1 is claimed by pid {os.getpid()}" in claimed.stderr
+        raw = json.loads(cxlemu("raw", name, "0x0001", "--host", "1", check=True).stdout)
+        assert raw["retcode"] == 0 and len(bytes.fromhex(raw["payload"])) == 18
+        ident = [json.loads(cxlemu("identify", name, "--host", h, check=True).stdout) for h in ("1", "0")]
+        assert ident[0] == ident[1] and ident[0]["memdev"] == name  # one device behind both ports
+        bad = cxlemu("raw", name, "0x0001", "--host", "2")
+        assert bad.returncode == 2 and bad.stdout == ""
+        assert bad.stderr == (f"cxlemu: error: device {name!r} has 2 host ports (0..1): no host 2 "
+                              f"(`cxlemu serve --hosts N --reconfigure` adds ports)\n")
+    finally:
+        _stop(proc)
+
+    proc = serve_process(name)  # without --hosts: as it was
+    try:
+        assert load_config(name).hosts == 2
+        assert len(json.loads(cxlemu("list", name, check=True).stdout)[0]["hosts"]) == 2
+    finally:
+        _stop(proc)
+
+    refused = cxlemu("serve", "--name", name, "--hosts", "3")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith(f"cxlemu: error: device {name!r} exists with another configuration "
+                                     f"(hosts: 2 -> 3): serve it as it is")
+    assert load_config(name).hosts == 2 and _ports(name) == ["bar", "bar.h1"]
+
+    proc = serve_process(name, "--fresh")
+    try:
+        assert load_config(name).hosts == 1 and _ports(name) == ["bar"]
+        assert json.loads(cxlemu("list", name, check=True).stdout)[0]["hosts"] == [{"host": 0, "pid": None}]
+    finally:
+        _stop(proc)
+    assert cxlemu("destroy", name).returncode == 0
+
+
+def test_reconfigure_adds_and_removes_host_ports(device_name: str) -> None:
+    name = device_name
+    _stop(serve_process(name, "--capacity", "256M"))
+    assert _ports(name) == ["bar"]
+    _stop(serve_process(name, "--hosts", "3", "--reconfigure"))
+    assert load_config(name).hosts == 3 and _ports(name) == ["bar", "bar.h1", "bar.h2"]
+    assert (Path(device_path(name)) / "mbox.h2.lock").is_file()
+    _stop(serve_process(name, "--hosts", "1", "--reconfigure"))
+    assert load_config(name).hosts == 1 and _ports(name) == ["bar"]
+    assert not (Path(device_path(name)) / "mbox.h2.lock").exists()
+    assert cxlemu("destroy", name).returncode == 0
+
+
+def test_bad_host_counts_and_ports_are_one_line_errors(device_name: str) -> None:
+    for args, message in ((("serve", "--name", device_name, "--hosts", "9"), "host count must be 1..8, got 9"),
+                          (("serve", "--name", device_name, "--hosts", "0"), "host count must be 1..8, got 0"),
+                          (("raw", device_name, "0x0001", "--host", "x"), "malformed host port 'x'"),
+                          (("identify", device_name, "--host", "-1"), "host port must be 0..7, got -1")):
+        proc = cxlemu(*args)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith("cxlemu: error: argument --host") and message in proc.stderr
