@@ -109,7 +109,8 @@ class DeviceBlockStore:
         # the handle's state check: once its firmware is gone, DMA fails (DeviceGone) untouched
         state = (liveness.state_view(files.bar), memdev.datapath.state[1]) if memdev.datapath.state else None
         self.datapath = SleepingDataPath(files.media, files.poison, link, memdev.config.timing,
-                                         state=state, name=memdev.name)
+                                         state=state, name=memdev.name,
+                                         media_link=memdev.datapath.media_mmap)  # the device's shared media
         self.dma = DmaEngine(self.datapath, channels=channels)
         self.chunk_bytes = 0
         self.capacity_chunks = 0

@@ -117,6 +117,8 @@ class DataPath:
         if media_link is None and params.media_limited:
             media_link = bytearray(linkstate.USED_BYTES)
         self._media_link = None if media_link is None else linkstate.media_words(media_link)
+        #: the shared media block's mapping when ``for_device`` opened it (this data path closes it)
+        self.media_mmap: Any = None
         self.impl = self._choose_impl(impl)
         self._core = self._make_core(params)
         # the C core's one-call entry for host buffers (None on the Python twin, or where
@@ -347,14 +349,21 @@ class DataPath:
         from emulator.spec.registers import LINK_STATE_OFFSET, LINK_STATE_SIZE
 
         link = memoryview(files.bar)[LINK_STATE_OFFSET:LINK_STATE_OFFSET + LINK_STATE_SIZE]
+        cfg = config or files.config.timing
+        owned = None
+        if media_link is None and cfg.link_params().media_limited and getattr(files, "path", None) is not None:
+            # every host's data path of this device maps the one media.link: they share the media
+            media_link = owned = linkstate.open_media(files.path)
         if state is None:
             word = linkstate.state_view(files.bar)
             if word[0] & linkstate.UP:
                 state = (word, linkstate.serving_word(word[0]))
             else:
                 word.release()
-        return cls(files.media, files.poison, link, config or files.config.timing,
-                   impl=impl, clock=clock, state=state, name=getattr(files, "name", ""), media_link=media_link)
+        dp = cls(files.media, files.poison, link, cfg,
+                 impl=impl, clock=clock, state=state, name=getattr(files, "name", ""), media_link=media_link)
+        dp.media_mmap = owned
+        return dp
 
     def close(self) -> None:
         """Release the views of media, poison bitmap and BAR (so their mmaps can close).  A
@@ -367,6 +376,11 @@ class DataPath:
                      self.state[0] if self.state else None):
             if view is not None:
                 view.release()
+        if self.media_mmap is not None:  # the device's media.link, mapped by for_device
+            try:
+                self.media_mmap.close()
+            except BufferError:  # another data path (the KV store's) still views it; it closes with the GC
+                pass
 
     def __enter__(self) -> Self:
         return self
