@@ -2,6 +2,7 @@
 (its access bitmap), on both twins, for every transfer and DMA descriptor; a refusal moves nothing."""
 from __future__ import annotations
 
+import mmap
 from types import SimpleNamespace
 
 import numpy as np
@@ -164,18 +165,30 @@ def test_blocks_past_the_bitmap_count_as_clear(impl):
     assert got == [want for *_, want in cases]
 
 
-def test_for_device_passes_the_bitmap_through():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_for_device_checks_a_bitmap_the_host_maps_read_only(impl, tmp_path):
+    """As a device's access file is used: the firmware writes through its own mapping, the host's
+    data path maps it read-only and sees each change at its next transfer."""
     from emulator.spec.registers import BAR_SIZE
 
-    media, bits = bytearray(MEDIA), bytearray(2)
-    files = SimpleNamespace(bar=bytearray(BAR_SIZE), media=media, poison=bytearray(MEDIA // 512))
-    with DataPath.for_device(files, config=QEMU, clock=ManualClock(0), access_bits=bits, access_base=BASE,
-                             access_block=BLOCK) as dp:
+    path = tmp_path / "access.h0"
+    path.write_bytes(bytes(4096))
+    with open(path, "r+b") as f:
+        firmware, host = mmap.mmap(f.fileno(), 4096), mmap.mmap(f.fileno(), 4096, access=mmap.ACCESS_READ)
+    files = SimpleNamespace(bar=bytearray(BAR_SIZE), media=bytearray(MEDIA), poison=bytearray(MEDIA // 512))
+    with DataPath.for_device(files, config=QEMU, impl=impl, clock=ManualClock(0), access_bits=host,
+                             access_base=BASE, access_block=BLOCK) as dp:
         dp.read(0, bytearray(64))
-        with pytest.raises(NoExtent, match="0x4000"):
+        with pytest.raises(NoExtent, match="no extent at DPA 0x4000"):
             dp.read(BASE, bytearray(64))
-        bits[0] = 1
-        dp.read(BASE, bytearray(64))
+        firmware[0] = 1  # Add DC Response accepted: block 0
+        dp.write(BASE, b"\x01" * 64)
+        assert dp.read_bytes(BASE, 64) == b"\x01" * 64
+        firmware[0] = 0  # released
+        with pytest.raises(NoExtent):
+            dp.write(BASE, b"\x02")
+    host.close()
+    firmware.close()
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
