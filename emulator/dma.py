@@ -38,8 +38,9 @@ Ordering (what a caller may rely on):
 - Whoever asks first completes a handle: once its descriptors are issued, a ``wait()`` (or a
   ``done()`` past its completion time) completes it in the caller's thread rather than waiting
   for the channel's thread to wake; callbacks run in the thread that completes it.
-- A failed descriptor (poison, a DC block without an extent, out of range) is reported as a ``DmaError`` in its slot of the
-  results and moves no byte; the other descriptors of the submit still run.
+- A failed descriptor (poison, a DC block without an extent, out of range) is reported as a
+  ``DmaError`` in its slot of the results and moves no byte; the other descriptors of the submit
+  still run.
 """
 from __future__ import annotations
 

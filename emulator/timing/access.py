@@ -17,8 +17,8 @@ import numpy as np
 from emulator.spec.errors import ConfigError
 from emulator.timing._buffers import host_view, non_negative_int
 
-#: The smallest DC block the check takes (a page: a CXL DC block is at least 64 B by the spec,
-#: but an extent is mapped by the host's page tables).
+#: The smallest DC block the check takes: a page, as a host maps an extent through its page
+#: tables (QEMU's DC blocks are 2 MiB).
 MIN_BLOCK = 4096
 
 
@@ -56,9 +56,6 @@ class AccessMap:
                               f"from access_base {base_n:#x} in {block_n:#x}-B blocks need {need} "
                               f"(1 bit per block)")
         return cls(view, base_n, block_n.bit_length() - 1)
-
-    def release(self) -> None:
-        self.bits.release()
 
 
 def _int(value: Any, name: str) -> int:
