@@ -10,7 +10,7 @@
     issue: each descriptor in order, none waited for (the link pipelines them):
         validate host range → DmaError, never a copy
         C core: one call per descriptor (cxl_issue), or per list of 4+ (cxl_issue_batch)
-        poison / device range → DmaError for that descriptor
+        poison / no DC extent / device range → DmaError for that descriptor
     channel thread: wait until the latest completion (DataPath.wait_until, GIL released)
       ▼
     DmaHandle.done() / .wait() ◄── completion queue (poll_completions(), completion order)
@@ -38,8 +38,9 @@ Ordering (what a caller may rely on):
 - Whoever asks first completes a handle: once its descriptors are issued, a ``wait()`` (or a
   ``done()`` past its completion time) completes it in the caller's thread rather than waiting
   for the channel's thread to wake; callbacks run in the thread that completes it.
-- A failed descriptor (poison, out of range) is reported as a ``DmaError`` in its slot of the
-  results and moves no byte; the other descriptors of the submit still run.
+- A failed descriptor (poison, a DC block without an extent, out of range) is reported as a
+  ``DmaError`` in its slot of the results and moves no byte; the other descriptors of the submit
+  still run.
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ from emulator._dma_types import (
     _PyChannelState,
     handle_base_is_c,
 )
-from emulator.spec.errors import DmaError, PoisonError
+from emulator.spec.errors import DmaError, NoExtent, PoisonError
 from emulator.timing import DataPath, host_view
 
 __all__ = ["BlockRuns", "Descriptor", "DescriptorArray", "Direction", "DmaEngine", "DmaHandle", "PinnedHosts"]
@@ -435,8 +436,10 @@ class DmaEngine:
             except DmaError as exc:
                 results.append(DmaError(i, exc.reason))
                 continue
-            except (PoisonError, ValueError) as exc:
-                results.append(DmaError(i, str(exc)))
+            except (PoisonError, NoExtent, ValueError) as exc:
+                err = DmaError(i, str(exc))
+                err.__cause__ = exc  # typed, as the C path's _error gives it
+                results.append(err)
                 continue
             latest = max(latest, done)
             results.append(done)
@@ -447,5 +450,5 @@ class DmaEngine:
         what = "read" if d.direction is Direction.READ else "write"
         cause = self.datapath.error_for(rc, what, d.dpa, d.length, err_dpa)
         err = DmaError(i, str(cause))
-        err.__cause__ = cause  # what failed, typed: PoisonError, DeviceGone, MediaDisabled, ...
+        err.__cause__ = cause  # what failed, typed: PoisonError, NoExtent, DeviceGone, MediaDisabled, ...
         return err

@@ -62,6 +62,16 @@ class PoisonError(CxlemuError):
         super().__init__(f"poisoned line at DPA {self.dpa:#x}: read returned no data")
 
 
+class NoExtent(CxlemuError):
+    """A transfer touched a Dynamic Capacity block this host holds no accepted extent for (the
+    device's access bitmap, written by the firmware); nothing was moved."""
+
+    def __init__(self, dpa: int) -> None:
+        self.dpa = int(dpa)
+        super().__init__(f"no extent at DPA {self.dpa:#x}: a host reaches Dynamic Capacity only through "
+                         f"extents it accepted (Add DC Response); no data was moved")
+
+
 class DeviceNotFound(CxlemuError, LookupError):
     """No device directory of that name under the runtime dir."""
 

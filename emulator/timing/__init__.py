@@ -13,14 +13,14 @@ is returned for the caller's event loop.
 """
 from __future__ import annotations
 
-import operator
 import sys
 from typing import Any, Self
 
-from emulator.spec.errors import ConfigError, DeviceGone, MediaDisabled, PoisonError
+from emulator.spec.errors import ConfigError, DeviceGone, MediaDisabled, NoExtent, PoisonError
 from emulator.timing import linkstate
-from emulator.timing._buffers import host_view
-from emulator.timing._pyimpl import E_DISABLED, E_GONE, E_POISON, E_RANGE, PyCore, first_poisoned
+from emulator.timing._buffers import host_view, non_negative_int
+from emulator.timing._pyimpl import E_DISABLED, E_GONE, E_NO_EXTENT, E_POISON, E_RANGE, PyCore, first_poisoned
+from emulator.timing.access import AccessMap
 from emulator.timing.clock import WallClock
 from emulator.timing.config import LinkParams, TimingConfig
 from firmware_model.clock import Clock, ManualClock
@@ -86,14 +86,19 @@ class DataPath:
 
     def __init__(self, media: Any, poison_bits: Any, link_state: Any, config: TimingConfig, *,
                  impl: str = "auto", clock: Clock | None = None,
-                 state: tuple[memoryview, int] | None = None, name: str = "", media_link: Any = None) -> None:
+                 state: tuple[memoryview, int] | None = None, name: str = "", media_link: Any = None,
+                 access_bits: Any = None, access_base: int = 0, access_block: int = 0) -> None:
         """``state``: (a one-element u64 view of the device state word, the value it must hold
         for media access: ``emulator.liveness``); every transfer fails with ``DeviceGone`` or
         ``MediaDisabled`` while it holds anything else.  None: nothing is checked (a bare data
         path over buffers).  ``name`` names the device in those errors.  ``media_link``: the device's
         shared media block (``linkstate.open_media``'s mapping, shared by every host's data
         path) where the config limits the media's bandwidth; None: a block of its own (one
-        host), and without a media limit none is used."""
+        host), and without a media limit none is used.  ``access_bits``: this host's access
+        bitmap over the device's Dynamic Capacity (``emulator.timing.access``: 1 bit per
+        ``access_block``-byte block from DPA ``access_base``, written by the firmware alone): a
+        transfer touching a block whose bit is clear fails with ``NoExtent``, checked at the
+        transfer; None: nothing is checked (a device without DC)."""
         if not isinstance(config, TimingConfig):
             raise ConfigError(f"config must be a TimingConfig, got {type(config).__name__}")
         if impl not in _IMPLS:
@@ -111,6 +116,8 @@ class DataPath:
         if self.poison_bits is not None and self.poison_bits.nbytes < need:
             raise ConfigError(f"poison_bits has {self.poison_bits.nbytes} bytes; media of "
                               f"{self.size} B needs {need} (1 bit per 64-B line)")
+        self.access = None if access_bits is None else \
+            AccessMap.from_args(access_bits, access_base, access_block, self.size)
         self._link = linkstate.words(link_state)
         linkstate.initialize(self._link)
         params = config.link_params()
@@ -146,13 +153,13 @@ class DataPath:
     def _make_core(self, params: LinkParams) -> Any:
         if self.impl == "py":
             return PyCore(self.media, self.poison_bits, self._link, params, state=self.state,
-                          media_link=self._media_link)
+                          media_link=self._media_link, access=self.access)
         from emulator.timing.cimpl import CCore
         from emulator.timing.calibration import calibrated_comp_ns
 
         comp = (0, 0) if self.clock is not None or params.untimed else calibrated_comp_ns()
         return CCore(self.media, self.poison_bits, self._link, params, comp, state=self.state,
-                     media_link=self._media_link)
+                     media_link=self._media_link, access=self.access)
 
     # -- helpers --------------------------------------------------------------------------
     def _now(self) -> int:
@@ -171,10 +178,12 @@ class DataPath:
             raise self.error_for(E_RANGE, what, dpa, n, 0)
 
     def error_for(self, rc: int, what: str, dpa: int, n: int, err_dpa: int) -> Exception:
-        """The exception a core's error code stands for (PoisonError, or ValueError naming the
-        bound), so every path words its errors alike."""
+        """The exception a core's error code stands for (PoisonError, NoExtent, or ValueError
+        naming the bound), so every path words its errors alike."""
         if rc == E_POISON:
             return PoisonError(err_dpa)
+        if rc == E_NO_EXTENT:
+            return NoExtent(err_dpa)
         if rc in (E_GONE, E_DISABLED):
             word = self.state[0][0] if self.state is not None else 0
             expected = self.state[1] if self.state is not None else 0
@@ -189,11 +198,8 @@ class DataPath:
     @staticmethod
     def _dpa(dpa: Any, what: str) -> int:
         """The slow path of DPA checking: numpy integers accepted, bools and negatives not."""
-        try:
-            value = operator.index(dpa)
-        except TypeError:
-            value = -1
-        if isinstance(dpa, bool) or value < 0:
+        value = non_negative_int(dpa)
+        if value is None:
             raise ValueError(f"{what}: DPA must be an int >= 0, got {dpa!r}")
         return value
 
@@ -336,11 +342,13 @@ class DataPath:
     @classmethod
     def for_device(cls, files: Any, *, config: TimingConfig | None = None, impl: str = "auto",
                    clock: Clock | None = None, state: tuple[memoryview, int] | None = None,
-                   media_link: Any = None) -> DataPath:
+                   media_link: Any = None, access_bits: Any = None, access_base: int = 0,
+                   access_block: int = 0) -> DataPath:
         """The data path of a device: its media, poison bitmap and the link-state page of
         its BAR (``emulator.device.DeviceFiles`` or anything with those mmaps and ``config``).
         Every host that opens the device this way shares its one link.  ``media_link``: the
-        device's shared media block, as for ``DataPath``.
+        device's shared media block; ``access_bits``, ``access_base``, ``access_block``: the
+        host's DC access bitmap (its mapping stays the caller's to close), as for ``DataPath``.
 
         Opened on a served device, it checks the device state word on every transfer (see
         ``emulator.liveness``): once that firmware stops, dies or is restarted every transfer
@@ -361,7 +369,8 @@ class DataPath:
             else:
                 word.release()
         dp = cls(files.media, files.poison, link, cfg,
-                 impl=impl, clock=clock, state=state, name=getattr(files, "name", ""), media_link=media_link)
+                 impl=impl, clock=clock, state=state, name=getattr(files, "name", ""), media_link=media_link,
+                 access_bits=access_bits, access_base=access_base, access_block=access_block)
         dp.media_mmap = owned
         return dp
 
@@ -373,7 +382,7 @@ class DataPath:
         if core is not _CLOSED:
             core.close()
         for view in (self.media, self.poison_bits, self._link, self._media_link,
-                     self.state[0] if self.state else None):
+                     self.state[0] if self.state else None, self.access.bits if self.access else None):
             if view is not None:
                 view.release()
         if self.media_mmap is not None:  # the device's media.link, mapped by for_device

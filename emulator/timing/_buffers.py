@@ -1,6 +1,7 @@
 """Host buffers as flat byte views: what the data path accepts and the errors it gives."""
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 
@@ -25,3 +26,13 @@ def host_view(buf: Any, *, writable: bool) -> memoryview:
         raise ValueError(f"host buffer of type {type(buf).__name__} is read-only; a read needs a "
                          "writable one (bytearray, numpy array)")
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def non_negative_int(value: Any) -> int | None:
+    """``value`` as an int when it is one >= 0 (numpy integers too; bools not), else None: the
+    data path's check of a DPA or size argument, each caller raising its own error."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        return None
+    return None if isinstance(value, bool) or n < 0 else n

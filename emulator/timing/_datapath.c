@@ -422,6 +422,37 @@ uint64_t cxl_first_poison(const cxl_dp *dp, uint64_t dpa, uint64_t n)
     return UINT64_MAX;
 }
 
+/* First DPA of [dpa, dpa+n) (within the media) in a Dynamic Capacity block whose access bit is
+ * clear, or past the bitmap: the block's start, or dpa when the transfer starts inside it; or
+ * UINT64_MAX.  Static capacity (below access_base) is never checked.  Skips whole bytes of set
+ * bits; a 2 MiB transfer in 2 MiB blocks looks at one or two bits.  The bitmap is read at every
+ * transfer (the firmware clears bits before it answers a release), never cached. */
+uint64_t cxl_first_no_extent(const cxl_dp *dp, uint64_t dpa, uint64_t n)
+{
+    if (n == 0 || dp->access == NULL || dpa + n <= dp->access_base)
+        return UINT64_MAX;
+    uint64_t lo = dpa > dp->access_base ? dpa : dp->access_base;
+    uint64_t first = (lo - dp->access_base) >> dp->access_shift;
+    uint64_t last = (dpa + n - 1 - dp->access_base) >> dp->access_shift;
+    uint64_t nbits = dp->access_size * 8, block = first;
+    while (block <= last) {
+        if (block >= nbits)
+            break;
+        uint8_t byte = __atomic_load_n(dp->access + (block >> 3), __ATOMIC_ACQUIRE);
+        if ((block & 7) == 0 && block + 7 <= last && byte == 0xFF) {
+            block += 8;
+            continue;
+        }
+        if (!(byte & (1u << (block & 7))))
+            break;
+        block++;
+    }
+    if (block > last)
+        return UINT64_MAX;
+    uint64_t at = dp->access_base + (block << dp->access_shift);
+    return at > dpa ? at : dpa;
+}
+
 /* Whether the device may be accessed now: its state word (one load, in shared memory) holds
  * what it held at open.  A generation or UP bit that differs is a gone device; only the media
  * bit differing is disabled media.  Checked before every transfer, untimed ones included, so a
@@ -453,6 +484,14 @@ static int64_t validate(const cxl_dp *dp, int dir, uint64_t dpa, uint64_t n, int
     if (cxl_check_range(dp, dpa, n)) {
         count_error(dp, dir);
         return CXL_E_RANGE;
+    }
+    if (dp->access) {  /* before poison: a host learns nothing of a block it holds no extent for */
+        uint64_t hole = cxl_first_no_extent(dp, dpa, n);
+        if (hole != UINT64_MAX) {
+            *err_dpa = hole;
+            count_error(dp, dir);
+            return CXL_E_NO_EXTENT;
+        }
     }
     if (check_poison) {
         uint64_t bad = cxl_first_poison(dp, dpa, n);
@@ -691,7 +730,7 @@ int64_t cxl_write_untimed(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, ui
 
 /* Issue one scatter-gather element without waiting (the DMA engine waits for the latest
  * completion of a submission): its completion time, or its error code (*err_dpa the poisoned
- * line's DPA). */
+ * line's DPA, or the first DPA without a Dynamic Capacity extent). */
 int64_t cxl_issue(const cxl_dp *dp, const cxl_desc *d, int64_t now, uint64_t *err_dpa)
 {
     return d->dir == CXL_DIR_READ ? cxl_read(dp, d->dpa, d->host, d->len, now, 0, err_dpa)

@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 /* Bumped when a declaration below changes: cimpl refuses a stale build of the extension. */
-#define CXL_ABI_VERSION 6
+#define CXL_ABI_VERSION 7
 
 #define CXL_DIR_READ 0
 #define CXL_DIR_WRITE 1
@@ -14,6 +14,7 @@
 #define CXL_E_POISON (-2)
 #define CXL_E_GONE (-3)      /* the device's firmware stopped, died or was restarted since open */
 #define CXL_E_DISABLED (-4)  /* media disabled (sanitize, secure erase, activation that needs it) */
+#define CXL_E_NO_EXTENT (-5) /* a Dynamic Capacity block this host accepted no extent for */
 
 /* The device state word (emulator/liveness.py, in the link-state page at CXL_LS_STATE_WORD):
  * bits 0-31 the boot generation (one more at every serve), CXL_ST_UP while a firmware serves it,
@@ -58,6 +59,12 @@ typedef struct {
                                 layout: FREE and counters per direction), mapped by every host;
                                 NULL = no shared media limit (then media_fs_per_byte is unused) */
     uint64_t media_fs_per_byte[2]; /* the media's aggregate bandwidth; 0 = that direction unlimited */
+    const uint8_t *access;   /* this host's access bitmap over the Dynamic Capacity range: 1 bit per
+                                DC block from access_base (block i: byte i>>3, bit i&7), set = an
+                                accepted extent covers it; NULL = no check (no DC) */
+    uint64_t access_size;    /* bytes; a block past them counts as clear */
+    uint64_t access_base;    /* the DC range's first DPA: below it (static capacity) never checked */
+    uint32_t access_shift;   /* log2 of the DC block size (>= 12) */
 } cxl_dp;
 
 /* One scatter-gather element for cxl_issue_batch (the DMA engine's C path). */
@@ -79,6 +86,7 @@ double cxl_ticks_per_ns(void);
 void cxl_wait_until(int64_t deadline);
 int64_t cxl_check_range(const cxl_dp *dp, uint64_t dpa, uint64_t n);
 uint64_t cxl_first_poison(const cxl_dp *dp, uint64_t dpa, uint64_t n);
+uint64_t cxl_first_no_extent(const cxl_dp *dp, uint64_t dpa, uint64_t n);
 int64_t cxl_read(const cxl_dp *dp, uint64_t dpa, uint8_t *out, uint64_t n, int64_t now, int wait,
                  uint64_t *err_dpa);
 int64_t cxl_write(const cxl_dp *dp, uint64_t dpa, const uint8_t *src, uint64_t n, int64_t now,

@@ -17,10 +17,11 @@ import numpy as np
 
 from emulator.timing import linkstate as ls
 from emulator.timing._buffers import host_view
+from emulator.timing.access import AccessMap, first_without_extent
 from emulator.timing.config import LinkParams
 from firmware_model import link as _link
 
-E_RANGE, E_POISON, E_GONE, E_DISABLED = -1, -2, -3, -4
+E_RANGE, E_POISON, E_GONE, E_DISABLED, E_NO_EXTENT = -1, -2, -3, -4, -5
 _U64 = (1 << 64) - 1
 _LINK_LOCK = threading.Lock()
 _SLEEP_ABOVE_NS, _SLEEP_MARGIN_NS = 20_000_000, 5_000_000
@@ -57,20 +58,23 @@ class PyCore:
 
     def __init__(self, media: memoryview, poison: memoryview | None, link: memoryview,
                  params: LinkParams, comp_ns: int = 0, state: tuple[memoryview, int] | None = None,
-                 media_link: memoryview | None = None) -> None:
+                 media_link: memoryview | None = None, access: AccessMap | None = None) -> None:
         self.state = state
         # the shared media block (as the C core: used only where params limit the media)
         self.media_link = media_link if params.media_limited else None
         self.media = media
         self.size = media.nbytes
         self.poison = np.frombuffer(poison, dtype=np.uint8) if poison is not None else None
+        # the DC access bitmap (a read-only view, read afresh at every transfer) and its range
+        self.access = None if access is None else np.frombuffer(access.bits, dtype=np.uint8)
+        self.access_base, self.access_shift = (0, 0) if access is None else (access.base, access.shift)
         self.link = link
         self.params = params
         self.comp_ns = comp_ns
         self.err_dpa = 0
 
     def close(self) -> None:
-        self.poison = None
+        self.poison = self.access = None
 
     # -- validation ---------------------------------------------------------------------
     def first_poison(self, dpa: int, n: int) -> int | None:
@@ -84,6 +88,12 @@ class PyCore:
         if dpa > self.size or n > self.size - dpa:
             self._count_error(d)
             return E_RANGE
+        if self.access is not None:  # before poison, as the C core
+            hole = first_without_extent(self.access, self.access_base, self.access_shift, dpa, n)
+            if hole is not None:
+                self.err_dpa = hole
+                self._count_error(d)
+                return E_NO_EXTENT
         if check_poison:
             bad = self.first_poison(dpa, n)
             if bad is not None:

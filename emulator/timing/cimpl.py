@@ -11,11 +11,12 @@ from typing import Any
 
 from emulator.timing import linkstate as ls
 from emulator.timing._buffers import host_view
+from emulator.timing.access import AccessMap
 from emulator.timing._cdatapath import __file__ as _LIBRARY  # its file holds two more modules
 from emulator.timing._cdatapath import ffi, lib  # ImportError when not built
 from emulator.timing.config import LinkParams
 
-_ABI_VERSION = 6  # CXL_ABI_VERSION in _datapath.h
+_ABI_VERSION = 7  # CXL_ABI_VERSION in _datapath.h
 if getattr(lib, "CXL_ABI_VERSION", 1) != _ABI_VERSION:
     raise ImportError("emulator.timing._cdatapath is a stale build of the C core: rebuild it "
                       "(`pip install -e .` or `python -m emulator.timing._build`)")
@@ -66,9 +67,10 @@ class CCore:
 
     def __init__(self, media: memoryview, poison: memoryview | None, link: memoryview,
                  params: LinkParams, comp_ns: tuple[float, float] = (0.0, 0.0),
-                 state: tuple[memoryview, int] | None = None, media_link: memoryview | None = None) -> None:
+                 state: tuple[memoryview, int] | None = None, media_link: memoryview | None = None,
+                 access: AccessMap | None = None) -> None:
         """``media_link``: the shared media block (``linkstate.media_words``), used only where
-        ``params`` limit the media."""
+        ``params`` limit the media.  ``access``: the host's DC access bitmap (None: no check)."""
         self._keep: list[Any] = []
         dp = ffi.new("cxl_dp *")
         dp.media = self._ptr(media)
@@ -88,6 +90,11 @@ class CCore:
         if media_link is not None and params.media_limited:  # else NULL: no media to reserve
             dp.media_link = ffi.cast("uint64_t *", self._ptr(media_link))
             dp.media_fs_per_byte = list(params.media_fs_per_byte)
+        if access is not None:
+            dp.access = self._ptr(access.bits)
+            dp.access_size = access.bits.nbytes
+            dp.access_base = access.base
+            dp.access_shift = access.shift
         self.dp = dp
         self.params = params
         self.err = ffi.new("uint64_t *")
