@@ -6,8 +6,12 @@ DPA order: the static capacity, then the DC regions from ``dc_base`` (the capaci
 """
 from __future__ import annotations
 
+import uuid
+from enum import IntEnum
+
 from emulator.spec.layout import Layout
 from emulator.spec.payloads_memdev import CAPACITY_UNIT
+from emulator.spec.registers import MAILBOX_PAYLOAD_SIZE
 
 DC_BLOCK = 2 << 20          # every region's block size (QEMU's)
 DC_MAX_REGIONS = 8          # §8.2.9.9.9.1: regions 0..7
@@ -58,3 +62,43 @@ def region_bases(capacity: int, regions: tuple[int, ...]) -> list[int]:
         out.append(base)
         base += length
     return out
+
+
+# Dynamic Capacity Event Record (§8.2.9.2.1.6), QEMU's CXLEventDynamicCapacity after the common
+# header (include/hw/cxl/cxl_events.h): type, validity flags, host id, region, flags (bit 0 More),
+# the extent as Get DC Extent List lays it out, then the extents and tags still available.
+DC_EVENT_UUID = uuid.UUID("ca95afa7-f183-4018-8c2f-95268e101a2a")
+DC_EVENT = Layout("Dynamic Capacity Event Record data", "8.2.9.2.1.6", 0x50, [
+    ("type", "B"),              # 30h DcEventType
+    ("validity_flags", "B"),    # 31h
+    ("host_id", "H"),           # 32h
+    ("region", "B"),            # 34h updated region id
+    ("flags", "B"),             # 35h bit 0: More (another record of this offer follows)
+    ("rsvd", "2s"),             # 36h
+    ("extent", "40s"),          # 38h DC_EXTENT
+    ("rsvd2", "24s"),           # 60h
+    ("extents_avail", "I"),     # 78h
+    ("tags_avail", "I"),        # 7Ch
+])
+DC_EVENT_MORE = 1 << 0
+
+
+class DcEventType(IntEnum):
+    ADD_CAPACITY = 0x0
+    RELEASE_CAPACITY = 0x1
+    FORCED_CAPACITY_RELEASE = 0x2
+    REGION_CONFIG_UPDATED = 0x3
+
+
+# cxlemu's fabric-manager commands (vendor opcodes C000h-C002h), QMP's cxl-add-dynamic-capacity /
+# cxl-release-dynamic-capacity arguments: this header, then `count` FM_EXTENT entries (offsets
+# into the region). C002h (list) takes nothing and answers FM_LIST_OUT then FM_LIST_ENTRY each.
+FM_DC_REQUEST = Layout("cxlemu FM add / release DC", "vendor", 24, [
+    ("host", "B"), ("region", "B"), ("flags", "B"), ("rsvd", "B"),   # flags bit 0: forced (release)
+    ("count", "I"), ("tag", "16s")])
+FM_FORCED = 1 << 0
+FM_EXTENT = Layout("cxlemu FM extent", "vendor", 16, [("offset", "Q"), ("len", "Q")])
+FM_LIST_OUT = Layout("cxlemu FM list output", "vendor", 8, [("count", "I"), ("rsvd", "4s")])
+FM_LIST_ENTRY = Layout("cxlemu FM list entry", "vendor", 48, [
+    ("host", "B"), ("pending", "B"), ("rsvd", "2s"), ("generation", "I"),   # pending 1: offered, not accepted
+    ("start_dpa", "Q"), ("len", "Q"), ("tag", "16s"), ("shared_seq", "H"), ("rsvd2", "6s")])
