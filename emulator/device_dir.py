@@ -301,7 +301,7 @@ class DeviceFiles:
         self.media = _map(path / "media", config.media_bytes, writable=writable)
         self.lsa = _map(path / "lsa", config.lsa_size, writable=writable)
         self.poison = _map(path / "poison", poison_bitmap_size(config.media_bytes), writable=writable)
-        self._access: dict[int, mmap.mmap] = {}
+        self._access: dict[tuple[int, bool], mmap.mmap] = {}
         self._closed = False
 
     @classmethod
@@ -331,14 +331,16 @@ class DeviceFiles:
                 self._other_bars[h] = _map(self.path / bar_name(h), R.BAR_SIZE, writable=self._writable)
         return [self.bar if h == self.host else self._other_bars[h] for h in range(self.config.hosts)]
 
-    def access_bits(self, host: int) -> mmap.mmap:
-        """Host port ``host``'s DC access bitmap (``access_name``), mapped once, writable as the
-        files are (the firmware writes them; a host maps its own read-only)."""
+    def access_bits(self, host: int, *, writable: bool | None = None) -> mmap.mmap:
+        """Host port ``host``'s DC access bitmap (``access_name``), mapped once per mode; writable
+        as the files are unless ``writable`` says (the firmware writes them; a host maps its own
+        read-only)."""
         check_host(self.name, host, self.config.hosts)
-        if host not in self._access:
-            self._access[host] = _map(self.path / access_name(host), access_bitmap_size(self.config),
-                                      writable=self._writable)
-        return self._access[host]
+        mode = self._writable if writable is None else writable
+        if (host, mode) not in self._access:
+            self._access[(host, mode)] = _map(self.path / access_name(host), access_bitmap_size(self.config),
+                                              writable=mode)
+        return self._access[(host, mode)]
 
     @classmethod
     def open(cls, name: str, *, writable: bool = True, host: int = 0) -> "DeviceFiles":

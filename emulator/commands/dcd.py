@@ -32,6 +32,8 @@ _CHANGES = Effect.IMMEDIATE_CONFIG_CHANGE
 def get_dc_config(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     req = D.GET_DC_CONFIG_IN.unpack(payload)
     regions = fw.dcd.regions
+    if not regions:
+        return RetCode.UNSUPPORTED, b""  # QEMU offers the DC commands only on a device with regions
     start = req["start_region_id"]
     if start >= len(regions):
         return RetCode.INVALID_INPUT, b""

@@ -16,6 +16,7 @@ import uuid
 from enum import IntEnum
 
 from emulator.spec.layout import Layout
+from emulator.spec.payloads_dcd import DC_EVENT, DC_EVENT_UUID
 from emulator.spec.registers import MAILBOX_PAYLOAD_SIZE
 
 
@@ -162,6 +163,7 @@ RECORD_LAYOUTS: dict[uuid.UUID, tuple[str, Layout]] = {
     DRAM_UUID: ("dram", DRAM),
     MEMORY_MODULE_UUID: ("memory_module", MEMORY_MODULE),
     FIRMWARE_ERROR_UUID: ("firmware_error", FIRMWARE_ERROR),
+    DC_EVENT_UUID: ("dynamic_capacity", DC_EVENT),
 }
 
 # §8.2.9.2.2 Table 8-51 Get Event Records: input is the log byte; output is this header + records.

@@ -167,3 +167,7 @@ def test_extents_and_bitmaps_survive_a_restart(device_name: str) -> None:
         fw.close()
     finally:
         files.destroy()
+
+
+def test_a_device_without_regions_does_not_offer_dc(fw: Firmware) -> None:
+    assert dispatch(fw, Opcode.GET_DC_CONFIG, bytes([1, 0]))[0] == RetCode.UNSUPPORTED
