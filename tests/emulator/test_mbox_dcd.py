@@ -171,3 +171,11 @@ def test_extents_and_bitmaps_survive_a_restart(device_name: str) -> None:
 
 def test_a_device_without_regions_does_not_offer_dc(fw: Firmware) -> None:
     assert dispatch(fw, Opcode.GET_DC_CONFIG, bytes([1, 0]))[0] == RetCode.UNSUPPORTED
+
+
+def test_sanitize_zeroes_the_dc_regions_too(fw2: Firmware) -> None:
+    from mbox_support import run
+
+    fw2.media[BASE + 3 * M256 - 64:BASE + 3 * M256] = 0xAB  # the last line of region 1
+    assert run(fw2, Opcode.SANITIZE)[0] == RetCode.SUCCESS
+    assert not fw2.media[BASE:].any()
