@@ -179,3 +179,24 @@ def test_sanitize_zeroes_the_dc_regions_too(fw2: Firmware) -> None:
     fw2.media[BASE + 3 * M256 - 64:BASE + 3 * M256] = 0xAB  # the last line of region 1
     assert run(fw2, Opcode.SANITIZE)[0] == RetCode.SUCCESS
     assert not fw2.media[BASE:].any()
+
+
+def test_a_damaged_dcd_entry_is_set_aside_and_the_bitmaps_cleared(device_name: str) -> None:
+    import json
+
+    from emulator.device import DeviceConfig, DeviceFiles
+
+    files = DeviceFiles.create(DeviceConfig(name=device_name, capacity=M256, dc_regions=(M256,)))
+    try:
+        fw = Firmware(files)
+        state = fw.persist.snapshot()
+        fw.close()
+        state["dcd"] = {"ports": [{"accepted": [[BASE, MB2, "zz", 0]], "pending": [], "generation": 1}]}
+        (files.path / "state.json").write_text(json.dumps(state))
+        (files.path / "access.h0").write_bytes(b"\x01" + bytes(15))
+        fw = Firmware(files)
+        assert fw.dcd.ports[0].accepted == [] and access(fw, 0) == bytes(16)
+        assert len(list(files.path.glob("state.json.bad-*"))) == 1
+        fw.close()
+    finally:
+        files.destroy()
