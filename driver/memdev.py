@@ -21,6 +21,7 @@ from driver._cmd_fw import FwCommands
 from driver._cmd_generic import GenericCommands
 from driver._cmd_memdev import MemdevCommands
 from driver._cmd_poison import PoisonCommands
+from driver._cmd_dcd import DcdCommands
 from driver import ports
 from driver.mailbox import MBOX_TIMEOUT_S, MailboxClient
 from emulator import liveness
@@ -28,6 +29,7 @@ from emulator.chmu_feed import AccessFeed
 from emulator.device_dir import DeviceFiles, mbox_lock_name
 from emulator.regfile import RegisterFile, find_capabilities
 from emulator.spec import registers as R
+from emulator.spec.payloads_dcd import DC_BLOCK
 from emulator.spec.errors import DeviceGone
 from emulator.timing import DataPath, first_poisoned
 
@@ -35,7 +37,7 @@ READY_TIMEOUT_S = 5.0  # Linux waits 60 s for mailbox ready at probe; a local em
 READY_POLL_S = 0.01
 
 
-class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCommands, PoisonCommands):
+class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCommands, PoisonCommands, DcdCommands):
     """An open memory device (like /dev/cxl/memN).
 
     A handle belongs to one boot of its device's firmware (emulator/liveness.py): once that
@@ -55,7 +57,10 @@ class MemDev(MailboxClient, GenericCommands, MemdevCommands, FwCommands, EventCo
         super().__init__(regs, lock_fd, files.name, timeout_s=timeout_s, gone=self._gone_reason)
         self.media = np.frombuffer(files.media, dtype=np.uint8)
         self._poison = np.frombuffer(files.poison, dtype=np.uint8)
-        self.datapath = DataPath.for_device(files, state=(liveness.state_view(files.bar), self._expected))
+        # a device with DC regions: this host's transfers there need its access bits (emulator/dcd.py)
+        access = ({"access_bits": files.access_bits(files.host, writable=False), "access_base": files.config.dc_base,
+                   "access_block": DC_BLOCK} if files.config.dc_regions else {})
+        self.datapath = DataPath.for_device(files, state=(liveness.state_view(files.bar), self._expected), **access)
         self.access_feed = AccessFeed(files.bar, files.path / "chmu.lock")  # what the CHMU counts
         self.capabilities = find_capabilities(regs)
         self._watch = liveness.WATCHER.add(files.path, liveness.state_view(files.bar), self._expected)

@@ -7,6 +7,7 @@ Serving one (its firmware in this process) is ``emulator.serving``; ``emulator.d
         media          the DPA space (sparse until served, then reserved whole)
         lsa            label storage area
         poison         1 bit per 64-B line of media
+        access.h<h>    host port h's DC access bitmap: 1 bit per DC block (emulator/dcd.py)
         state.json     poison list and firmware slots (emulator/persist.py); fwslot<N>.img
         firmware.pid   "<pid> <start time>" of the process serving it (emulator/liveness.py)
         mbox.lock      hosts flock it around one mailbox exchange
@@ -55,6 +56,7 @@ from emulator.spec import registers as R
 from emulator.spec.errors import ConfigError, DeviceFileDamaged, DeviceFileError, DeviceNotFound, NoSpace, NoSuchHost
 from emulator.timing.config import TimingConfig
 
+from emulator.spec.payloads_dcd import DC_BLOCK, DC_MAX_REGIONS, DC_REGION_ALIGN, dc_base
 from emulator.spec.payloads_memdev import CAPACITY_UNIT
 POISON_GRANULE = 64
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
@@ -84,6 +86,12 @@ def host_pid_name(host: int) -> str:
     return f"host.{host}.pid"
 
 
+def access_name(host: int) -> str:
+    """Host port ``host``'s DC access bitmap: 1 bit per DC block over [dc_base, dc_base + dc_total);
+    block i is byte i>>3, bit i&7; set: the host may access it (written by the firmware alone)."""
+    return f"access.h{host}"
+
+
 def check_host(name: str, host: int, hosts: int) -> None:
     """Refuse (``NoSuchHost``) a host port the device does not have."""
     if isinstance(host, bool) or not isinstance(host, int) or not 0 <= host < hosts:
@@ -102,6 +110,7 @@ class DeviceConfig:
     fw_revision: str = "cxlemu-0.1.0"
     preset: str | None = None
     hosts: int = 1  # host ports, each its own BAR and mailbox (an older config.json has none: 1)
+    dc_regions: tuple[int, ...] = ()  # Dynamic Capacity region lengths, after the static capacity (older: none)
     timing: TimingConfig = field(default_factory=TimingConfig)
 
     def __post_init__(self) -> None:
@@ -118,8 +127,33 @@ class DeviceConfig:
             raise ConfigError(f"fw_revision {self.fw_revision!r} is longer than 16 bytes")
         if isinstance(self.hosts, bool) or not isinstance(self.hosts, int) or not 1 <= self.hosts <= MAX_HOSTS:
             raise ConfigError(f"hosts {self.hosts!r} must be an integer from 1 to {MAX_HOSTS}")
+        object.__setattr__(self, "dc_regions", tuple(self.dc_regions))
+        if len(self.dc_regions) > DC_MAX_REGIONS or any(
+                isinstance(n, bool) or not isinstance(n, int) or n <= 0 or n % DC_REGION_ALIGN for n in self.dc_regions):
+            raise ConfigError(f"dc_regions {list(self.dc_regions)!r}: at most {DC_MAX_REGIONS} regions, each a "
+                              f"positive multiple of 256 MiB")
         if self.serial is None:
             object.__setattr__(self, "serial", zlib.crc32(self.name.encode()) | 0xC0DE_0000_0000)
+
+    @property
+    def dc_base(self) -> int:
+        """DPA of DC region 0: the static capacity rounded up to 256 MiB."""
+        return dc_base(self.capacity)
+
+    @property
+    def dc_total(self) -> int:
+        """Bytes of all DC regions together."""
+        return sum(self.dc_regions)
+
+    @property
+    def media_bytes(self) -> int:
+        """The media file's size: the static capacity, then the DC regions (none: the capacity)."""
+        return self.dc_base + self.dc_total if self.dc_regions else self.capacity
+
+    @property
+    def dc_blocks(self) -> int:
+        """DC blocks over all regions: the bits of each access bitmap."""
+        return self.dc_total // DC_BLOCK
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -149,6 +183,8 @@ class DeviceConfig:
 
 
 def _show(key: str, value: Any) -> str:
+    if key == "dc_regions":
+        return repr([f"{n >> 20} MiB" for n in value])
     if key in ("capacity", "lsa_size") and isinstance(value, int):
         return f"{value} ({value >> 20} MiB)" if value >= 1 << 20 else str(value)
     return repr(value)
@@ -262,9 +298,10 @@ class DeviceFiles:
         self._writable = writable
         self.bar = _map(path / bar_name(host), R.BAR_SIZE, writable=writable)
         self._other_bars: dict[int, mmap.mmap] = {}
-        self.media = _map(path / "media", config.capacity, writable=writable)
+        self.media = _map(path / "media", config.media_bytes, writable=writable)
         self.lsa = _map(path / "lsa", config.lsa_size, writable=writable)
-        self.poison = _map(path / "poison", poison_bitmap_size(config.capacity), writable=writable)
+        self.poison = _map(path / "poison", poison_bitmap_size(config.media_bytes), writable=writable)
+        self._access: dict[tuple[int, bool], mmap.mmap] = {}
         self._closed = False
 
     @classmethod
@@ -293,6 +330,17 @@ class DeviceFiles:
             if h != self.host and h not in self._other_bars:
                 self._other_bars[h] = _map(self.path / bar_name(h), R.BAR_SIZE, writable=self._writable)
         return [self.bar if h == self.host else self._other_bars[h] for h in range(self.config.hosts)]
+
+    def access_bits(self, host: int, *, writable: bool | None = None) -> mmap.mmap:
+        """Host port ``host``'s DC access bitmap (``access_name``), mapped once per mode; writable
+        as the files are unless ``writable`` says (the firmware writes them; a host maps its own
+        read-only)."""
+        check_host(self.name, host, self.config.hosts)
+        mode = self._writable if writable is None else writable
+        if (host, mode) not in self._access:
+            self._access[(host, mode)] = _map(self.path / access_name(host), access_bitmap_size(self.config),
+                                              writable=mode)
+        return self._access[(host, mode)]
 
     @classmethod
     def open(cls, name: str, *, writable: bool = True, host: int = 0) -> "DeviceFiles":
@@ -326,7 +374,7 @@ class DeviceFiles:
         if self._closed:
             return
         self._closed = True
-        for m in (self.bar, self.media, self.lsa, self.poison, *self._other_bars.values()):
+        for m in (self.bar, self.media, self.lsa, self.poison, *self._other_bars.values(), *self._access.values()):
             with contextlib.suppress(BufferError):  # live views elsewhere: let GC unmap
                 m.close()
 
@@ -339,9 +387,16 @@ def poison_bitmap_size(capacity: int) -> int:
     return (capacity // POISON_GRANULE + 7) // 8
 
 
+def access_bitmap_size(config: DeviceConfig) -> int:
+    """Bytes of one host port's DC access bitmap: 1 bit per DC block."""
+    return (config.dc_blocks + 7) // 8
+
+
 def _file_sizes(config: DeviceConfig) -> dict[str, int]:
     bars = {bar_name(h): R.BAR_SIZE for h in range(config.hosts)}
-    return {**bars, "media": config.capacity, "lsa": config.lsa_size, "poison": poison_bitmap_size(config.capacity)}
+    access = {access_name(h): access_bitmap_size(config) for h in range(config.hosts)}
+    return {**bars, **access, "media": config.media_bytes, "lsa": config.lsa_size,
+            "poison": poison_bitmap_size(config.media_bytes)}
 
 
 def _lock_names(config: DeviceConfig) -> list[str]:
@@ -420,7 +475,7 @@ def _resize(path: Path, old: DeviceConfig, new: DeviceConfig) -> None:
             os.close(open_private_file(path / fname, os.O_RDWR | os.O_CREAT))
             os.truncate(path / fname, size)
     for h in range(new.hosts, old.hosts):
-        for fname in (bar_name(h), mbox_lock_name(h), host_lock_name(h), host_pid_name(h)):
+        for fname in (bar_name(h), access_name(h), mbox_lock_name(h), host_lock_name(h), host_pid_name(h)):
             with contextlib.suppress(FileNotFoundError):
                 (path / fname).unlink()
     (path / "config.json").write_text(new.to_json())
@@ -457,6 +512,10 @@ def provision(config: DeviceConfig, *, fresh: bool = False, reconfigure: bool = 
     # a lock deleted while the device was stopped: no host of an earlier boot locks it again
     for lock in _lock_names(config):
         os.close(open_private_file(path / lock, os.O_RDWR | os.O_CREAT))
+    for h in range(config.hosts):  # a device from before DC has no access bitmaps: zeroed (the firmware rebuilds them)
+        if not (path / access_name(h)).exists():
+            with open(path / access_name(h), "wb") as f:
+                f.truncate(access_bitmap_size(config))
     return DeviceFiles(config, path)
 
 
@@ -488,7 +547,7 @@ def numa_node(name: str) -> int | None:
 
 
 __all__ = [
-    "CAPACITY_UNIT", "MAX_HOSTS", "DeviceConfig", "DeviceFiles", "bar_name", "check_backing", "check_host",
+    "CAPACITY_UNIT", "MAX_HOSTS", "DeviceConfig", "DeviceFiles", "access_bitmap_size", "access_name", "bar_name", "check_backing", "check_host",
     "destroy", "device_path", "device_state", "firmware_pid", "host_claims", "host_lock_name", "host_pid_name",
     "list_devices", "load_config", "mbox_lock_name", "numa_node", "open_bar", "poison_bitmap_size", "provision",
     "runtime_dir",

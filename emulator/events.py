@@ -115,6 +115,11 @@ class EventLogs:
             peer._add(log, record, summary)
         return handle
 
+    def add_own(self, log: int, record: bytes, summary: str = "") -> int | None:
+        """Append a record to this port's log alone: a Dynamic Capacity record is addressed to
+        one host (its offer, its release), not a device-wide fact."""
+        return self._add(log, record, summary)
+
     def _add(self, log: int, record: bytes, summary: str) -> int | None:
         log = EventLog(log)
         if len(record) != EVENT_RECORD_SIZE:

@@ -36,6 +36,7 @@ from emulator.chmu_feed import FeedDrain
 from emulator.commands.event_policy import EventInterruptPolicy
 from emulator.commands.health import HealthService
 from emulator.commands.scan import ScanState
+from emulator.dcd import DcState
 from emulator.events import EventLogs, share_records
 from emulator.fw_telemetry import FirmwarePublisher
 from emulator.fwslots import FwSlots
@@ -125,6 +126,7 @@ class Firmware:
         self.error_hooks.append(self.events.firmware_error)
         self.poison = PoisonList(self)
         self.scan_media = ScanState()
+        self.dcd = DcState(self)  # Dynamic Capacity: each port's offer and extents, the access bitmaps
         self.persist = PersistentState(self)  # poison list and firmware slots of the last boot
         self.persist.restore()
         self.services.append(self.persist.service)

@@ -5,7 +5,8 @@ memory), its label storage area (`lsa`), its poison list and bitmap, its partiti
 firmware slots across a reset; registers, event logs, the timestamp and background operations
 start over. The files persist by themselves; the firmware's own state is saved here:
 
-    state.json       {"version": 1, "poison": PoisonList.to_state(), "fwslots": FwSlots.to_state()}
+    state.json       {"version": 1, "poison": PoisonList.to_state(), "fwslots": FwSlots.to_state(),
+                      "dcd": DcState.to_state() (each port's accepted extents and offer; older: none)}
     fwslot<N>.img    the package in firmware slot N (only slots that hold one)
 
 Written whole to a temporary file and renamed into place, so a firmware killed mid-write leaves
@@ -38,6 +39,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from emulator.dcd import check_dcd_state
 from emulator.spec.errors import ConfigError
 from emulator.spec.opcodes import Opcode
 from emulator.spec.payloads_poison import PoisonSource
@@ -56,7 +58,8 @@ RETRY_MAX_NS = 10_000_000_000   # a failing save is retried after 0.4 s, 0.8 s, 
 # findings, sanitize's wipe) and the firmware slots (a package stored, a slot activated).
 PERSISTENT_OPCODES = frozenset({Opcode.INJECT_POISON, Opcode.CLEAR_POISON, Opcode.SCAN_MEDIA,
                                 Opcode.SANITIZE, Opcode.SECURE_ERASE, Opcode.TRANSFER_FW,
-                                Opcode.ACTIVATE_FW})
+                                Opcode.ACTIVATE_FW, Opcode.ADD_DC_RESPONSE, Opcode.RELEASE_DC,
+                                Opcode.FM_ADD_DC, Opcode.FM_RELEASE_DC})
 # Internal Error (§8.2.8.4.5.1: "not completed because of an internal device error"): the
 # device's own non-volatile store failed. Not Retry Required (a retry fails the same until an
 # operator fixes the folder), not Media Disabled or Permanent Media Failure (the media is fine).
@@ -103,6 +106,8 @@ def check_state(state: Any) -> None:
         raise ValueError("fwslots.revisions is not a list of strings or nulls")
     if not isinstance(crcs, list) or not all(c is None or _ints([c], 1) for c in crcs):
         raise ValueError("fwslots.crc32 is not a list of integers or nulls")
+    if "dcd" in state:  # a state saved before Dynamic Capacity has none
+        check_dcd_state(state["dcd"])
 
 
 class PersistentState:
@@ -135,6 +140,7 @@ class PersistentState:
         slots = state["fwslots"]
         images = [self._read_image(i + 1) for i in range(len(slots["revisions"]))]
         self.fw.fwslots.restore(slots, images)
+        self.fw.dcd.restore(state.get("dcd"))
         self.save()  # what the boot changed (a staged slot became active) is the new state
         return True
 
@@ -169,7 +175,8 @@ class PersistentState:
 
     # ---- saving ----------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        return {"version": VERSION, "poison": self.fw.poison.to_state(), "fwslots": self.fw.fwslots.to_state()}
+        return {"version": VERSION, "poison": self.fw.poison.to_state(), "fwslots": self.fw.fwslots.to_state(),
+                "dcd": self.fw.dcd.to_state()}
 
     def save(self, *, force: bool = False) -> bool:
         """Write the state if it changed since the last save (``force``: even if not, to find out

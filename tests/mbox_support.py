@@ -21,11 +21,11 @@ _names = itertools.count()
 
 @contextmanager
 def firmware(capacity: int = 1 << 30, lsa_size: int = 4096, fw_revision: str = "cxlemu-test", *,
-             name: str | None = None, hosts: int = 1) -> Iterator[Firmware]:
+             name: str | None = None, hosts: int = 1, dc_regions: tuple[int, ...] = ()) -> Iterator[Firmware]:
     """A device's files and its `Firmware` (no runner), destroyed afterwards."""
     name = name or f"fw{os.getpid()}-{next(_names)}"
     files = DeviceFiles.create(DeviceConfig(name=name, capacity=capacity, lsa_size=lsa_size, fw_revision=fw_revision,
-                                            hosts=hosts))
+                                            hosts=hosts, dc_regions=dc_regions))
     fw = Firmware(files)
     try:
         yield fw

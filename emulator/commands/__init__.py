@@ -8,6 +8,7 @@ firmware module (only for the type checker), so the command table sits below bot
 from __future__ import annotations
 
 from emulator.commands import (
+    dcd,
     event_policy,
     events,
     fw,
@@ -22,6 +23,6 @@ from emulator.commands import (
     timestamp,
 )
 
-GROUPS = (generic, fw, identify, lsa, health, timestamp, logs, event_policy, events, poison, scan, sanitize)
+GROUPS = (generic, fw, identify, lsa, health, timestamp, logs, event_policy, events, poison, scan, sanitize, dcd)
 
 __all__ = ["GROUPS"]

@@ -80,8 +80,8 @@ def sanitize_ns(link: LinkParams, nbytes: int) -> int:
 
 def _zero_media(fw: Firmware, cost_ns: Callable[[int], float] | None) -> BackgroundJob:
     """Zero the media and its poison bits in slices no faster than ``cost_ns`` (None: as fast as
-    the work goes), yielding percent complete."""
-    capacity = fw.config.capacity
+    the work goes), yielding percent complete. The whole media: static capacity and DC regions."""
+    capacity = fw.config.media_bytes
     for lo, hi in paced_slices(capacity, cost_ns, SLICE_BYTES, granule=mmap.PAGESIZE):
         _zero_slice(fw, lo, hi)
         yield 100 * hi // capacity

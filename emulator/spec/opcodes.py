@@ -46,6 +46,15 @@ class Opcode(IntEnum):
     SECURE_ERASE = 0x4401  # Linux CXL_MBOX_OP_SECURE_ERASE
     # §8.2.9.9.6 Persistent memory data-at-rest security
     GET_SECURITY_STATE = 0x4500
+    # §8.2.9.9.9 Dynamic Capacity
+    GET_DC_CONFIG = 0x4800
+    GET_DC_EXTENT_LIST = 0x4801
+    ADD_DC_RESPONSE = 0x4802
+    RELEASE_DC = 0x4803
+    # cxlemu vendor commands: the fabric manager's Dynamic Capacity requests, sent in-band
+    FM_ADD_DC = 0xC000
+    FM_RELEASE_DC = 0xC001
+    FM_LIST_DC = 0xC002
 
 
 def opcode_name(opcode: int) -> str:

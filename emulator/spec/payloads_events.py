@@ -16,6 +16,7 @@ import uuid
 from enum import IntEnum
 
 from emulator.spec.layout import Layout
+from emulator.spec.payloads_dcd import DC_EVENT, DC_EVENT_UUID
 from emulator.spec.registers import MAILBOX_PAYLOAD_SIZE
 
 
@@ -33,8 +34,8 @@ EVENT_LOG_NAMES = ("info", "warning", "failure", "fatal", "dcd")
 # Records each log holds before it overflows (Identify Memory Device reports them at 0x30-0x36,
 # the DC log's at 0x43). QEMU holds 8 per log; 64 lets a host that drains 15 records per Get
 # Event Records keep up with bursts and is still small enough for tests to overflow. The DC log
-# keeps QEMU's 8 (CXL_DC_EVENT_LOG_SIZE): cxlemu has no dynamic capacity to report yet.
-EVENT_LOG_SIZES: tuple[int, ...] = (64, 64, 64, 64, 8)
+# holds 64 too, not QEMU's 8 (CXL_DC_EVENT_LOG_SIZE): an offer logs one record per extent.
+EVENT_LOG_SIZES: tuple[int, ...] = (64, 64, 64, 64, 64)
 assert len(EVENT_LOG_SIZES) == len(EventLog)
 
 EVENT_RECORD_SIZE = 0x80
@@ -162,6 +163,7 @@ RECORD_LAYOUTS: dict[uuid.UUID, tuple[str, Layout]] = {
     DRAM_UUID: ("dram", DRAM),
     MEMORY_MODULE_UUID: ("memory_module", MEMORY_MODULE),
     FIRMWARE_ERROR_UUID: ("firmware_error", FIRMWARE_ERROR),
+    DC_EVENT_UUID: ("dynamic_capacity", DC_EVENT),
 }
 
 # §8.2.9.2.2 Table 8-51 Get Event Records: input is the log byte; output is this header + records.

@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--numa-node", type=int, default=None, help="bind the media to this NUMA node")
     p.add_argument("--hosts", type=_parse_hosts, default=None, metavar="N",
                    help="host ports, 1..8, each its own BAR and mailbox (new device: default 1; stopped one: as it was)")
+    p.add_argument("--dc-region", action="append", default=None, metavar="SIZE",
+                   help="a Dynamic Capacity region of SIZE (a multiple of 256M) after the static capacity; "
+                        "repeat for up to 8 (new device: none; stopped one: as it was)")
     p.add_argument("--preset", default=None, help="timing preset (see `cxlemu presets`)")
     p.add_argument("--read-latency-ns", type=float, default=None)
     p.add_argument("--write-latency-ns", type=float, default=None)
@@ -114,6 +117,8 @@ def build_config(args: argparse.Namespace) -> Any:
             fields["numa_node"] = args.numa_node
         if args.hosts is not None:
             fields["hosts"] = args.hosts
+        if args.dc_region is not None:
+            fields["dc_regions"] = tuple(parse_size(text) for text in args.dc_region)
         return base.with_(**fields)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
@@ -156,7 +161,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     kept = (" (reconfigured, media kept)" if args.reconfigure else " (as it was: media, LSA, poison, slots kept)") \
         if existed else " (new)"
     ports = f", {config.hosts} host ports" if config.hosts > 1 else ""
-    print(f"cxlemu: serving {config.name}{kept}: {config.capacity >> 20} MiB{ports}, read {t.read_latency_ns:g} ns / "
+    dc = f", DC regions {'+'.join(str(n >> 20) for n in config.dc_regions)} MiB" if config.dc_regions else ""
+    print(f"cxlemu: serving {config.name}{kept}: {config.capacity >> 20} MiB{ports}{dc}, read {t.read_latency_ns:g} ns / "
           f"write {t.write_latency_ns:g} ns, {link}, "
           f"pid {__import__('os').getpid()} (SIGINT/SIGTERM to stop)", file=sys.stderr, flush=True)
     try:

@@ -44,6 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, help), in the order
     "poison": (_POISON, "list, inject or clear poisoned 64-B lines"),
     "scan-media": (_POISON, "scan the media for errors (background) and print what it found"),
     "sanitize": (_POISON, "erase media, LSA, poison and events (background, with progress)"),
+    "dcd": ("tools.cli.cmd_dcd", "offer, release or list Dynamic Capacity (the fabric manager's side)"),
 }
 
 
