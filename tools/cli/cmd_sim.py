@@ -181,11 +181,10 @@ def _levels_and_trace(args: argparse.Namespace, base: Any) -> tuple[list[int], A
         scripts = build_scripts(base.workload, 1)
     except OSError as exc:
         raise CliError(f"cannot read trace {args.trace}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        from tools.cli.cmd_trace import not_text_error
-
-        raise not_text_error(args.trace, exc, "a session trace is JSON lines (write one with "
-                                              "`cxlemu trace gen sessions`)") from None
+    except UnicodeDecodeError as exc:  # a binary given by mistake: named, with what a session trace is
+        raise CliError(f"trace {args.trace} is not a trace: it is binary, not JSON-lines text (byte "
+                       f"{exc.object[exc.start]:#04x} is not UTF-8); a session trace is JSON lines (write "
+                       "one with `cxlemu trace gen sessions`)") from None
     except TraceError as exc:
         raise CliError(f"trace {args.trace}: {exc}") from None
     return [len(scripts)], scripts

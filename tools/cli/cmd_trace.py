@@ -89,12 +89,6 @@ def non_negative_ns(text: str) -> int:
     return ns
 
 
-def not_text_error(path: str, exc: UnicodeDecodeError, expected: str) -> CliError:
-    """A trace file that is not UTF-8 text (a binary given by mistake), named, with what a trace is."""
-    return CliError(f"trace {path} is not a trace: it is binary, not JSON-lines text (byte "
-                    f"{exc.object[exc.start]:#04x} is not UTF-8); {expected}")
-
-
 def _cost_from(args: argparse.Namespace):  # -> TransferCost | None
     from firmware_model.dma import TransferCost
 
