@@ -216,7 +216,3 @@ class Watcher:
 
 
 WATCHER = Watcher()
-
-__all__ = ["GEN_MASK", "KEY", "MEDIA", "STATE_WORD", "UP", "WATCHER", "Watcher", "dead_firmware",
-           "firmware_pid", "gone_reason", "mark_down", "next_generation", "process_alive", "read_pid",
-           "serving_word", "start_time", "state_view", "write_pid"]
