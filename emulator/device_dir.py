@@ -511,12 +511,24 @@ def provision(config: DeviceConfig, *, fresh: bool = False, reconfigure: bool = 
             raise ConfigError(f"device {name!r} cannot be reconfigured: {exc.strerror or exc}") from None
     # a lock deleted while the device was stopped: no host of an earlier boot locks it again
     for lock in _lock_names(config):
-        os.close(open_private_file(path / lock, os.O_RDWR | os.O_CREAT))
+        _create_missing(path / lock, 0)
     for h in range(config.hosts):  # a device from before DC has no access bitmaps: zeroed (the firmware rebuilds them)
-        if not (path / access_name(h)).exists():
-            with open(path / access_name(h), "wb") as f:
-                f.truncate(access_bitmap_size(config))
+        _create_missing(path / access_name(h), access_bitmap_size(config))
     return DeviceFiles(config, path)
+
+
+def _create_missing(path: Path, size: int) -> None:
+    """Create ``path`` empty, or ``size`` zero bytes, where it is missing; as every device file
+    is opened (``open_private_file``: never through a symlink, only the user's own)."""
+    try:
+        fd = open_private_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+    except FileExistsError:  # there, as it is (one damaged is named when the files are opened)
+        os.close(open_private_file(path, os.O_RDWR))
+        return
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
 
 
 def destroy(name: str) -> None:
