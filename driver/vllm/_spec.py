@@ -275,8 +275,7 @@ class CxlOffloadingManager(CPUOffloadingManager):
             return
         self._check_at = now + LIVENESS_S
         reason = dead_firmware(self._served_dir)
-        if reason is not None and not self.stats.device_lost:
-            self.stats.add(device_lost=1)
+        if reason is not None and self.stats.mark_lost():
             logger.error("cxlemu tier: device %s is gone (%s); nothing more is looked up on it or stored to it: "
                          "serving goes on without the tier", self.device_name, reason)
 

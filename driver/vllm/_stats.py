@@ -42,6 +42,13 @@ class TierStats:
             for name, n in counts.items():
                 fields_[name] += n
 
+    def mark_lost(self) -> bool:
+        """Record that the device was found gone; True for the one caller that records it first
+        (a manager and a worker in one process may both find it: the loss is reported once)."""
+        with self._lock:
+            first, self.device_lost = not self.device_lost, 1
+            return first
+
     def as_dict(self) -> dict[str, int]:
         with self._lock:
             return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}

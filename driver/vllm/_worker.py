@@ -308,9 +308,8 @@ class CxlOffloadingWorker(OffloadingWorker):
     def _device_lost(self, exc: BaseException) -> None:
         if not self._lost:
             self._lost = True
-            if self.stats.device_lost:  # the manager, in this process, found it first and said so
+            if not self.stats.mark_lost():  # the manager, in this process, found it first and said so
                 return
-            self.stats.add(device_lost=1)
             logger.error("cxlemu tier: device %s is gone (%s); every later load fails and is recomputed by "
                          "vLLM, stores are dropped: serving goes on without the tier", self.spec.device_name, exc)
 
