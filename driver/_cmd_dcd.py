@@ -136,12 +136,12 @@ class DcdCommands(CommandMixin):
             flags: int) -> None:
         if not self.config.dc_regions:
             raise ValueError(f"{self.config.name} has no DC regions (serve it with --dc-region SIZE)")
-        regions = self.get_dc_config().regions
-        if not 0 <= region < len(regions):
-            raise ValueError(f"region {region}: the device has regions 0..{len(regions) - 1}")
+        bases = D.region_bases(self.config.capacity, self.config.dc_regions)  # as Get DC Configuration says
+        if not 0 <= region < len(bases):
+            raise ValueError(f"region {region}: the device has regions 0..{len(bases) - 1}")
         if not extents:
             raise ValueError("give at least one extent")
-        ranges, base = _ranges(extents), regions[region].base
+        ranges, base = _ranges(extents), bases[region]
         if any(dpa < base for dpa, _ in ranges):
             raise ValueError(f"extents of region {region} start at DPA {base:#x} or later")
         head = D.FM_DC_REQUEST.pack(host=host, region=region, flags=flags, count=len(ranges), tag=tag_bytes(tag))
