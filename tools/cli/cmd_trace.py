@@ -239,18 +239,23 @@ def _cmd_gen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(trace: list, out: str) -> None:
-    from tools.trace.io import save_binary, write_trace
+def _write(trace: Any, out: str) -> None:
+    """Write ``trace`` (a list of accesses, or ``TraceColumns``: a binary file takes them as they
+    are, JSON lines one access at a time) to ``out`` ("-": stdout)."""
+    from tools.trace.io import TraceColumns, save_binary, write_trace
+
+    def accesses() -> Any:
+        return trace.accesses() if isinstance(trace, TraceColumns) else trace
 
     if out == "-":
-        write_trace(trace, sys.stdout)
+        write_trace(accesses(), sys.stdout)
         return
     try:
         if out.endswith(".npz"):
             n = save_binary(trace, out)
         else:
             with open(out, "w", encoding="utf-8") as f:
-                n = write_trace(trace, f)
+                n = write_trace(accesses(), f)
     except OSError as exc:
         raise CliError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(f"wrote {n} accesses to {out}", file=sys.stderr)
@@ -273,7 +278,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         raise CliError(f"cannot read trace {args.file}: {exc.strerror or exc}") from None
     except TraceFormatError as exc:
         raise CliError(str(exc)) from None
-    _write(cols.accesses(), args.out)
+    _write(cols, args.out)
     return 0
 
 
