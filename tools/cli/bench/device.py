@@ -12,7 +12,6 @@ from tools.bench.liveness import TARGET_MS
 from tools.bench.mailbox import KINDS, MAX_HOSTS, SoakError, SoakResult
 from tools.cli._common import CliError, parse_size, print_json
 from tools.cli.bench import show
-from tools.monitor import bench as telemetry
 
 
 def register_mailbox(bench: Any) -> None:
@@ -125,6 +124,8 @@ def register_telemetry(bench: Any) -> None:
 def cmd_telemetry(args: Any) -> int:
     if args.rounds < 1:
         raise CliError(f"--rounds must be >= 1, got {args.rounds}")
+    from tools.monitor import bench as telemetry  # here: importing the monitor costs every bench ~0.13 s
+
     result = telemetry.run(args.rounds)
     if args.json:
         print_json(result)
