@@ -9,16 +9,19 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tools.cli._common import ArgumentError, CliError, need_extra, parse_port
 from tools.sim import hardware as hw
 from tools.sim import sweep
-from tools.sim.run import MODES
-from tools.sim.sweep import (DEFAULT_GRID, WORKLOADS, Prices, SweepError, cost_per_token, expand, json_rows,
-                             print_table, run_sweep, write_csv, write_plots)
+from tools.sim.export import json_rows, write_csv
+from tools.sim.grid import DEFAULT_GRID, NA, WORKLOADS, SweepError, expand
+from tools.sim.modes import SIM_MODES as MODES
+from tools.sim.plots import write_plots
+from tools.sim.pricing import Prices, cost_per_token
+from tools.sim.sweep import run_sweep
 
 MAX_LEVELS = 1024  # concurrency levels one run takes: each is a whole simulation
 _LEVELS_HELP = "a range 1..32, a list 1,2,4, or a range with a step 1..32:4 (items may be mixed: 1,2,4..32:4)"
@@ -101,6 +104,44 @@ def parse_prices(items: Sequence[str] | None) -> dict[str, float]:
                                f"{', '.join(hw.ACCELERATORS)}")
             out[acc.strip()] = _float(usd.strip(), "--price", "USD per hour")
     return out
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None or v == NA:
+        return NA
+    if isinstance(v, float):
+        return NA if not math.isfinite(v) else f"{v:,.{digits}f}"
+    return str(v)
+
+
+def print_table(rows: Sequence[Mapping[str, Any]], console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    priced = any("usd_per_million_tokens" in r for r in rows)
+    failed = any("error" in r for r in rows)
+    t = Table(title=f"cxlemu sim sweep: {len(rows)} points")
+    for name in ("model", "accelerator", "workload", "pool GB", "policy", "mode", "conc"):
+        t.add_column(name)
+    for name in ("TTFT p50 ms", "TTFT p99 ms", "TPOT ms", "out tok/s", "preempt", "max conc"):
+        t.add_column(name, justify="right")
+    if priced:
+        t.add_column("$/Mtok", justify="right")
+    if failed:
+        t.add_column("error", style="red")
+    for r in rows:
+        cells = [r.get("model"), r.get("accelerator"), r.get("workload"), _fmt(r.get("pool_gb"), 0),
+                 r.get("policy"), r.get("mode"), str(r.get("concurrency"))]
+        cells += [_fmt(r.get("ttft_p50_ms")), _fmt(r.get("ttft_p99_ms")), _fmt(r.get("tpot_ms"), 2),
+                  _fmt(r.get("output_tokens_per_s")), _fmt(r.get("preemptions")), _fmt(r.get("max_concurrency"))]
+        if priced:
+            cells.append(_fmt(r.get("usd_per_million_tokens"), 3))
+        if failed:
+            cells.append(r.get("error", ""))
+        t.add_row(*[str(c) for c in cells])
+    if console is None:  # piped: wide enough for every column rather than the 80 of a non-terminal
+        console = Console() if sys.stdout.isatty() else Console(width=200)
+    console.print(t)
 
 
 _FLAGS = {"models": "--models", "accelerators": "--accelerators", "pool_gb": "--pool-gb",

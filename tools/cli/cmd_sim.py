@@ -40,7 +40,7 @@ def _choice(options: Any, what: str) -> Any:
 
 def parse_modes(text: str) -> list[str]:
     """Comma-separated offload modes (an argparse ``type=``: ArgumentError names the known ones)."""
-    from tools.sim.run import parse_modes as parse
+    from tools.sim.modes import parse_modes as parse
 
     try:
         return parse(text)
@@ -193,8 +193,9 @@ def _levels_and_trace(args: argparse.Namespace, base: Any) -> tuple[list[int], A
 def cmd_serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from tools.sim.run import MODES, build_scripts, simulate
-    from tools.sim.sweep import json_rows
+    from tools.sim.export import json_rows
+    from tools.sim.modes import SIM_MODES as MODES
+    from tools.sim.run import build_scripts, simulate
 
     if args.plot:
         need_extra("matplotlib", "sim", "sim serve")
@@ -224,8 +225,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def rule_max_concurrency(rows: list[dict[str, Any]], mode: str, key: str = "ttft_p99_ms",
                          factor: float = 2.0) -> int:
     """The highest concurrency whose ``key`` stays within ``factor`` x the lowest level's
-    (``cxlemu bench serve``'s rule, ``tools.sim.serve_workload.max_concurrency``)."""
-    from tools.sim.serve_workload import max_concurrency
+    (``cxlemu bench serve``'s rule, ``tools.sim.metrics.max_concurrency``)."""
+    from tools.sim.metrics import max_concurrency
 
     return max_concurrency({r["concurrency"]: r[key] for r in rows if r["mode"] == mode}, factor)
 

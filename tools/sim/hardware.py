@@ -24,9 +24,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from firmware_model.link import LinkParams
+from tools.sim.metrics import percentile
 
-__all__ = ["ACCELERATORS", "LINKS", "MODELS", "Accelerator", "Batch", "LinearCost", "ModelShape", "Roofline",
-           "StepCost", "fit_linear", "kv_capacity", "link_params"]
+__all__ = ["ACCELERATORS", "LINKS", "MODELS", "REFERENCE", "Accelerator", "Batch", "LinearCost", "ModelShape", "ModelSpec",
+           "Roofline", "StepCost", "fit_linear", "kv_capacity", "link_params", "time_scale"]
 
 GB, GiB = 10**9, 1 << 30
 
@@ -102,6 +103,30 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
 )}
 
 
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """The random Llama ``cxlemu bench serve`` serves (``tools.bench._serve_engine.build_model`` writes it)."""
+    layers: int = 8
+    hidden: int = 768
+    heads: int = 12
+    kv_heads: int = 4
+    intermediate: int = 2048
+    vocab: int = 2048
+    init_range: float = 0.1  # 0.02 (transformers' default) makes greedy output one token forever
+    seed: int = 0
+
+    def shape(self) -> ModelShape:
+        """The model as the simulator's ``ModelShape`` (float32, as the bench runs it)."""
+        return ModelShape(name="bench-random-llama", layers=self.layers, hidden=self.hidden, heads=self.heads,
+                          kv_heads=self.kv_heads, intermediate=self.intermediate, vocab=self.vocab, dtype_bytes=4)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer, float32 (``ModelShape``'s arithmetic, GQA included)."""
+        return self.shape().kv_bytes_per_token
+
+
 @dataclass(frozen=True, kw_only=True)
 class Accelerator:
     """Published peak figures (dense BF16/FP16 tensor FLOP/s, HBM bandwidth and capacity)."""
@@ -149,6 +174,48 @@ def link_params(preset: str, time_scale: float = 1.0) -> LinkParams:
     from emulator import presets
 
     return replace(presets.load(preset).timing, time_scale=time_scale).link_params()
+
+
+# --- cxlemu bench serve's link time scale ----------------------------------------------------
+#: The reference deployment whose link : compute ratio the bench reproduces (each number's source).
+REFERENCE = {
+    "model": "Llama-2-7B (32 layers, hidden 4096, 32 KV heads, fp16)",
+    "kv_bytes_per_token": 2 * 32 * 4096 * 2,  # K and V x layers x hidden x 2 bytes = 512 KiB
+    "accelerator": "H100-class, 80 GB",
+    "prefill_flop_per_token": 2 * 7e9,  # 2 x parameters
+    "effective_tflops": 400.0,
+    "ttft_s": 0.200,  # a 4096-token prompt's time to first token
+    "ttft_tokens": 4096,
+}
+
+
+def time_scale(*, kv_bytes_per_token: float, compute_s_per_token: float,
+               reference: dict[str, Any] | None = None,
+               links_gbps: dict[str, float] | None = None) -> dict[str, Any]:
+    """The link time scale k that makes (link time : prefill compute) for a context here equal
+    the reference's: k x bytes_here / bw / compute_here = bytes_ref / bw / compute_ref, so
+    k = (bytes_ref / compute_ref) / (bytes_here / compute_here), whatever the link's bandwidth.
+
+    The reference's compute per token is its measured TTFT over its prompt (the FLOP estimate is
+    shown beside it). Returns every number of the arithmetic."""
+    ref = dict(REFERENCE if reference is None else reference)
+    if kv_bytes_per_token <= 0 or compute_s_per_token <= 0:
+        raise ValueError("kv_bytes_per_token and compute_s_per_token must be > 0")
+    ref_s = ref["ttft_s"] / ref["ttft_tokens"]
+    flop_s = ref["prefill_flop_per_token"] / (ref["effective_tflops"] * 1e12)
+    ref_rate = ref["kv_bytes_per_token"] / ref_s  # bytes of KV the reference computes per second
+    here_rate = kv_bytes_per_token / compute_s_per_token
+    k = ref_rate / here_rate
+    out: dict[str, Any] = {
+        "reference": ref, "reference_s_per_token": ref_s, "reference_flop_estimate_s_per_token": flop_s,
+        "reference_kv_bytes_per_s_of_compute": ref_rate, "kv_bytes_per_token": kv_bytes_per_token,
+        "compute_s_per_token": compute_s_per_token, "kv_bytes_per_s_of_compute": here_rate, "time_scale": k,
+        "links": {}}
+    for name, gbps in (links_gbps or {}).items():
+        ratio = ref["kv_bytes_per_token"] / (gbps * 1e9) / ref_s
+        out["links"][name] = {"gbps": gbps, "effective_gbps_here": gbps / k, "link_to_compute": ratio}
+    return out
+
 
 
 def kv_capacity(model: ModelShape, acc: Accelerator, *, max_num_batched_tokens: int,
@@ -305,7 +372,7 @@ def fit_linear(samples: Sequence[tuple[float, Batch]], source: str = "") -> Line
            # robust (1.4826 x the median absolute deviation of log(measured / model)): a few
            # stalled steps (a collection, a page fault burst) would inflate a plain deviation
            "rel_sigma": float(1.4826 * np.median(np.abs(logs - np.median(logs)))),
-           "p90_abs_rel_error": float(np.percentile(rel, 90)),
+           "p90_abs_rel_error": percentile(rel, 90),
            "total_time_ratio": float(pred.sum() / y.sum()) if y.sum() else math.nan}
     a, b, c, d, e, f = (float(v) * 1e9 for v in coef)
     return LinearCost(a, b, c, d, e, f, source=source, fit=fit)
