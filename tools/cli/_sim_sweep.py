@@ -130,7 +130,8 @@ def print_table(rows: Sequence[Mapping[str, Any]], console: Any = None) -> None:
     if failed:
         t.add_column("error", style="red")
     for r in rows:
-        cells = [r.get("model"), r.get("accelerator"), r.get("workload"), _fmt(r.get("pool_gb"), 0),
+        acc = r.get("accelerator") if r.get("tp", 1) == 1 else f"{r.get('tp')} x {r.get('accelerator')}"
+        cells = [r.get("model"), acc, r.get("workload"), _fmt(r.get("pool_gb"), 0),
                  r.get("policy"), r.get("mode"), str(r.get("concurrency"))]
         cells += [_fmt(r.get("ttft_p50_ms")), _fmt(r.get("ttft_p99_ms")), _fmt(r.get("tpot_ms"), 2),
                   _fmt(r.get("output_tokens_per_s")), _fmt(r.get("preemptions")), _fmt(r.get("max_concurrency"))]
@@ -144,7 +145,7 @@ def print_table(rows: Sequence[Mapping[str, Any]], console: Any = None) -> None:
     console.print(t)
 
 
-_FLAGS = {"models": "--models", "accelerators": "--accelerators", "pool_gb": "--pool-gb",
+_FLAGS = {"models": "--models", "accelerators": "--accelerators", "tp": "--tp", "pool_gb": "--pool-gb",
           "policies": "--policies", "workloads": "--workloads", "modes": "--modes",
           "concurrency": "--concurrency", "context": "--context"}
 
@@ -160,9 +161,15 @@ def grid_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if v <= 0:
             raise CliError(f"--pool-gb: pool sizes must be > 0 GB, got {s!r}")
         pools.append(v)
+    tps = []
+    for s in _list(args.tp):
+        if not s.isdigit() or int(s) < 1:
+            raise CliError(f"--tp: malformed tensor parallelism {s!r}: use whole numbers >= 1, e.g. 1,4,8")
+        tps.append(int(s))
     grid: dict[str, Any] = {"models": _list(args.models), "accelerators": _list(args.accelerators),
                             "pool_gb": pools, "policies": _list(args.policies),
-                            "workloads": _list(args.workloads), "modes": _list(args.modes), "concurrency": levels}
+                            "workloads": _list(args.workloads), "modes": _list(args.modes), "concurrency": levels,
+                            "tp": tps}
     if args.context is not None:
         if args.context < 1:
             raise CliError(f"--context: the fixed workload's context must be >= 1 token, got {args.context}")
@@ -186,6 +193,8 @@ def register_sweep(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=None, help="the fixed workload's context in tokens (4096)")
     p.add_argument("--modes", default=",".join(d["modes"]), help=f"comma list of {', '.join(MODES)}")
     p.add_argument("--concurrency", default="1,2,4,8,16,32", help=_LEVELS_HELP)
+    p.add_argument("--tp", default="1", help="comma list of tensor parallelism degrees: accelerators per instance "
+                                             "(default 1); an instance is priced as that many accelerators")
     p.add_argument("--address", type=parse_address, default=None, help="an existing Dask scheduler, tcp://host:port "
                                                    "(default: a LocalCluster here)")
     p.add_argument("--workers", type=int, default=None, help="LocalCluster worker processes (default: one per core)")

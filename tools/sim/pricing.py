@@ -15,7 +15,7 @@ __all__ = ["Prices", "cost_per_token", "hourly_cost"]
 
 @dataclass(frozen=True, kw_only=True)
 class Prices:
-    """USD per hour of one accelerator (by name), per GB-hour of CXL pool (charged to
+    """USD per hour of one accelerator (by name; a row pays for its ``tp`` of them), per GB-hour of CXL pool (charged to
     ``cxl-*`` rows for their ``pool_gb``) and of host memory (``host-lru`` rows, ``host_gb``)."""
 
     accelerator: dict[str, float] = field(default_factory=dict)
@@ -28,7 +28,7 @@ def hourly_cost(row: Mapping[str, Any], prices: Prices) -> float | None:
     acc = prices.accelerator.get(row.get("accelerator", ""))
     if acc is None:
         return None
-    cost = float(acc)
+    cost = float(acc) * int(row.get("tp", 1))  # an instance is tp accelerators
     if row.get("mode") in CXL_MODES and row.get("pool_gb", NA) != NA:
         cost += float(row["pool_gb"]) * prices.pool_gb_hour
     if row.get("mode") == "host-lru" and row.get("host_gb", NA) != NA:

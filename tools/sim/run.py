@@ -40,6 +40,7 @@ class Point:
     concurrency: int = 1
     model: str = "llama-2-7b"
     accelerator: str = "h100"
+    tp: int = 1  # tensor parallelism: the accelerators of one instance (weights and KV split over them)
     workload: dict[str, Any] = field(default_factory=lambda: {"kind": "fixed", "context": 4096,
                                                               "output_tokens": 128, "requests": 4})
     pool_gb: float = 1024.0  # the CXL pool (cxl-* modes)
@@ -81,6 +82,15 @@ class Point:
         for k in ("pool_gb", "host_gb"):
             if not getattr(self, k) > 0:
                 raise ValueError(f"{k} must be > 0, got {getattr(self, k)}")
+        if self.tp != 1:
+            self.shape().check_tp(self.tp)
+            if self.step_cost is None:
+                hw.allreduce_ns(hw.ACCELERATORS[self.accelerator], self.tp, 0)  # no NVLink: refused
+
+    @property
+    def instance(self) -> str:
+        """The accelerators of one instance: ``h100``, or ``4 x h100`` under tensor parallelism."""
+        return self.accelerator if self.tp == 1 else f"{self.tp} x {self.accelerator}"
 
     def shape(self) -> hw.ModelShape:
         return hw.ModelShape(**self.model_shape) if self.model_shape is not None else hw.MODELS[self.model]
@@ -90,14 +100,15 @@ class Point:
             c = self.step_cost
             return hw.LinearCost(c["a_ns"], c["b_ns_per_token"], c["c_ns_per_pair"], c["d_ns_per_seq"],
                                  c.get("e_ns_per_padded_pair", 0.0), c.get("f_ns_per_decode_context", 0.0))
-        return hw.Roofline(self.shape(), hw.ACCELERATORS[self.accelerator], self.mfu, self.mbu, self.overhead_us)
+        return hw.Roofline(self.shape(), hw.ACCELERATORS[self.accelerator], self.mfu, self.mbu, self.overhead_us,
+                           self.tp)
 
     def kv_space(self) -> tuple[int, dict[str, float] | None]:
         if self.kv_blocks:
             return self.kv_blocks, None
         cap = hw.kv_capacity(self.shape(), hw.ACCELERATORS[self.accelerator],
                              max_num_batched_tokens=self.max_num_batched_tokens,
-                             memory_utilization=self.memory_utilization)
+                             memory_utilization=self.memory_utilization, tp=self.tp)
         return int(cap["kv_tokens"] // self.block_tokens), cap
 
     def client_bound(self) -> int:
@@ -115,7 +126,7 @@ class Point:
             raise ConcurrencyError(f"{self.concurrency} clients is more than the simulator takes: at most {bound} "
                                    "(tools.sim.run.MAX_CLIENTS)", bound)
         if bound and self.concurrency > bound:
-            raise ConcurrencyError(f"{self.concurrency} clients is more than {self.shape().name} on {self.accelerator} "
+            raise ConcurrencyError(f"{self.concurrency} clients is more than {self.shape().name} on {self.instance} "
                                    f"can hold: at most {bound} (its KV space is {bound + 1} blocks of "
                                    f"{self.block_tokens} tokens, one block a request, one the null block)", bound)
 
@@ -193,8 +204,9 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
     shape = p.shape()
     kv_blocks, capacity = p.kv_space()
     if kv_blocks < 2:  # one is vLLM's null block
-        raise ValueError(f"{shape.name} leaves no KV space on {p.accelerator} "
-                         f"({(capacity or {}).get('kv_bytes', 0) / GB:.1f} GB)")
+        raise ValueError(f"{shape.name} leaves no KV space on {p.instance} "
+                         f"({(capacity or {}).get('kv_bytes', 0) / GB:.1f} GB): split it over more accelerators "
+                         "(tensor parallelism, tp)")
     cfg = EngineConfig(block_tokens=p.block_tokens, kv_blocks=kv_blocks, max_num_seqs=p.max_num_seqs,
                        max_num_batched_tokens=p.max_num_batched_tokens,
                        long_prefill_token_threshold=p.long_prefill_token_threshold, jitter=p.jitter, seed=p.seed)
@@ -207,7 +219,7 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
     records = engine.run()
     wall = time.perf_counter() - t0
     out = summarize(records)
-    out.update(mode=p.mode, concurrency=p.concurrency, model=shape.name, accelerator=p.accelerator,
+    out.update(mode=p.mode, concurrency=p.concurrency, model=shape.name, accelerator=p.accelerator, tp=p.tp,
                max_concurrency=engine.stats.max_running, steps=engine.stats.steps,
                kv_blocks=kv_blocks, kv_tokens=kv_blocks * p.block_tokens,
                sim_s=engine.env.now / 1e9, busy_s=engine.stats.busy_ns / 1e9, wall_s=wall)
