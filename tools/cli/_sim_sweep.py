@@ -131,6 +131,7 @@ def print_table(rows: Sequence[Mapping[str, Any]], console: Any = None) -> None:
         t.add_column("error", style="red")
     for r in rows:
         acc = r.get("accelerator") if r.get("tp", 1) == 1 else f"{r.get('tp')} x {r.get('accelerator')}"
+        acc += "" if r.get("cost_model", "roofline") == "roofline" else f" ({r.get('cost_model')})"
         cells = [r.get("model"), acc, r.get("workload"), _fmt(r.get("pool_gb"), 0),
                  r.get("policy"), r.get("mode"), str(r.get("concurrency"))]
         cells += [_fmt(r.get("ttft_p50_ms")), _fmt(r.get("ttft_p99_ms")), _fmt(r.get("tpot_ms"), 2),
@@ -145,7 +146,8 @@ def print_table(rows: Sequence[Mapping[str, Any]], console: Any = None) -> None:
     console.print(t)
 
 
-_FLAGS = {"models": "--models", "accelerators": "--accelerators", "tp": "--tp", "pool_gb": "--pool-gb",
+_FLAGS = {"models": "--models", "accelerators": "--accelerators", "tp": "--tp", "cost": "--cost",
+          "pool_gb": "--pool-gb",
           "policies": "--policies", "workloads": "--workloads", "modes": "--modes",
           "concurrency": "--concurrency", "context": "--context"}
 
@@ -169,7 +171,7 @@ def grid_from_args(args: argparse.Namespace) -> dict[str, Any]:
     grid: dict[str, Any] = {"models": _list(args.models), "accelerators": _list(args.accelerators),
                             "pool_gb": pools, "policies": _list(args.policies),
                             "workloads": _list(args.workloads), "modes": _list(args.modes), "concurrency": levels,
-                            "tp": tps}
+                            "tp": tps, "cost": _list(args.cost)}
     if args.context is not None:
         if args.context < 1:
             raise CliError(f"--context: the fixed workload's context must be >= 1 token, got {args.context}")
@@ -195,6 +197,8 @@ def register_sweep(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--concurrency", default="1,2,4,8,16,32", help=_LEVELS_HELP)
     p.add_argument("--tp", default="1", help="comma list of tensor parallelism degrees: accelerators per instance "
                                              "(default 1); an instance is priced as that many accelerators")
+    p.add_argument("--cost", default="roofline", help="comma list of step cost models: roofline (default), profile "
+                                                      "(Vidur's measured operators where profiled)")
     p.add_argument("--address", type=parse_address, default=None, help="an existing Dask scheduler, tcp://host:port "
                                                    "(default: a LocalCluster here)")
     p.add_argument("--workers", type=int, default=None, help="LocalCluster worker processes (default: one per core)")

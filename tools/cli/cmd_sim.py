@@ -4,6 +4,7 @@
                      [--offload none,host-lru,cxl-lru,cxl-smart] [--concurrency 1..32] [--json] ...
     cxlemu sim sweep ...        models x accelerators x pools x policies x workloads on Dask
     cxlemu sim validate FILE    the simulator against a `cxlemu bench serve --save FILE` run
+    cxlemu sim check [--json]   the step cost models against published first-token latencies
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from tools.cli._common import ArgumentError, CliError, need_extra
+from tools.cli._common import ArgumentError, CliError, need_extra, print_json
 
 
 def register(subparsers: Any) -> None:
@@ -28,6 +29,10 @@ def register(subparsers: Any) -> None:
 
     register_sweep(sub)
     register_validate(sub)
+    c = sub.add_parser("check", help="the step cost models (Vidur's profiles, the roofline) against published "
+                                     "first-token latencies")
+    c.add_argument("--json", action="store_true", help="the rows as a JSON list")
+    c.set_defaults(func=cmd_check)
 
 
 def _choice(options: Any, what: str) -> Any:
@@ -88,6 +93,10 @@ def _register_serve(sub: Any) -> None:
     s.add_argument("--tp", type=_positive(int), default=1,
                    help="tensor parallelism: accelerators per instance, the weights and the KV split over them, two "
                         "NVLink all-reduces a layer (default 1)")
+    s.add_argument("--cost", default="roofline", choices=("profile", "roofline"),
+                   help="step times: roofline (published peaks x --mfu/--mbu, default) or profile (Vidur's measured "
+                        "operators where profiled: llama-2-7b/70b on a100-80gb and h100, llama-3-8b/70b on "
+                        "a100-80gb; the roofline elsewhere)")
     s.add_argument("--workload", default="fixed", choices=("fixed", "sessions", "trace"),
                    help="fixed: the seed's fixed-length sequences (default); sessions: multi-turn chat with "
                         "shared system prompts; trace: --trace FILE")
@@ -151,7 +160,8 @@ def base_point(args: argparse.Namespace) -> Any:
     from tools.sim.run import Point
 
     try:
-        return Point(model=args.model, accelerator=args.accelerator, tp=args.tp, workload=_workload(args),
+        return Point(model=args.model, accelerator=args.accelerator, tp=args.tp, cost_model=args.cost,
+                     workload=_workload(args),
                      pool_gb=args.pool_gb, host_gb=args.host_gb, host_link=args.host_link,
                      smart_policy=args.smart_policy, preemption=args.preemption, block_tokens=args.block_tokens,
                      max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -307,3 +317,28 @@ def plot_levels(rows: list[dict[str, Any]], path: str, title: str) -> None:
                                  path, title=title)
     except OSError as exc:
         raise CliError(f"cannot write plot {path}: {exc.strerror or exc}") from None
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from tools.sim.check import check
+
+    rows = check()
+    if args.json:
+        print_json(rows)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="sim check: one prefill step (first token) against published measurements")
+    for col in ("model", "accelerator", "tp", "input tokens", "batch", "published ms", "profile ms", "ratio",
+                "roofline ms", "ratio"):
+        t.add_column(col, justify="left" if col in ("model", "accelerator") else "right")
+    for r in rows:
+        prof = r["profile_used"]
+        t.add_row(r["model"], r["accelerator"], str(r["tp"]), str(r["input_tokens"]), str(r["batch"]),
+                  f"{r['published_ms']:g}", f"{r['profile_ms']:.1f}" + ("" if prof == "profile" else " (roofline)"),
+                  f"{r['profile_ratio']:.2f}", f"{r['roofline_ms']:.1f}", f"{r['roofline_ratio']:.2f}")
+    con = Console(width=None if sys.stdout.isatty() else 160)
+    con.print(t)
+    con.print(f"published: {rows[0]['source']}; simulated with the default efficiencies and per-step overhead")
+    return 0

@@ -3,9 +3,12 @@ it imports nothing else of ``tools`` (the CLI is ``tools/cli/cmd_sim.py``).
 
     modes      the serving modes (one table: the simulator's, ``cxlemu bench serve``'s)
     hardware   model shapes, accelerators (published figures), links (the emulator's presets),
-               the step cost: a roofline, or a linear model fitted to measured step times
+               tensor parallelism (NVLink all-reduces), the step cost: a roofline, or a linear model
+               fitted to measured step times
     workload   closed-loop clients: the seed's fixed sequences, multi-turn sessions with shared
                prefixes, ``cxlemu bench serve``'s clients, JSON-lines trace files
+    profile    step times from Vidur's measured operators (``data/vidur``), the roofline elsewhere
+    check      both cost models beside published first-token latencies
     metrics    TTFT, TPOT, throughput: one definition for the simulator and the bench
     engine     the discrete-event engine: vLLM v1's scheduler (chunked prefill, prefix cache,
                preemption by recompute or swap) and the offload tier (firmware_model's policies

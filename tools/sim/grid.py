@@ -16,6 +16,7 @@ from typing import Any
 
 from tools.sim import hardware as hw
 from tools.sim.modes import CXL_MODES, SIM_MODES
+from tools.sim.profile import COST_MODELS
 from tools.sim.run import ConcurrencyError, Point
 
 __all__ = ["DEFAULT_GRID", "NA", "WORKLOADS", "SweepError", "expand", "point_fields", "sort_key", "workload_label"]
@@ -34,7 +35,7 @@ NA = "-"  # a dimension that does not apply to the row's mode
 DEFAULT_GRID: dict[str, Any] = {
     "models": ["llama-2-7b"], "accelerators": ["h100"], "pool_gb": [1024.0], "policies": ["arc"],
     "workloads": ["fixed", "sessions"], "modes": list(SIM_MODES), "concurrency": [1, 2, 4, 8, 16, 32],
-    "tp": [1],
+    "tp": [1], "cost": ["roofline"],
 }
 
 
@@ -114,8 +115,9 @@ def expand(grid: Mapping[str, Any]) -> list[Point]:
     """The grid's cartesian product as points, deduplicated and in grid order.
 
     Keys (each a list; missing ones take :data:`DEFAULT_GRID`'s): ``models``, ``accelerators``,
-    ``tp`` (accelerators per instance), ``pool_gb``, ``policies``, ``workloads`` (preset names, or workload dicts passed through),
-    ``modes``, ``concurrency``, and ``context`` (an int or a list: the ``fixed`` preset's context).
+    ``tp`` (accelerators per instance), ``cost`` (cost models: roofline, profile), ``pool_gb``,
+    ``policies``, ``workloads`` (preset names, or workload dicts passed through), ``modes``,
+    ``concurrency``, and ``context`` (an int or a list: the ``fixed`` preset's context).
     ``policies`` varies ``cxl-smart`` only and ``pool_gb`` the ``cxl-*`` modes only; the other
     modes keep the first value. Raises :class:`SweepError` (a ValueError) naming the key."""
     models = _names(grid, "models", tuple(hw.MODELS), "model")
@@ -125,6 +127,7 @@ def expand(grid: Mapping[str, Any]) -> list[Point]:
     pools = [float(p) for p in _numbers(grid, "pool_gb", float, "pool size in GB")]
     levels = _numbers(grid, "concurrency", int, "whole number")
     tps = _numbers(grid, "tp", int, "whole number")
+    costs = _names(grid, "cost", COST_MODELS, "cost model")
     workloads = _workload_specs(grid)
     if not workloads:
         raise SweepError("workloads", f"no workloads given: name at least one of {', '.join(WORKLOADS)}")
@@ -139,12 +142,12 @@ def expand(grid: Mapping[str, Any]) -> list[Point]:
             raise SweepError("concurrency", str(e)) from None
     out: list[Point] = []
     seen: set[str] = set()
-    for model, acc, tp, wl, mode in itertools.product(models, accs, tps, workloads, modes):
+    for model, acc, tp, cost, wl, mode in itertools.product(models, accs, tps, costs, workloads, modes):
         mode_pools = pools if mode in CXL_MODES else pools[:1]
         mode_policies = policies if mode == "cxl-smart" else policies[:1]
         for pool, policy, c in itertools.product(mode_pools, mode_policies, levels):
-            p = Point(mode=mode, concurrency=c, model=model, accelerator=acc, tp=tp, workload=dict(wl),
-                      pool_gb=pool, smart_policy=policy)
+            p = Point(mode=mode, concurrency=c, model=model, accelerator=acc, tp=tp, cost_model=cost,
+                      workload=dict(wl), pool_gb=pool, smart_policy=policy)
             key = json.dumps(p.to_dict(), sort_keys=True, default=str)
             if key not in seen:
                 seen.add(key)
@@ -154,16 +157,18 @@ def expand(grid: Mapping[str, Any]) -> list[Point]:
 
 def point_fields(p: Point) -> dict[str, Any]:
     """The identifying fields of a point's row."""
-    return {"model": p.model, "accelerator": p.accelerator, "tp": p.tp, "workload": workload_label(p.workload),
+    return {"model": p.model, "accelerator": p.accelerator, "tp": p.tp, "cost_model": p.cost_model,
+            "workload": workload_label(p.workload),
             "pool_gb": p.pool_gb if p.mode in CXL_MODES else NA,
             "policy": p.smart_policy if p.mode == "cxl-smart" else NA, "mode": p.mode,
             "concurrency": p.concurrency, "host_gb": p.host_gb if p.mode == "host-lru" else NA}
 
 
 def sort_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """(model, accelerator, tp, workload, pool, policy, mode in SIM_MODES order, concurrency)."""
+    """(model, accelerator, tp, cost model, workload, pool, policy, mode in SIM_MODES order, concurrency)."""
     pool = row.get("pool_gb", NA)
     mode = row.get("mode")
-    return (row.get("model", ""), row.get("accelerator", ""), row.get("tp", 1), row.get("workload", ""),
+    return (row.get("model", ""), row.get("accelerator", ""), row.get("tp", 1), row.get("cost_model", ""),
+            row.get("workload", ""),
             -1.0 if pool == NA else float(pool), row.get("policy", NA),
             SIM_MODES.index(mode) if mode in SIM_MODES else len(SIM_MODES), row.get("concurrency", 0))

@@ -27,8 +27,9 @@ from typing import Any, Protocol
 from firmware_model.link import LinkParams
 from tools.sim.metrics import percentile
 
-__all__ = ["ACCELERATORS", "LINKS", "MODELS", "REFERENCE", "Accelerator", "Batch", "LinearCost", "ModelShape", "ModelSpec",
-           "Roofline", "StepCost", "allreduce_ns", "fit_linear", "kv_capacity", "link_params", "time_scale", "tp_comm_ns"]
+__all__ = ["ACCELERATORS", "LINKS", "MODELS", "REFERENCE", "Accelerator", "Batch", "LinearCost", "ModelShape",
+           "ModelSpec", "Roofline", "StepCost", "allreduce_ns", "fit_linear", "kv_capacity", "link_params",
+           "time_scale", "tp_comm_ns"]
 
 GB, GiB = 10**9, 1 << 30
 
@@ -171,8 +172,9 @@ ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
     Accelerator(name="h100", tflops=989.0, hbm_gbps=3350.0, memory_gb=80.0,
                 source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS with sparsity, "
                        "989 dense; HBM3 3.35 TB/s, 80 GB",
-                nvlink_gbps=450.0, nvlink_source="NVIDIA H100 datasheet (SXM5): fourth-generation NVLink 900 GB/s per "
-                                                 "GPU, both directions together (18 links x 50 GB/s): 450 GB/s each way"),
+                nvlink_gbps=450.0, nvlink_source="NVIDIA H100 datasheet (SXM5): fourth-generation NVLink 900 GB/s "
+                                                 "per GPU, both directions together (18 links x 50 GB/s): 450 GB/s "
+                                                 "each way"),
     Accelerator(name="h200", tflops=989.0, hbm_gbps=4800.0, memory_gb=141.0,
                 source="NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity, "
                        "989 dense; HBM3e 4.8 TB/s, 141 GB",

@@ -62,14 +62,14 @@ def _slug(v: Any) -> str:
 
 
 def plot_groups(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[Any, ...], dict[str, list[Mapping[str, Any]]]]:
-    """(model, accelerator, tp, workload, pool, policy) -> mode -> rows. ``none`` and ``host-lru``
+    """(model, accelerator, tp, workload, cost model, pool, policy) -> mode -> rows. ``none`` and ``host-lru``
     (no pool, no policy) are drawn in every group of their (model, accelerator, tp, workload),
     ``cxl-lru`` (no policy) in every policy group of its pool."""
     ok = [r for r in rows if "error" not in r]
     out: dict[tuple[Any, ...], dict[str, list[Mapping[str, Any]]]] = {}
 
     def base_of(r: Mapping[str, Any]) -> tuple[Any, ...]:
-        return r["model"], r["accelerator"], r.get("tp", 1), r["workload"]
+        return r["model"], r["accelerator"], r.get("tp", 1), r["workload"], r.get("cost_model", "roofline")
 
     for base in sorted({base_of(r) for r in ok}):
         mine = [r for r in ok if base_of(r) == base]
@@ -89,14 +89,15 @@ def plot_groups(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[Any, ...], dict
 
 
 def write_plots(rows: Sequence[Mapping[str, Any]], prefix: str | Path) -> list[Path]:
-    """One PNG per (model, accelerator, tp, workload, pool, policy): output tokens/s and TTFT p99
-    against concurrency, one line per mode, and $/Mtok when priced. Returns the paths written,
-    ``<prefix>-<model>-<accelerator>[-tp<N>]-<workload>-pool<GB>-<policy>.png`` (``-tp<N>`` when N > 1)."""
+    """One PNG per (model, accelerator, tp, workload, cost model, pool, policy): output tokens/s and
+    TTFT p99 against concurrency, one line per mode, and $/Mtok when priced. Returns the paths
+    written, ``<prefix>-<model>-<accelerator>[-tp<N>][-profile]-<workload>-pool<GB>-<policy>.png``
+    (``-tp<N>`` when N > 1, ``-profile`` for the profile cost model)."""
     prefix = Path(prefix)
     if prefix.parent != Path(""):
         prefix.parent.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
-    for (model, acc, tp, wl, pool, policy), lines in plot_groups(rows).items():
+    for (model, acc, tp, wl, cost, pool, policy), lines in plot_groups(rows).items():
         priced = any(r.get("usd_per_million_tokens") is not None for rs in lines.values() for r in rs)
         panels: list[tuple[str, str, str | None]] = [("output_tokens_per_s", "output tokens/s", None),
                                                      ("ttft_p99_ms", "TTFT p99 (ms)", None)]
@@ -104,6 +105,8 @@ def write_plots(rows: Sequence[Mapping[str, Any]], prefix: str | Path) -> list[P
             panels.append(("usd_per_million_tokens", "$ / M output tokens", None))
         pool_txt = NA if pool == NA else f"{pool:,.0f} GB"
         inst, tp_txt = (acc, "") if tp == 1 else (f"{tp} x {acc}", f"-tp{tp}")
+        if cost != "roofline":  # the default cost model keeps the names of before
+            inst, tp_txt = f"{inst} ({cost})", f"{tp_txt}-{cost}"
         path = prefix.with_name(f"{prefix.name}-{_slug(model)}-{_slug(acc)}{tp_txt}-{_slug(wl)}-pool{_slug(pool)}"
                                 f"-{_slug(policy)}.png")
         plot_against_concurrency({mode: [(r["concurrency"], r) for r in rs] for mode, rs in lines.items()}, panels,

@@ -16,6 +16,7 @@ from tools.sim import hardware as hw
 from tools.sim import modes
 from tools.sim.engine import EngineConfig, SimEngine, TierConfig
 from tools.sim.metrics import summarize
+from tools.sim.profile import COST_MODELS, step_cost
 from tools.sim.workload import ClientScript, WorkloadConfig
 
 __all__ = ["MAX_CLIENTS", "ConcurrencyError", "Point", "build_scripts", "simulate"]
@@ -65,7 +66,8 @@ class Point:
     prefetch: str = ""  # "forward" or "layer" instead of the mode's
     tier_blocks: int = 0  # the tier's size in blocks instead of pool_gb / host_gb
     offload_prompt_only: bool = True  # vLLM's default: decode-filled blocks are not stored
-    step_cost: dict[str, float] | None = None  # a fitted LinearCost instead of the roofline
+    cost_model: str = "roofline"  # or "profile": Vidur's measured operators where profiled (tools.sim.profile)
+    step_cost: dict[str, float] | None = None  # a fitted LinearCost instead of either
     model_shape: dict[str, Any] | None = None  # a shape of one's own instead of ``model``'s
 
     def __post_init__(self) -> None:
@@ -82,6 +84,8 @@ class Point:
         for k in ("pool_gb", "host_gb"):
             if not getattr(self, k) > 0:
                 raise ValueError(f"{k} must be > 0, got {getattr(self, k)}")
+        if self.cost_model not in COST_MODELS:
+            raise ValueError(f"unknown cost model {self.cost_model!r}: choose from {', '.join(COST_MODELS)}")
         if self.tp != 1:
             self.shape().check_tp(self.tp)
             if self.step_cost is None:
@@ -100,8 +104,8 @@ class Point:
             c = self.step_cost
             return hw.LinearCost(c["a_ns"], c["b_ns_per_token"], c["c_ns_per_pair"], c["d_ns_per_seq"],
                                  c.get("e_ns_per_padded_pair", 0.0), c.get("f_ns_per_decode_context", 0.0))
-        return hw.Roofline(self.shape(), hw.ACCELERATORS[self.accelerator], self.mfu, self.mbu, self.overhead_us,
-                           self.tp)
+        return step_cost(self.cost_model, self.model if self.model_shape is None else "", self.shape(),
+                         self.accelerator, tp=self.tp, mfu=self.mfu, mbu=self.mbu, overhead_us=self.overhead_us)
 
     def kv_space(self) -> tuple[int, dict[str, float] | None]:
         if self.kv_blocks:
@@ -215,11 +219,13 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
         scripts = build_scripts(p.workload, p.concurrency, p)
     tier = tier_config(p, shape)
     t0 = time.perf_counter()
-    engine = SimEngine(scripts, p.cost(), cfg, tier=tier)
+    cost = p.cost()
+    engine = SimEngine(scripts, cost, cfg, tier=tier)
     records = engine.run()
     wall = time.perf_counter() - t0
     out = summarize(records)
     out.update(mode=p.mode, concurrency=p.concurrency, model=shape.name, accelerator=p.accelerator, tp=p.tp,
+               cost=cost.describe()["kind"],
                max_concurrency=engine.stats.max_running, steps=engine.stats.steps,
                kv_blocks=kv_blocks, kv_tokens=kv_blocks * p.block_tokens,
                sim_s=engine.env.now / 1e9, busy_s=engine.stats.busy_ns / 1e9, wall_s=wall)
