@@ -77,13 +77,15 @@ def _ranges(payload: memoryview) -> list[tuple[int, int]] | RetCode:
     return [(e["start_dpa"], e["len"]) for e in entries]
 
 
-@command(Opcode.ADD_DC_RESPONSE, "Add DC Response", in_len=None, min_len=D.DC_RESPONSE.size, effects=_CHANGES)
+@command(Opcode.ADD_DC_RESPONSE, "Add DC Response", in_len=None, min_len=D.DC_RESPONSE.size, effects=_CHANGES,
+         persistent=True)
 def add_dc_response(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     ranges = _ranges(payload)
     return (ranges if isinstance(ranges, RetCode) else fw.dcd.accept(fw.port.host, ranges)), b""
 
 
-@command(Opcode.RELEASE_DC, "Release DC", in_len=None, min_len=D.DC_RESPONSE.size, effects=_CHANGES)
+@command(Opcode.RELEASE_DC, "Release DC", in_len=None, min_len=D.DC_RESPONSE.size, effects=_CHANGES,
+         persistent=True)
 def release_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     ranges = _ranges(payload)  # the bits are cleared before the answer: the next transfer fails
     return (ranges if isinstance(ranges, RetCode) else fw.dcd.release(fw.port.host, ranges)), b""
@@ -126,7 +128,8 @@ def _log(fw: Firmware, kind: D.DcEventType, req: dict, extents: list[Extent]) ->
                                       f"DC {kind.name.lower()} {e.start_dpa:#x}+{e.length:#x}")
 
 
-@command(Opcode.FM_ADD_DC, "FM Add Dynamic Capacity", in_len=None, min_len=D.FM_DC_REQUEST.size, effects=_CHANGES)
+@command(Opcode.FM_ADD_DC, "FM Add Dynamic Capacity", in_len=None, min_len=D.FM_DC_REQUEST.size, effects=_CHANGES,
+         persistent=True)
 def fm_add_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     parsed = _fm_request(fw, payload)
     if isinstance(parsed, RetCode):
@@ -139,7 +142,7 @@ def fm_add_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
 
 
 @command(Opcode.FM_RELEASE_DC, "FM Release Dynamic Capacity", in_len=None, min_len=D.FM_DC_REQUEST.size,
-         effects=_CHANGES)
+         effects=_CHANGES, persistent=True)
 def fm_release_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     parsed = _fm_request(fw, payload)
     if isinstance(parsed, RetCode):
