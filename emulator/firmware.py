@@ -39,6 +39,7 @@ from emulator.commands.scan import ScanState
 from emulator.dcd import DcState
 from emulator.events import EventLogs, share_records
 from emulator.fw_telemetry import FirmwarePublisher
+from emulator.kv_pool import KvPoolService
 from emulator.fwslots import FwSlots
 from emulator.health import HealthState
 from emulator.mailbox import COMMANDS, BackgroundJob, dispatch
@@ -127,9 +128,11 @@ class Firmware:
         self.poison = PoisonList(self)
         self.scan_media = ScanState()
         self.dcd = DcState(self)  # Dynamic Capacity: each port's offer and extents, the access bitmaps
+        self.kv_pool = KvPoolService(self)  # the shared KV index in the extent tagged kv-index
         self.persist = PersistentState(self)  # poison list and firmware slots of the last boot
         self.persist.restore()
         self.services.append(self.persist.service)
+        self.services.append(self.kv_pool)
         self.telemetry = FirmwarePublisher(self)
         self.services.append(self.telemetry.service)
         for p in self.ports:
@@ -296,6 +299,7 @@ class Firmware:
             p.state.release()
             p.regs.set_field(R.MEMDEV_STATUS, "MBOX_READY", 0)
         self.telemetry.close()
+        self.kv_pool.detach()  # its views of the media and its CAS's export
         # drop the views so the mmaps can close
         self.media, self.lsa, self.poison_bits = (np.zeros(0, np.uint8) for _ in range(3))
         for p in self.ports:
