@@ -183,6 +183,8 @@ def build_scripts(workload: dict[str, Any], concurrency: int, point: Point | Non
 
 
 def tier_config(p: Point, shape: hw.ModelShape) -> TierConfig | None:
+    # a block is the instance's whole KV of its tokens: under tensor parallelism the tp accelerators'
+    # shares together, moved over the one link of the mode's preset (the instance's host or pool link)
     block_bytes = p.block_tokens * shape.kv_bytes_per_token
     mode = modes.MODES[p.mode]
     if mode.tier is None:
