@@ -205,6 +205,7 @@ from emulator.telemetry.layout import (  # noqa: F401
     POISON_MAX,
     POOL,
     POOL_OFFSET,
+    POOL_PHASES,
     SECTION_SINCE,
     SECTIONS,
     VERSION_MAJOR,
@@ -226,6 +227,7 @@ from emulator.telemetry.writer import TelemetryWriter
 
 __all__ = [
     "LOG_NAMES",
+    "POOL_PHASES",
     "EventEntry",
     "FirmwareTelemetry",
     "HostTelemetry",

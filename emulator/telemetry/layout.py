@@ -10,6 +10,7 @@ import numpy as np
 
 from emulator.device_dir import MAX_HOSTS
 from emulator.spec.registers import TELEMETRY_SIZE
+from firmware_model import kv_index
 
 MAGIC = 0x544C5843  # "CXLT" little-endian
 VERSION_MAJOR, VERSION_MINOR = 1, 3
@@ -18,6 +19,8 @@ EVENTS_MAX = 16
 POISON_MAX = 16
 EVENT_TEXT_BYTES = 48
 LOG_NAMES = ("info", "warn", "fail", "fatal", "dcd")  # CXL r3.1 §8.2.9.2.2 event log types 0-4
+POOL_PHASES = ("out", "joining", "member")  # a host in the KV pool: its host record's phase 0-2
+assert (kv_index.IDLE, kv_index.JOINING, kv_index.LIVE) == (0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,8 @@ POOL = _Layout("pool", _SECTION_HEAD + [
     _f("pool_reaped_allocations", "<u8", "allocations of dead or dropped hosts the firmware dropped", since=3),
     _f("pool_cleared_pins", "<u8", "pin bytes of dead or dropped hosts the firmware cleared", since=3),
     _per_host("host_pid", "<u4", "pid of the process that claimed the port (host.<h>.pid); 0: none"),
-    _per_host("host_pool_phase", "<u4", "the host in the pool: 0 out, 1 joining, 2 member"),
+    _per_host("host_pool_phase", "<u4", "the host in the pool: " + ", ".join(
+        f"{i} {name}" for i, name in enumerate(POOL_PHASES))),
     _per_host("host_pool_pid", "<u4", "pid of the process that joined the pool as this host"),
     _per_host("host_extents", "<u4", "DC extents the port accepted"),
     _per_host("host_pending_extents", "<u4", "DC extents offered to the port, not yet accepted"),
