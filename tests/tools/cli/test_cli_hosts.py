@@ -19,6 +19,10 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     assert proc.wait(timeout=30) == 0
 
 
+def _claims(record: dict) -> list[dict]:
+    return [{"host": r["host"], "pid": r["pid"]} for r in record["hosts"]]
+
+
 def _ports(name: str) -> list[str]:
     return sorted(p.name for p in Path(device_path(name)).glob("bar*"))
 
@@ -31,7 +35,7 @@ def test_hosts_are_kept_across_serves_refused_changed_and_reset_by_fresh(device_
         with MemDev.open(name, host=1):
             record = json.loads(cxlemu("list", name, check=True).stdout)[0]
             # the test process claimed port 1; the CLI's own look at the device claims nothing
-            assert record["hosts"] == [{"host": 0, "pid": None}, {"host": 1, "pid": os.getpid()}]
+            assert _claims(record) == [{"host": 0, "pid": None}, {"host": 1, "pid": os.getpid()}]
             claimed = cxlemu("raw", name, "0x0001", "--host", "1")
             assert claimed.returncode == 1 and claimed.stderr.count("\n") == 1
             assert f"host port 1 is claimed by pid {os.getpid()}" in claimed.stderr
@@ -45,6 +49,9 @@ def test_hosts_are_kept_across_serves_refused_changed_and_reset_by_fresh(device_
                               f"(`cxlemu serve --hosts N --reconfigure` adds ports)\n")
     finally:
         _stop(proc)
+    stopped = json.loads(cxlemu("list", name, check=True).stdout)[0]["hosts"]
+    assert stopped[1] == {"host": 1, "pid": None, "extents": None, "extent_bytes": None,
+                          "shared_extent_bytes": None, "pool": None}  # not served: the page says nothing
 
     proc = serve_process(name)  # without --hosts: as it was
     try:
@@ -62,7 +69,7 @@ def test_hosts_are_kept_across_serves_refused_changed_and_reset_by_fresh(device_
     proc = serve_process(name, "--fresh")
     try:
         assert load_config(name).hosts == 1 and _ports(name) == ["bar"]
-        assert json.loads(cxlemu("list", name, check=True).stdout)[0]["hosts"] == [{"host": 0, "pid": None}]
+        assert _claims(json.loads(cxlemu("list", name, check=True).stdout)[0]) == [{"host": 0, "pid": None}]
     finally:
         _stop(proc)
     assert cxlemu("destroy", name).returncode == 0
@@ -89,3 +96,26 @@ def test_bad_host_counts_and_ports_are_one_line_errors(device_name: str) -> None
         proc = cxlemu(*args)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert proc.stderr.startswith("cxlemu: error: argument --host") and message in proc.stderr
+
+
+def test_list_shows_each_ports_extents_and_pool_state(device_name: str) -> None:
+    """Issue 25.7: `list` adds per port its accepted DC extents (count, bytes, tagged bytes) and its
+    state in the KV pool, from the firmware's telemetry page; None where the page says nothing."""
+    import time
+
+    from pool_support import pool_server
+
+    from driver.pool import KvPool
+
+    with pool_server(device_name):  # an 8 MiB pool offered to both ports; host 0 joins it here
+        with MemDev.open(device_name, host=0) as md, KvPool.open(md):
+            deadline = time.monotonic() + 10
+            while True:  # the firmware publishes the page ~10 times a second
+                hosts = json.loads(cxlemu("list", device_name, check=True).stdout)[0]["hosts"]
+                if hosts[0]["pool"] == "member" or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert hosts == [
+                {"host": 0, "pid": os.getpid(), "extents": 1, "extent_bytes": 8 << 20,
+                 "shared_extent_bytes": 8 << 20, "pool": "member"},
+                {"host": 1, "pid": None, "extents": 0, "extent_bytes": 0, "shared_extent_bytes": 0, "pool": "out"}]

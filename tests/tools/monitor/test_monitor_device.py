@@ -231,3 +231,56 @@ def test_piped_monitor_without_frames_prints_until_interrupted(served: Served) -
         pytest.fail(f"monitor still running 30 s after SIGINT; its stacks:\n{err}")
     assert seen == [1, 2, 3]
     assert proc.returncode == 0 and "Traceback" not in err
+
+
+def test_monitor_shows_two_hosts_sharing_a_pool(device_name: str) -> None:
+    """Issue 25.7 end to end: `serve --hosts 2` with a pool; host 0 (this process) publishes a block
+    and pins it, host 1 (a child) loads it. The firmware's page shows both hosts with their pids,
+    the kv-index extent, host 0's sealed and shared block and pin, host 1's cross-host hit; the
+    monitor's frame shows the same rows."""
+    from pool_support import FP, HostProcess, block_hash, payload, pool_server
+
+    from driver import MemDev
+    from driver.pool import Fingerprint, KvPool
+    from tools.monitor import panels as P
+
+    fp = Fingerprint(*FP)
+    with pool_server(device_name):
+        md = MemDev.open(device_name, host=0)
+        pool = KvPool.open(md)
+        child = HostProcess(device_name, 1)
+        source = DeviceSource(device_name)
+        try:
+            assert pool.publish(fp, block_hash(1), payload(1)) and child.ask("load", 1) is True
+            pin = pool.pin(fp, block_hash(1))
+            quota = pool.info()["quota"]
+            rows = [f"│ 0 {os.getpid()} member 1 (8.0 MiB) 8.0 MiB 1 1 0 0 1 0 0 B / {P.fmt_bytes(quota)} │",
+                    f"│ 1 {child.proc.pid} member 1 (8.0 MiB) 8.0 MiB 0 0 1 1 0 0 0 B / {P.fmt_bytes(quota)} │"]
+            deadline = time.monotonic() + 10
+            while True:  # the firmware publishes ~10 times a second, its pool pass every 20 ms
+                text = "\n".join(" ".join(line.split()) for line in
+                                 _render(P.hosts_panel(source.poll())).splitlines())
+                if all(row in text for row in rows) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert all(row in text for row in rows), text
+            assert "pool: 1/" in text and "1 sealed, 1 read across hosts" in text
+            frame = frames(monitor_cli(device_name, "--frames", "1", "--width", "160").stdout)[0]
+            assert "hosts & pool (2 ports)" in frame and rows[1] in frame
+            assert pin is not None
+            pin.release()
+        finally:
+            source.close()
+            child.close()
+            pool.close()
+            md.close()
+
+
+def _render(renderable: object) -> str:
+    import io
+
+    from rich.console import Console
+
+    console = Console(record=True, width=160, color_system=None, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
