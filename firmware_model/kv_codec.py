@@ -175,11 +175,12 @@ class PieceCodec:
         n, t, d = enc.shape[0], self.tokens, self.head_dim
         if self.fmt == "native":
             return decode_elements(enc, self.elem).reshape(n, t, d)
-        if self.fmt == "int8":
-            s = enc[:, :2 * t].view(np.float16).astype(np.float32)
-            q = enc[:, 2 * t:].view(np.int8).reshape(n, t, d).astype(np.float32)
-            return q * s[:, :, None]
-        return self._dq4(enc)
+        with np.errstate(invalid="ignore", over="ignore"):  # a NaN scale: garbage past the valid tokens
+            if self.fmt == "int8":
+                s = enc[:, :2 * t].view(np.float16).astype(np.float32)
+                q = enc[:, 2 * t:].view(np.int8).reshape(n, t, d).astype(np.float32)
+                return q * s[:, :, None]
+            return self._dq4(enc)
 
     def _q8(self, x: np.ndarray) -> np.ndarray:
         n, t, d = x.shape
