@@ -156,21 +156,24 @@ def render_kv(rows: list[KvBenchRow], args: Any, timing: Any) -> Any:
     parts: list[Any] = [t]
     found = goals(rows)
     if found:
-        g = Table(title="goals for the best cxlemu policy in this run (budgets below 100 %)")
-        for col in _GOAL_COLUMNS:
-            g.add_column(col, justify="left" if col == "best" else "right")
-        for goal in found:
-            g.add_row(*_goal_cells(goal))
-        parts.append(g)
+        parts.append(_side_table("goals for the best cxlemu policy in this run (budgets below 100 %)",
+                                 _GOAL_COLUMNS, "best", [_goal_cells(g) for g in found]))
     fmts = format_rows(rows)
     if fmts:
-        f = Table(title="compressed KV on the device against native (same policy and budget)")
-        for col in _FORMAT_COLUMNS:
-            f.add_column(col, justify="left" if col == "mode" else "right")
-        for r in fmts:
-            f.add_row(*_format_cells(r))
-        parts.append(f)
+        parts.append(_side_table("compressed KV on the device against native (same policy and budget)",
+                                 _FORMAT_COLUMNS, "mode", [_format_cells(r) for r in fmts]))
     return Group(*parts)
+
+
+def _side_table(title: str, columns: tuple[str, ...], left: str, cells: list[list[str]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in columns:
+        t.add_column(col, justify="left" if col == left else "right")
+    for row in cells:
+        t.add_row(*row)
+    return t
 
 
 _FORMAT_COLUMNS = ("context", "budget %", "mode", "link KB/token", "x native", "device MB", "x native",
