@@ -23,6 +23,7 @@ from typing import Any, cast
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from driver.kv._codec_store import check_kv_format, compressed, link_stats
 from driver.kv._engine import ResidencyEngine
 from driver.kv._recompute import ForwardRecorder
 from driver.kv._store import BlockStore
@@ -121,6 +122,10 @@ class CxlCache(Cache):
     * ``store``: any ``BlockStore`` instead of a device (tests).
     * ``clock``: what the engine measures compute on (default the wall clock; tests pass a
       simulated one, so the ``"auto"`` prefetch window is deterministic).
+    * ``kv_format``: how KV is kept on the device: ``"native"`` (its own bytes, tokens exactly
+      as ``DynamicCache``), ``"int8"`` or ``"int4"`` (quantized by the device side on write,
+      decoded on load, the link moving the encoded bytes: ``firmware_model.kv_codec``); stats
+      then report ``link_bytes_loaded`` / ``link_bytes_offloaded`` and ``device_bytes_used``.
     """
 
     def __init__(self, hbm_budget_bytes: int, policy: str | type = "reuse", block_tokens: int = 16,
@@ -128,8 +133,10 @@ class CxlCache(Cache):
                  store: BlockStore | None = None, max_seq_len: int | None = None,
                  prefix_sharing: bool = True, max_retries: int = 2,
                  device_capacity: int = DEFAULT_DEVICE_CAPACITY, full_writeback: bool = False,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, kv_format: str = "native") -> None:
         super().__init__(layers=[])
+        check_kv_format(kv_format, prefix_sharing)
+        self._kv_format = kv_format
         if isinstance(hbm_budget_bytes, bool) or not isinstance(hbm_budget_bytes, int) or hbm_budget_bytes <= 0:
             raise ConfigError(f"hbm_budget_bytes must be a positive int, got {hbm_budget_bytes!r}")
         if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
@@ -196,7 +203,8 @@ class CxlCache(Cache):
         if self._closed:
             raise RuntimeError("CxlCache is closed: make a new one")
         if self._engine is None:
-            store = self._backing.store()
+            store = compressed(self._backing.store(), self._kv_format, block_tokens=self._kw["block_tokens"],
+                               head_dim=key_states.shape[-1], dtype=key_states.dtype)
             timing = getattr(store, "timing", None)  # a device's; a memory store has no link
             self._engine = ResidencyEngine(
                 store=store, device=key_states.device, dtype=key_states.dtype,
@@ -212,7 +220,7 @@ class CxlCache(Cache):
         """Counters: loads, offloads, hits, misses, prefetch_late, stall_ns, hbm_peak_bytes, ..."""
         if self._engine is None:
             return dict.fromkeys(ResidencyEngine.COUNTERS, 0) | {"hbm_peak_bytes": 0}
-        return self._engine.stats()
+        return self._engine.stats() | link_stats(self._engine)
 
     @property
     def device_name(self) -> str | None:
