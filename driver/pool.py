@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Fingerprint", "KvPool", "NoPool", "PinnedBlock", "PoolError", "PoolRevoked"]
 
-JOIN_TIMEOUT_S = 2.0  # the firmware admits a joining host within one 20 ms pass; a loaded machine is slower
+JOIN_TIMEOUT_S = 5.0  # the firmware admits a joining host within one 20 ms pass; a loaded machine is slower
 _TAG = K.INDEX_TAG.ljust(16, b"\0")
 
 
