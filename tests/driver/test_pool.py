@@ -156,3 +156,25 @@ def test_a_pinned_block_outlives_eviction_around_it(device_name: str, monkeypatc
                 assert int(pool.index.words[K.H_EVICTIONS]) >= published - int(slots * 3 / 4) - 1
             finally:
                 pool.close()
+
+
+def test_the_pool_survives_a_firmware_restart(device_name: str) -> None:
+    """Sealed blocks live in the media: a restarted firmware serves them again, and the same
+    process opens the pool again over its earlier (now stale) handle."""
+    cfg = DeviceConfig(name=device_name, capacity=256 << 20, hosts=2, dc_regions=(256 << 20,))
+    with serve(cfg, keep=True):
+        md = MemDev.open(device_name, host=1)
+        md.fm_create_pool(2 << 20, slot_bytes=SLOT)
+        stale = KvPool.open(md)
+        assert stale.publish(FPR, block_hash(7), payload(7))
+        with pytest.raises(PoolError, match="open on host 1 already"):
+            KvPool.open(md)
+    with serve(cfg):
+        with MemDev.open(device_name, host=1) as md2:
+            pool = KvPool.open(md2)  # the stale handle, never closed, belongs to the last boot
+            out = bytearray(SLOT)
+            assert pool.load(FPR, block_hash(7), out) and bytes(out) == payload(7)
+            assert pool.gen == 2
+            pool.close()
+        stale.close()
+        md.close()
