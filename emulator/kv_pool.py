@@ -99,7 +99,10 @@ class KvPoolService:
             self.detach()
             return None
         if self.index is not None and self.extent is not None and self.extent[0] == dpa:
-            return self.index
+            if int(self.index.words[K.H_MAGIC]) == K.MAGIC:
+                return self.index
+            self.detach()  # the media was erased under it (sanitize): no index there now
+            return None
         self.detach()
         head = np.frombuffer(self.fw.media[dpa:dpa + K.HEADER_BYTES], dtype=np.uint64)
         if int(head[K.H_MAGIC]) != K.MAGIC:

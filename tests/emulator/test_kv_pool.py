@@ -204,3 +204,13 @@ def test_a_restarted_firmware_finds_the_index(device_name: str) -> None:
         finally:
             fw2.close()
         assert isinstance(fw.kv_pool, KvPoolService) and INTERVAL_NS == 20_000_000
+
+
+def test_an_erased_index_is_let_go(fw2: Firmware) -> None:
+    _create(fw2)
+    _accept(fw2, 0)
+    _pass(fw2)
+    assert fw2.kv_pool.index is not None
+    fw2.media[BASE:BASE + 8] = 0  # sanitize wiped the media
+    _pass(fw2)
+    assert fw2.kv_pool.index is None

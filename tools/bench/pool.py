@@ -84,6 +84,9 @@ class RacesResult:
     hits: int = 0
     misses: int = 0
     pool_torn: int = 0
+    evicted_seen: int = 0  # loads that found their entry evicted between lookup and pin
+    present: int = 0  # publishes refused: the key was there already
+    no_room: int = 0  # publishes refused: no free slot near the key's home, or over the host's quota
     revocations: int = 0
     evictions: int = 0
     quota_evictions: int = 0
@@ -292,6 +295,8 @@ def _result(processes: int, wall: float, state: dict[str, Any], audit: dict[str,
                        leaked_allocations=audit["leaked"], wall_s=round(wall, 3), processes=processes,
                        loads_checked=total["ok"] + total["stale"] + total["torn"], published=total["pool_published"],
                        hits=total["pool_hits"], misses=total["pool_misses"], pool_torn=total["pool_torn"],
+                       evicted_seen=total["pool_evicted_seen"], present=total["pool_present"],
+                       no_room=total["pool_no_room"],
                        revocations=total["revoked"], evictions=audit["evictions"],
                        quota_evictions=audit["quota_evictions"], reaped_allocations=audit["reaped_allocations"],
                        cleared_pins=audit["cleared_pins"], sealed_audited=audit["sealed_audited"],
