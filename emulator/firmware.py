@@ -43,7 +43,7 @@ from emulator.kv_pool import KvPoolService
 from emulator.fwslots import FwSlots
 from emulator.health import HealthState
 from emulator.mailbox import COMMANDS, BackgroundJob, dispatch
-from emulator.persist import PERSISTENT_OPCODES, UNSAVED, PersistentState
+from emulator.persist import UNSAVED, PersistentState
 from emulator.poison import PoisonList
 from emulator.regfile import RegisterFile, init_device_registers
 from emulator.spec import registers as R
@@ -237,7 +237,7 @@ class Firmware:
 
     def _finish_background(self, rc: RetCode, percent: int = 100) -> None:
         self._bg = None
-        if not self._save_state() and rc == RetCode.SUCCESS and self._bg_opcode in PERSISTENT_OPCODES:
+        if not self._save_state() and rc == RetCode.SUCCESS and COMMANDS[self._bg_opcode].persistent:
             rc = UNSAVED  # what it changed is not saved: the host is not told it succeeded
         self._bg_port.regs.set_fields(R.MB_BG_STATUS, PERCENT=percent, RETCODE=int(rc))
         self._bg_port.regs.set_field(R.MB_STATUS, "BG_OP", 0)
@@ -284,7 +284,7 @@ class Firmware:
             cmd = COMMANDS.get(opcode)
             if cmd is not None and cmd.effects and rc == RetCode.SUCCESS:
                 # before the answer: what the host was told survives a kill, or it is not told
-                if not self._save_state() and opcode in PERSISTENT_OPCODES:
+                if not self._save_state() and cmd.persistent:
                     rc, out = UNSAVED, b""
         regs.region(R.MB_PAYLOAD_OFFSET, len(out))[:] = out
         regs.set_fields(R.MB_CMD, OPCODE=opcode, LENGTH=len(out))

@@ -79,13 +79,15 @@ def _ranges(payload: memoryview) -> list[tuple[int, int]] | RetCode:
     return [(e["start_dpa"], e["len"]) for e in entries]
 
 
-@command(Opcode.ADD_DC_RESPONSE, "Add DC Response", in_len=None, min_len=D.DC_RESPONSE.size, effects=_CHANGES)
+@command(Opcode.ADD_DC_RESPONSE, "Add DC Response", in_len=None, min_len=D.DC_RESPONSE.size, effects=_CHANGES,
+         persistent=True)
 def add_dc_response(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     ranges = _ranges(payload)
     return (ranges if isinstance(ranges, RetCode) else fw.dcd.accept(fw.port.host, ranges)), b""
 
 
-@command(Opcode.RELEASE_DC, "Release DC", in_len=None, min_len=D.DC_RESPONSE.size, effects=_CHANGES)
+@command(Opcode.RELEASE_DC, "Release DC", in_len=None, min_len=D.DC_RESPONSE.size, effects=_CHANGES,
+         persistent=True)
 def release_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     ranges = _ranges(payload)  # the bits are cleared before the answer: the next transfer fails
     return (ranges if isinstance(ranges, RetCode) else fw.dcd.release(fw.port.host, ranges)), b""
@@ -128,7 +130,8 @@ def _log(fw: Firmware, kind: D.DcEventType, req: dict, extents: list[Extent]) ->
                                       f"DC {kind.name.lower()} {e.start_dpa:#x}+{e.length:#x}")
 
 
-@command(Opcode.FM_ADD_DC, "FM Add Dynamic Capacity", in_len=None, min_len=D.FM_DC_REQUEST.size, effects=_CHANGES)
+@command(Opcode.FM_ADD_DC, "FM Add Dynamic Capacity", in_len=None, min_len=D.FM_DC_REQUEST.size, effects=_CHANGES,
+         persistent=True)
 def fm_add_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     parsed = _fm_request(fw, payload)
     if isinstance(parsed, RetCode):
@@ -141,7 +144,7 @@ def fm_add_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
 
 
 @command(Opcode.FM_RELEASE_DC, "FM Release Dynamic Capacity", in_len=None, min_len=D.FM_DC_REQUEST.size,
-         effects=_CHANGES)
+         effects=_CHANGES, persistent=True)
 def fm_release_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     parsed = _fm_request(fw, payload)
     if isinstance(parsed, RetCode):
@@ -170,7 +173,8 @@ def fm_list_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     return RetCode.SUCCESS, D.FM_LIST_OUT.pack(count=min(len(rows), fits)) + b"".join(rows[:fits])
 
 
-@command(Opcode.FM_CREATE_KV_POOL, "FM Create KV Pool", in_len=D.FM_KV_POOL.size, effects=_CHANGES)
+@command(Opcode.FM_CREATE_KV_POOL, "FM Create KV Pool", in_len=D.FM_KV_POOL.size, effects=_CHANGES,
+         persistent=True)
 def fm_create_kv_pool(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     """Offer one extent tagged kv-index to every host of the mask and format the index in it
     (emulator/kv_pool.py). Invalid Input: no hosts, a pool already offered or held, a host with an
