@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 
 import pytest
 from cli_support import cli
@@ -9,6 +11,14 @@ from cli_support import cli
 from emulator.device import DeviceConfig, serve
 
 M256 = 256 << 20
+
+
+@pytest.fixture(scope="module")
+def two_ports() -> Iterator[str]:
+    """A device the refused commands leave as it was (one for the module)."""
+    name = f"poolcli{os.getpid()}"
+    with serve(DeviceConfig(name=name, capacity=M256, hosts=2, dc_regions=(M256,))):
+        yield name
 
 
 def test_create_then_refuse_a_second(capsys: pytest.CaptureFixture[str], device_name: str) -> None:
@@ -28,8 +38,7 @@ def test_create_then_refuse_a_second(capsys: pytest.CaptureFixture[str], device_
     (["--size", "4M", "--slot-bytes", "100"], "multiple of 64"),
     (["--size", "4M", "--region", "1"], "no DC region 1"),
 ])
-def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str], device_name: str, argv: list[str],
+def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str], two_ports: str, argv: list[str],
                                     message: str) -> None:
-    with serve(DeviceConfig(name=device_name, capacity=M256, hosts=2, dc_regions=(M256,))):
-        rc, out, err = cli(capsys, "pool", "create", device_name, *argv)
+    rc, out, err = cli(capsys, "pool", "create", two_ports, *argv)
     assert rc == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
