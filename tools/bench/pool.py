@@ -28,7 +28,6 @@ operations' correctness, not their speed).
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import queue
