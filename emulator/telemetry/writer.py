@@ -231,7 +231,9 @@ def _encode_poison(records: Iterable[PoisonEntry]) -> list[tuple[str, Any]]:
 
 
 def _encode_host_rows(rows: Iterable[PoolHost]) -> list[tuple[str, Any]]:
-    """One `PoolHost` per port, as the section's per-host columns (``host_<field>``)."""
+    """One `PoolHost` per port, as the section's per-host columns (``host_<field>``). At most 8
+    values a column: checked in plain Python, which costs less here than `_column`'s array checks
+    (the firmware publishes this into every port's BAR ~10 times a second)."""
     rows = list(rows)
     if len(rows) > MAX_HOSTS:
         raise ValueError(f"telemetry pool.host_rows holds at most {MAX_HOSTS} entries (one per host port), "
@@ -239,13 +241,23 @@ def _encode_host_rows(rows: Iterable[PoolHost]) -> list[tuple[str, Any]]:
     if not all(isinstance(r, PoolHost) for r in rows):
         raise TypeError("telemetry pool.host_rows entries must be PoolHost")
     stores: list[tuple[str, Any]] = []
-    for f in fields(PoolHost):
-        col = f"host_{f.name}"
-        stores.append((col, _column(col, [getattr(r, f.name) for r in rows], MAX_HOSTS,
-                                    POOL.by_name[col].fmt, "pool")))
+    for name in _POOL_HOST_FIELDS:
+        col = f"host_{name}"
+        fmt = POOL.by_name[col].fmt
+        values = [getattr(r, name) for r in rows]
+        lo, hi = int(_iinfo(fmt).min), int(_iinfo(fmt).max)
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"telemetry pool.{col} entries must be ints, got {type(v).__name__}")
+            if not lo <= v <= hi:
+                raise ValueError(f"telemetry pool.{col} entry {v} is outside {lo}..{hi}")
+        out = np.zeros(MAX_HOSTS, dtype=fmt)
+        out[:len(values)] = values
+        stores.append((col, out))
     return stores
 
 
+_POOL_HOST_FIELDS = [f.name for f in fields(PoolHost)]
 _ENCODERS: dict[str, dict[str, Callable[[Any], list[tuple[str, Any]]]]] = {
     "firmware": {"hotlist": _encode_hotlist, "recent_events": _encode_events, "recent_poison": _encode_poison},
     "host": {}, "pool": {"host_rows": _encode_host_rows}}
