@@ -215,7 +215,8 @@ def _pool_metrics(fam: _Families, d: str, pool: PoolTelemetry) -> None:
             continue
         phase = POOL_PHASES[row.pool_phase] if row.pool_phase < len(POOL_PHASES) else None
         for state in POOL_PHASES:
-            fam.add("pool_host_state", "gauge", "The host in the KV pool (one series per state, 1 for the current one).",
+            fam.add("pool_host_state", "gauge",
+                    "The host in the KV pool (one series per state, 1 for the current one).",
                     int(phase == state), device=d, host=host, state=state)
         for name, (kind, help_text, fld) in _POOL_HOST_METRICS.items():
             fam.add(name, kind, help_text, getattr(row, fld), device=d, host=host)

@@ -156,13 +156,15 @@ def test_hosts_and_pool_metrics_carry_a_host_label() -> None:
         f'cxlemu:pool_unshared_bytes{{{h1}}}': 0, f'cxlemu:pool_quota_bytes{{{h1}}}': MiB,
         f'cxlemu:pool_host_evictions_total{{{h1}}}': 0}
     assert "# TYPE cxlemu:pool_cross_host_hits_total counter" in text
-    assert "# HELP cxlemu:pool_cross_host_hits_total KV pool loads by the host of a block another host published." in text
+    assert ("# HELP cxlemu:pool_cross_host_hits_total KV pool loads by the host of a block another host "
+            "published.") in text
 
 
 def test_pool_metrics_absent_without_a_pool_or_before_layout_1_3() -> None:
     """No pool: the ports' claims and extents only; a page before 1.3: no host series at all."""
     pool = PoolTelemetry(hosts=1, host_rows=[PoolHost(extents=1, extent_bytes=MiB)], seq=2)
-    got = samples(render_metrics([DeviceView("p", "served", snapshot=TelemetrySnapshot((1, 3), None, None, pool=pool))]))
+    snap = TelemetrySnapshot((1, 3), None, None, pool=pool)
+    got = samples(render_metrics([DeviceView("p", "served", snapshot=snap)]))
     assert got['cxlemu:dc_extent_bytes{device="p",host="0"}'] == MiB
     assert not [k for k in got if k.startswith("cxlemu:pool_")]
     older = samples(render_metrics([DeviceView("p", "served", snapshot=TelemetrySnapshot((1, 2), None, None))]))

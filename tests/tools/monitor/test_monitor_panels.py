@@ -351,6 +351,7 @@ def test_hosts_panel_only_where_there_is_more_than_one_host_or_a_pool() -> None:
         False, False, True, True]
     assert "hosts & pool" not in render(dashboard_grid([pool_view(single)], 0, 0.0, "t"), width=140)
     assert "hosts & pool" not in render(dashboard_grid([view()], 0, 0.0, "t"), width=140)
+    assert "no hosts/pool section (telemetry layout before 1.3)" in squeeze(render(P.hosts_panel(view())))
     grid = squeeze(render(dashboard_grid([pool_view(two_hosts_and_a_pool())], 0, 0.0, "t"), width=140))
     assert "│ 0 4242 member 2 (4.0 MiB) 2.0 MiB 5 2 1,234 456 3 1 12.0 KiB / 1.0 MiB │" in grid
     screen = squeeze(render(dashboard([pool_view(two_hosts_and_a_pool())], 0, 0.0, "t", width=150), width=150))
