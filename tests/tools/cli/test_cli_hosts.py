@@ -8,7 +8,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from cli_support import cxlemu, serve_process
+import pytest
+from cli_support import cli, cxlemu, serve_process
 
 from driver import MemDev
 from emulator.device import device_path, load_config
@@ -98,24 +99,26 @@ def test_bad_host_counts_and_ports_are_one_line_errors(device_name: str) -> None
         assert proc.stderr.startswith("cxlemu: error: argument --host") and message in proc.stderr
 
 
-def test_list_shows_each_ports_extents_and_pool_state(device_name: str) -> None:
+def test_list_shows_each_ports_extents_and_pool_state(device_name: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 25.7: `list` adds per port its accepted DC extents (count, bytes, tagged bytes) and its
-    state in the KV pool, from the firmware's telemetry page; None where the page says nothing."""
+    state in the KV pool, from the firmware's telemetry page (an 8 MiB pool offered to both ports,
+    host 0 joined, host 1 not)."""
     import time
 
-    from pool_support import pool_server
-
     from driver.pool import KvPool
+    from emulator.device import DeviceConfig, serve
 
-    with pool_server(device_name):  # an 8 MiB pool offered to both ports; host 0 joins it here
-        with MemDev.open(device_name, host=0) as md, KvPool.open(md):
+    config = DeviceConfig(name=device_name, capacity=256 << 20, hosts=2, dc_regions=(256 << 20,))
+    with serve(config), MemDev.open(device_name, host=0) as md:
+        md.fm_create_pool(8 << 20, slot_bytes=4096)
+        with KvPool.open(md):
             deadline = time.monotonic() + 10
             while True:  # the firmware publishes the page ~10 times a second
-                hosts = json.loads(cxlemu("list", device_name, check=True).stdout)[0]["hosts"]
+                hosts = json.loads(cli(capsys, "list", device_name, check=True).out)[0]["hosts"]
                 if hosts[0]["pool"] == "member" or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
-            assert hosts == [
-                {"host": 0, "pid": os.getpid(), "extents": 1, "extent_bytes": 8 << 20,
-                 "shared_extent_bytes": 8 << 20, "pool": "member"},
-                {"host": 1, "pid": None, "extents": 0, "extent_bytes": 0, "shared_extent_bytes": 0, "pool": "out"}]
+    assert hosts == [
+        {"host": 0, "pid": os.getpid(), "extents": 1, "extent_bytes": 8 << 20, "shared_extent_bytes": 8 << 20,
+         "pool": "member"},
+        {"host": 1, "pid": None, "extents": 0, "extent_bytes": 0, "shared_extent_bytes": 0, "pool": "out"}]
