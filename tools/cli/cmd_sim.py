@@ -151,7 +151,7 @@ def _list_of(options: tuple[str, ...], what: str) -> Any:
 
 
 def _register_attention(s: Any) -> None:
-    from tools.sim.hot import ATTENTIONS, KV_FORMATS
+    from tools.sim.hot import ATTENTIONS, HOT_WHEN, KV_FORMATS
 
     s.add_argument("--attention", type=_list_of(ATTENTIONS, "attention"), default=["dense"],
                    help="dense (default), hot (hot-page attention: a decoding request keeps its page metadata, sink, "
@@ -161,6 +161,10 @@ def _register_attention(s: Any) -> None:
                    help="hot: the share of a sequence's pages each decode step attends to (default 0.1)")
     s.add_argument("--kv-format", type=_list_of(KV_FORMATS, "kv format"), default=["native"],
                    help="hot: the device's KV format(s), comma-separated: native, int8, int4 (default native)")
+    s.add_argument("--hot-when", type=_list_of(HOT_WHEN, "hot-when"), default=["always"],
+                   help="hot: always (every request once its prompt is computed, default), full (a request decodes "
+                        "densely until the KV space is full, then the last running ones go hot to make room), or "
+                        "always,full")
     s.add_argument("--hbm", type=_list_of(("fit", "unlimited"), "hbm"), default=["fit"],
                    help="fit: the accelerator's memory (default); unlimited: also the all-resident reference, dense "
                         "attention with a KV space for every client; fit,unlimited: both")
@@ -242,8 +246,8 @@ def _variants(args: argparse.Namespace) -> list[dict[str, Any]]:
     from tools.sim.modes import SIM_MODES
 
     hot = "hot" in args.attention
-    if not hot and args.kv_format != ["native"]:
-        raise CliError("--kv-format is the device's format under hot-page attention: give --attention hot")
+    if not hot and (args.kv_format != ["native"] or args.hot_when != ["always"]):
+        raise CliError("--kv-format and --hot-when apply to hot-page attention: give --attention hot")
     if hot and args.offload and args.offload != ["none"] and "dense" not in args.attention:
         raise CliError("--attention hot keeps the KV in the CXL pool itself (mode none): --offload applies to dense")
     out: list[dict[str, Any]] = []
@@ -252,8 +256,8 @@ def _variants(args: argparse.Namespace) -> list[dict[str, Any]]:
     if "unlimited" in args.hbm:
         out.append({"mode": "all-resident"})
     if hot and "fit" in args.hbm:
-        out += [{"mode": "none", "attention": "hot", "page_budget": args.page_budget, "kv_format": f}
-                for f in args.kv_format]
+        out += [{"mode": "none", "attention": "hot", "page_budget": args.page_budget, "kv_format": f, "hot_when": w}
+                for w in args.hot_when for f in args.kv_format]
     if not out:
         raise CliError("--attention hot runs on the accelerator's memory: give --hbm fit (or fit,unlimited)")
     return out

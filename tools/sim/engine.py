@@ -420,7 +420,39 @@ class SimEngine:
         return -(-tokens // self.cfg.block_tokens)
 
     def _decoding_hot(self, req: Request) -> bool:
-        return self.hot is not None and req.computed >= req.spec.prompt_tokens
+        """Whether ``req`` attends hot: every decoding request (``when="always"``), or one the full
+        KV space sent there (``when="full"``, :meth:`_demote_one`)."""
+        if self.hot is None:
+            return False
+        return req.computed >= req.spec.prompt_tokens if self.hot.cfg.when == "always" else req.hot
+
+    def _demotable(self) -> list[tuple[Request, int]]:
+        """``when="full"``: the running requests decoding densely whose working set is smaller than
+        their blocks, last first, each with the blocks it would keep."""
+        if self.hot is None or self.hot.cfg.when != "full":
+            return []
+        out = []
+        for req in reversed(self.running):
+            if not req.hot and req.computed >= req.spec.prompt_tokens:
+                keep = self.hot.attention.decode(req.computed + 1)[0]
+                if keep < len(req.blocks):
+                    out.append((req, keep))
+        return out
+
+    def _demote_one(self, need: int = 0) -> bool:
+        """``when="full"``: the KV space cannot give a request the blocks it needs, so the last
+        running request decoding densely goes hot (its complete pages are on the device already,
+        written as they filled) and frees the rest, instead of a preemption or a wait. False
+        when none can, or when all of them together could not free ``need`` blocks."""
+        cand = self._demotable()
+        if not cand or self.pool.get_num_free_blocks() + sum(len(r.blocks) - k for r, k in cand) < need:
+            return False
+        req, keep = cand[0]
+        self.pool.free_blocks(reversed(req.blocks[keep:]))
+        del req.blocks[keep:]
+        req.hot = True
+        self.hot.demoted += 1  # type: ignore[union-attr]
+        return True
 
     def _grow(self, req: Request, tokens: int) -> bool:
         """Give ``req`` the blocks for ``tokens`` tokens; False (nothing taken) when too few free.
@@ -596,6 +628,8 @@ class SimEngine:
             req = running[i]
             new = self._chunk(req.num_tokens - req.computed, budget)
             while not self._grow(req, req.computed + new):
+                if self._demote_one():
+                    continue
                 victim = running.pop()
                 self._preempt(victim)
                 preempted = True
@@ -618,6 +652,8 @@ class SimEngine:
                     continue
                 if req.state == WAITING and not req.blocks:
                     got, new, keys = self._admit(req, budget)
+                    while got == "full" and self._demote_one(self._blocks_for(req.num_tokens)):
+                        got, new, keys = self._admit(req, budget)
                     if got == "full":
                         break
                     if got == "wait":

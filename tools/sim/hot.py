@@ -19,9 +19,10 @@ The engine (:mod:`tools.sim.engine`) takes from here, per request:
   FLOPs as one key and value): what the step's roofline reads from HBM and multiplies.
 
 A prompt is prefilled densely (all of its KV in HBM, as the engine has it: attention over the
-whole prompt), then its complete pages are written to the device and the request shrinks to
-its hot working set; a page completed in decode is written when it completes. Prefill reads
-nothing from the device.
+whole prompt); every complete page is written to the device as it fills. When the request goes
+hot -- at its first decode step (``when="always"``), or only when the KV space is full and the
+engine needs its blocks for another request (``when="full"``, instead of a preemption or a wait)
+-- it shrinks to its hot working set. Prefill reads nothing from the device.
 
 Bytes of a ``kv_format`` page (:func:`piece_bytes`): the controller's codec's layout
 (``firmware_model.kv_codec.PieceCodec.encoded_bytes``, branch h/kv-quant, not in main when this
@@ -42,10 +43,11 @@ from firmware_model.dma import DmaScheduler
 from firmware_model.link import LinkParams
 from tools.sim.layerwise import layerwise
 
-__all__ = ["ATTENTIONS", "KV_FORMATS", "SINK_PAGES", "WINDOW_PAGES", "HotAttention", "HotConfig", "HotTier",
+__all__ = ["ATTENTIONS", "HOT_WHEN", "KV_FORMATS", "SINK_PAGES", "WINDOW_PAGES", "HotAttention", "HotConfig", "HotTier",
            "piece_bytes", "quality_rows"]
 
 ATTENTIONS = ("dense", "hot")
+HOT_WHEN = ("always", "full")
 KV_FORMATS = ("native", "int8", "int4")
 #: the shim's defaults (driver.kv._hot, branch h/hot-attn): the first page (attention sinks) and
 #: the last two complete pages stay resident beside the partial one
@@ -205,8 +207,14 @@ class HotConfig:
     attention: HotAttention
     link: LinkParams
     capacity_bytes: int  # the CXL pool that holds every request's KV
+    #: "always": every request attends hot once its prompt is computed; "full": a request decodes
+    #: densely until the KV space is full, then the last running ones go hot one by one to make
+    #: room (every request's complete pages are written to the device as they fill, either way)
+    when: str = "always"
 
     def __post_init__(self) -> None:
+        if self.when not in HOT_WHEN:
+            raise ValueError(f"when must be one of {', '.join(HOT_WHEN)}, got {self.when!r}")
         if self.capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be >= 1, got {self.capacity_bytes}")
 
@@ -222,7 +230,7 @@ class HotTier:
         self.dma = DmaScheduler(env, cfg.link, channels=64, queue_depth=1 << 30)
         self.bytes_read = self.bytes_written = self.read_steps = self.max_step_read = 0
         self.stall_ns = 0.0
-        self.late = 0
+        self.late = self.demoted = 0
 
     def write(self, pages: int) -> simpy.Event:
         """Write ``pages`` complete pages (every layer's) to the device; fires when they landed."""
@@ -245,4 +253,4 @@ class HotTier:
         return {"link_bytes_read": self.bytes_read, "link_bytes_written": self.bytes_written,
                 "link_read_steps": self.read_steps, "link_max_step_read": self.max_step_read,
                 "link_read_bytes_per_step": self.bytes_read / self.read_steps if self.read_steps else 0.0,
-                "stall_s": self.stall_ns / 1e9, "prefetch_late": self.late}
+                "stall_s": self.stall_ns / 1e9, "prefetch_late": self.late, "hot_demotions": self.demoted}

@@ -17,7 +17,7 @@ from typing import Any
 from tools.sim import hardware as hw
 from tools.sim import modes
 from tools.sim.engine import EngineConfig, SimEngine, TierConfig
-from tools.sim.hot import ATTENTIONS, KV_FORMATS, HotAttention, HotConfig
+from tools.sim.hot import ATTENTIONS, HOT_WHEN, KV_FORMATS, HotAttention, HotConfig
 from tools.sim.metrics import summarize
 from tools.sim.profile import COST_MODELS, step_cost
 from tools.sim.workload import ClientScript, WorkloadConfig
@@ -75,6 +75,7 @@ class Point:
     attention: str = "dense"  # or "hot": hot-page attention over the CXL pool (tools.sim.hot)
     page_budget: float = 0.1  # hot: the share of a sequence's pages each decode step attends to
     kv_format: str = "native"  # hot: the device's KV format (native, int8, int4)
+    hot_when: str = "always"  # hot: "always" once the prompt is computed, or "full": when the KV space is full
 
     def __post_init__(self) -> None:
         if self.mode not in modes.MODES:
@@ -101,6 +102,8 @@ class Point:
     def _check_attention(self) -> None:
         if self.attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {self.attention!r}: choose from {', '.join(ATTENTIONS)}")
+        if self.hot_when not in HOT_WHEN:
+            raise ValueError(f"unknown hot_when {self.hot_when!r}: choose from {', '.join(HOT_WHEN)}")
         if self.kv_format not in KV_FORMATS:
             raise ValueError(f"unknown kv_format {self.kv_format!r}: choose from {', '.join(KV_FORMATS)}")
         if self.attention == "dense":
@@ -125,7 +128,8 @@ class Point:
         """The mode and how it attends: ``none``, or ``none hot 0.1 int4``."""
         if self.attention == "dense":
             return self.mode
-        return f"{self.mode} hot {self.page_budget:g} {self.kv_format}"
+        when = "" if self.hot_when == "always" else f" when {self.hot_when}"
+        return f"{self.mode} hot {self.page_budget:g} {self.kv_format}{when}"
 
     @property
     def instance(self) -> str:
@@ -258,7 +262,7 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
     tier = tier_config(p, shape)
     attention = p.hot()
     hot = None if attention is None else HotConfig(attention=attention, link=hw.link_params(p.cxl_link, p.time_scale),
-                                                   capacity_bytes=int(p.pool_gb * GB))
+                                                   capacity_bytes=int(p.pool_gb * GB), when=p.hot_when)
     t0 = time.perf_counter()
     cost = p.cost()
     engine = SimEngine(scripts, cost, cfg, tier=tier, hot=hot)
@@ -266,7 +270,8 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
     wall = time.perf_counter() - t0
     out = summarize(records)
     out.update(mode=p.mode, label=p.label, attention=p.attention, page_budget=p.page_budget if hot else None,
-               kv_format=p.kv_format, concurrency=p.concurrency, model=shape.name, accelerator=p.accelerator, tp=p.tp,
+               kv_format=p.kv_format, hot_when=p.hot_when if hot else None, concurrency=p.concurrency,
+               model=shape.name, accelerator=p.accelerator, tp=p.tp,
                cost=cost.describe()["kind"],
                max_concurrency=engine.stats.max_running, steps=engine.stats.steps,
                kv_blocks=kv_blocks, kv_tokens=kv_blocks * p.block_tokens,

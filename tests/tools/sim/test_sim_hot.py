@@ -71,6 +71,20 @@ def test_dense_admits_three_hot_five():
     assert int4["max_concurrency"] == 5
 
 
+def test_hot_when_full_goes_hot_only_to_make_room():
+    full = simulate(_tiny(attention="hot", page_budget=0.25, hot_when="full"))
+    # step 2: r0-r2 grow to 64 blocks (10 free); the 4th prefill needs 63: the last running, r2, then r1 go
+    # hot (29 kept, 35 freed each) and r3 is admitted (17 free); for r4, r0 alone cannot make room (52 < 63):
+    # it stays dense. Step 3: r3 grows to 64 (16 free); r3, then r0 go hot and r4 is admitted (23 free).
+    # Step 4: r4 grows (22 free); r5 would need r4 too, 22 + 35 < 63: r4 stays dense, r5 waits for r0-r2
+    assert full["max_concurrency"] == 5 and full["preemptions"] == 0
+    assert full["hot_demotions"] == 4
+    # request-steps read hot: step 2 r1, r2; step 3 r0-r3; step 4 r0-r3; step 5 r3 (r4, r5 stay dense)
+    assert full["link_bytes_read"] == (2 + 4 + 4 + 1) * 4 * 12 * 512
+    assert full["link_bytes_written"] == 6 * 63 * 4 * 512  # every prompt's pages, written as they fill
+    assert _tiny(attention="hot", hot_when="full").label == "none hot 0.1 native when full"
+
+
 def test_hot_points_refuse_what_they_cannot_mean():
     with pytest.raises(ValueError, match="runs in mode 'none' with recompute"):
         Point(attention="hot", mode="cxl-lru")
@@ -120,7 +134,8 @@ def test_sim_serve_hot_table_prints_quality_not_measured(capsys, tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--kv-format", "int8"], "--kv-format is the device's format under hot-page attention"),
+    (["--kv-format", "int8"], "--kv-format and --hot-when apply to hot-page attention"),
+    (["--hot-when", "full"], "--kv-format and --hot-when apply to hot-page attention"),
     (["--attention", "hot", "--offload", "cxl-lru"], "--offload applies to dense"),
     (["--attention", "sparse"], "unknown attention 'sparse'"),
     (["--attention", "hot", "--page-budget", "1.5"], "must be in (0, 1]"),
