@@ -380,8 +380,8 @@ def hot_summary(rows: list[dict[str, Any]], page_budget: float) -> list[str]:
         if none is not None:
             parts.append(f"{r['max_concurrency'] / none['max_concurrency']:.2f}x none's {none['max_concurrency']}")
         if ref is not None:
-            loss = 1 - r["output_tokens_per_s"] / ref["output_tokens_per_s"]
-            parts.append(f"{r['output_tokens_per_s']:.0f} tok/s, {loss:+.1%} loss against all-resident's "
+            change = r["output_tokens_per_s"] / ref["output_tokens_per_s"] - 1
+            parts.append(f"{r['output_tokens_per_s']:.0f} tok/s, {change:+.1%} against all-resident's "
                          f"{ref['output_tokens_per_s']:.0f}")
         parts.append(f"link {r['link_read_bytes_per_step'] / 1e9:.2f} GB read a decode step, "
                      f"{r['link_bytes_written'] / 1e9:.1f} GB written")

@@ -129,6 +129,7 @@ def test_sim_serve_hot_table_prints_quality_not_measured(capsys, tmp_path):
     assert code == 0
     text = " ".join(out.split())
     assert "none hot 0.1 native at c = 2: 2 running at most; 1.00x none's 2" in text
+    assert "% against all-resident's" in text and "GB read a decode step" in text
     assert "hot native at 2048: needle 1.0, recall 0.98, perplexity 3.1" in text
     assert "not measured for hot 0.1 int8; measured for its parts, separately: hot native at 2048" in text
 
