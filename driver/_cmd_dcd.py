@@ -170,9 +170,13 @@ class DcdCommands(CommandMixin):
         ``region``, tagged kv-index, offered to ``hosts`` (default all) and formatted with slots of
         ``slot_bytes`` and a per-host ``quota`` of unshared bytes (0: the data area / hosts). Each
         host accepts it when it opens the pool (``driver.pool.KvPool.open``). Returns its DPA."""
+        from firmware_model.kv_index import MAX_HOSTS
+
         hosts = list(range(self.config.hosts)) if hosts is None else hosts
-        if not hosts or any(not 0 <= h < min(self.config.hosts, 8) for h in hosts):
-            raise ValueError(f"hosts must be among 0..{min(self.config.hosts, 8) - 1}, got {hosts}")
+        if self.config.hosts > MAX_HOSTS:
+            raise ValueError(f"a KV pool serves devices of at most {MAX_HOSTS} host ports; this one has {self.config.hosts}")
+        if not hosts or any(not 0 <= h < self.config.hosts for h in hosts):
+            raise ValueError(f"hosts must be among 0..{self.config.hosts - 1}, got {hosts}")
         bases = D.region_bases(self.config.capacity, self.config.dc_regions) if self.config.dc_regions else []
         if not 0 <= region < len(bases):
             raise ValueError(f"{self.config.name} has no DC region {region} (serve it with --dc-region SIZE)")

@@ -14,7 +14,9 @@ again (``_attach``) with every sealed block in place. Every ``INTERVAL_NS`` the 
 - **evicts**: its ``firmware_model.policies`` policy keeps every sealed entry (synced from the
   table's rows that changed since the last pass); a host holding more unshared bytes than its
   quota's ``HIGH`` loses its own unpinned blocks down to ``LOW`` of it first (publish refuses past
-  the quota itself), then the pool is brought below ``LOW`` of its slots once it passes ``HIGH``. Each victim goes SEALED -> EVICTING by CAS, then pins are checked.
+  the quota itself), then the pool is brought below ``LOW`` of its slots once it passes ``HIGH``.
+  Each victim goes SEALED -> EVICTING by CAS, then pins are checked;
+- **sweeps**: tombstones that end a probe chain become FREE again (``KvIndex.sweep``).
 """
 from __future__ import annotations
 
@@ -99,7 +101,10 @@ class KvPoolService:
             self.detach()
             return None
         if self.index is not None and self.extent is not None and self.extent[0] == dpa:
-            return self.index
+            if int(self.index.words[K.H_MAGIC]) == K.MAGIC:
+                return self.index
+            self.detach()  # the media was erased under it (sanitize): no index there now
+            return None
         self.detach()
         head = np.frombuffer(self.fw.media[dpa:dpa + K.HEADER_BYTES], dtype=np.uint64)
         if int(head[K.H_MAGIC]) != K.MAGIC:
@@ -141,6 +146,7 @@ class KvPoolService:
             return False
         self.watch_hosts(idx)
         self.evict(idx)
+        idx.sweep()
         self._passes += 1
         idx.words[K.H_PASSES] = self._passes
         return False  # periodic work: the runner's naps stay as they are

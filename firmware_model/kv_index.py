@@ -324,6 +324,24 @@ class KvIndex:
             return False
         return self.cas(at, evicting, (sealed & ~0xF) | TOMB)
 
+    def sweep(self) -> int:
+        """Tombstones that end a probe chain become FREE again (a TOMB followed by a FREE slot, then
+        the TOMBs before it), so misses stop early: a FREE slot after them means no entry's chain
+        runs through them. Returns the slots freed."""
+        states = self.table_words[:, E_STATE]
+        kinds = states & 0xF
+        ends = np.flatnonzero((kinds == TOMB) & (np.roll(kinds, -1) == FREE))
+        freed = 0
+        for end in map(int, ends):
+            i = end
+            for _ in range(self.slots - 1):
+                w = int(states[i])
+                if kind_of(w) != TOMB or not self.cas(self._ew(i, E_STATE), w, (w & ~0xF) | FREE):
+                    break
+                freed += 1
+                i = (i - 1) % self.slots
+        return freed
+
     def reap(self, host: int, keep_gen: int | None = None) -> tuple[int, int]:
         """Drop what ``host`` holds: its ALLOC entries (those of generations other than
         ``keep_gen``) go to TOMB, and (``keep_gen`` None) its pin byte is cleared everywhere.

@@ -113,7 +113,7 @@ def test_join_is_admitted_and_a_dead_host_is_reaped(fw2: Firmware) -> None:
         assert idx.host_field(0, K.HS_STATE) == K.host_word(1, K.LIVE)
         assert idx.host_field(1, K.HS_STATE) == K.host_word(1, K.IDLE)  # its process is gone
         assert idx.word(slot, K.E_PINS) == 1  # host 1's pin byte cleared, host 0's kept
-        assert K.kind_of(idx.word(aslot)) == K.TOMB
+        assert K.kind_of(idx.word(aslot)) == K.FREE  # reaped to TOMB, then swept: the slot after it is FREE
         assert (int(idx.words[K.H_REAPED_ALLOCS]), int(idx.words[K.H_CLEARED_PINS])) == (1, 1)
     finally:
         del idx
@@ -204,3 +204,13 @@ def test_a_restarted_firmware_finds_the_index(device_name: str) -> None:
         finally:
             fw2.close()
         assert isinstance(fw.kv_pool, KvPoolService) and INTERVAL_NS == 20_000_000
+
+
+def test_an_erased_index_is_let_go(fw2: Firmware) -> None:
+    _create(fw2)
+    _accept(fw2, 0)
+    _pass(fw2)
+    assert fw2.kv_pool.index is not None
+    fw2.media[BASE:BASE + 8] = 0  # sanitize wiped the media
+    _pass(fw2)
+    assert fw2.kv_pool.index is None
