@@ -12,7 +12,7 @@ The engine (:mod:`tools.sim.engine`) takes from here, per request:
   per channel: 2 x kv_heads x head_dim x dtype bytes a page and layer) and its resident pages
   (``sink_pages`` + ``window_pages`` + the partial page + one being completed), plus the chosen
   pages of two layers (the one computing and the one arriving);
-* **pages read** a layer and step (:meth:`HotAttention.pages_read`): the shim's ``_k``, what
+* **pages read** a layer and step (:meth:`HotAttention.pages_read`): as the shim's ``_choose``, what
   the budget leaves beyond the resident pages, in ``kv_format``'s encoded size on the link;
 * **tokens attended** (:meth:`HotAttention.attended`): the resident and chosen tokens, plus one
   token's worth a candidate page for scoring its metadata (the same bytes and about the same
@@ -24,11 +24,10 @@ hot -- at its first decode step (``when="always"``), or only when the KV space i
 engine needs its blocks for another request (``when="full"``, instead of a preemption or a wait)
 -- it shrinks to its hot working set. Prefill reads nothing from the device.
 
-Bytes of a ``kv_format`` page (:func:`piece_bytes`): the controller's codec's layout
-(``firmware_model.kv_codec.PieceCodec.encoded_bytes``, branch h/kv-quant, not in main when this
-was written): ``int8`` one fp16 scale a token and an int8 code an element; ``int4`` a 4-byte
-header, an fp16 scale and zero per group (per channel or per 32 channels of a token, whichever
-gives more: one size for every piece) and two codes a byte.
+Bytes of a ``kv_format`` page (:func:`piece_bytes`): the controller's codec's
+(``firmware_model.kv_codec.PieceCodec.encoded_bytes``): ``int8`` one fp16 scale a token and an
+int8 code an element; ``int4`` a 4-byte header, an fp16 scale and zero per group (per channel or
+per 32 channels of a token, whichever gives more: one size for every piece) and two codes a byte.
 """
 from __future__ import annotations
 
@@ -40,6 +39,7 @@ from typing import Any
 import simpy
 
 from firmware_model.dma import DmaScheduler
+from firmware_model.kv_codec import FORMATS, PieceCodec
 from firmware_model.link import LinkParams
 from tools.sim.layerwise import layerwise
 
@@ -48,27 +48,23 @@ __all__ = ["ATTENTIONS", "HOT_WHEN", "KV_FORMATS", "SINK_PAGES", "WINDOW_PAGES",
 
 ATTENTIONS = ("dense", "hot")
 HOT_WHEN = ("always", "full")
-KV_FORMATS = ("native", "int8", "int4")
-#: the shim's defaults (driver.kv._hot, branch h/hot-attn): the first page (attention sinks) and
-#: the last two complete pages stay resident beside the partial one
+KV_FORMATS = FORMATS
+#: the shim's defaults (``driver.kv._hot``, which imports torch, so not imported here; a test holds
+#: them equal): the first page (attention sinks) and the last two complete pages stay resident
 SINK_PAGES = 1
 WINDOW_PAGES = 2
-INT4_GROUP = 32  # KIVI's group along channels (gcd with head_dim where it does not divide)
-INT4_HEADER = 4  # valid tokens and mode, two u16
 
 
 def piece_bytes(kv_format: str, tokens: int, head_dim: int, dtype_bytes: int) -> int:
-    """Bytes of one piece -- ``tokens`` x ``head_dim`` of one KV head's K or V -- in ``kv_format``."""
-    if kv_format == "native":
-        return tokens * head_dim * dtype_bytes
-    if kv_format == "int8":
-        return 2 * tokens + tokens * head_dim
-    if kv_format == "int4":
-        if head_dim % 2:
-            raise ValueError(f"int4 packs two channels a byte: head_dim must be even, got {head_dim}")
-        groups = max(head_dim, tokens * head_dim // math.gcd(head_dim, INT4_GROUP))
-        return INT4_HEADER + 4 * groups + tokens * head_dim // 2
-    raise ValueError(f"unknown kv_format {kv_format!r}: choose from {', '.join(KV_FORMATS)}")
+    """Bytes of one piece -- ``tokens`` x ``head_dim`` of one KV head's K or V -- in ``kv_format``:
+    the controller's codec's (``firmware_model.kv_codec.PieceCodec.encoded_bytes``)."""
+    elem = {2: "f16", 4: "f32"}.get(dtype_bytes)
+    if elem is None:
+        raise ValueError(f"the KV codec takes 2- or 4-byte elements, got {dtype_bytes}")
+    try:
+        return PieceCodec(kv_format, tokens, head_dim, elem).encoded_bytes
+    except ValueError as exc:
+        raise ValueError(f"kv_format {kv_format!r}: {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,7 @@ import json
 import pytest
 from cli_support import cli
 
-from tools.sim.hot import HotAttention, piece_bytes, quality_rows
+from tools.sim.hot import SINK_PAGES, WINDOW_PAGES, HotAttention, piece_bytes, quality_rows
 from tools.sim.run import Point, simulate
 
 # 4 layers, 2 KV heads of 16 channels, fp16: a token's KV is 2 x 4 x 2 x 16 x 2 = 512 B; 4-token pages
@@ -23,8 +23,13 @@ def test_piece_bytes_follow_the_codec_layout():
     assert piece_bytes("int4", 4, 16, 2) == 4 + 4 * 16 + 32  # max(16 channels, 4 x 16 / 16 groups) entries
     with pytest.raises(ValueError, match="head_dim must be even"):
         piece_bytes("int4", 16, 5, 2)
-    with pytest.raises(ValueError, match="unknown kv_format 'int2'"):
+    with pytest.raises(ValueError, match="kv_format 'int2'"):
         piece_bytes("int2", 16, 128, 2)
+
+
+def test_the_shims_resident_pages_are_the_simulators():
+    hot = pytest.importorskip("driver.kv._hot")  # torch: the shim's own constants
+    assert (hot.SINK_PAGES, hot.WINDOW_PAGES) == (SINK_PAGES, WINDOW_PAGES)
 
 
 def test_the_working_set_and_the_pages_read_by_hand():
