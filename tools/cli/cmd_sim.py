@@ -340,6 +340,8 @@ def _print(base: Any, rows: list[dict[str, Any]], wall: float, args: argparse.Na
     shape = base.shape()
     kv_blocks, cap = base.kv_space()
     con.print(render_arithmetic(shape, base, kv_blocks, cap))
+    if "hot" in args.attention and base.workload.get("kind") == "fixed":
+        con.print(render_hot(base, args.page_budget, args.kv_format))
     t = Table(title=f"sim serve: {shape.name} on {base.instance}, workload {args.workload}")
     hot = any(r["attention"] == "hot" for r in rows)
     cols = ("mode", "c", "TTFT p50 ms", "TTFT p99 ms", "TPOT ms", "out tok/s", "preempt", "tier hit tok",
@@ -428,6 +430,20 @@ def render_arithmetic(shape: Any, point: Any, kv_blocks: int, cap: dict[str, flo
                      f"({kv_blocks} blocks of {point.block_tokens}) holds {kv_blocks * point.block_tokens // wl['context']} "
                      "whole sequences at once")
     return "\n".join(lines)
+
+
+def render_hot(point: Any, page_budget: float, formats: list[str]) -> str:
+    """Hot-page attention's arithmetic for a fixed workload's sequence at its full length."""
+    from dataclasses import replace
+
+    n = point.workload["context"]
+    a = replace(point, attention="hot", page_budget=page_budget).hot()
+    blocks, attended, _ = a.decode(n)
+    reads = ", ".join(f"{replace(a, kv_format=f).read_bytes(n) / 1e6:.0f} MB {f}" for f in formats)
+    return (f"hot-page attention at {page_budget:g}: a decoding {n}-token sequence holds {blocks} blocks "
+            f"(against {a.pages(n)}: metadata, {a.sink_pages} sink + {a.window_pages} window pages and the partial "
+            f"one, two layers' chosen pages) and attends to {attended} tokens' worth; a decode step reads "
+            f"{a.pages_read(n)} pages x {a.layers} layers over the link: {reads}")
 
 
 def plot_levels(rows: list[dict[str, Any]], path: str, title: str) -> None:

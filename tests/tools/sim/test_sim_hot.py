@@ -135,6 +135,13 @@ def test_sim_serve_hot_table_prints_quality_not_measured(capsys, tmp_path):
     text = " ".join(out.split())
     assert "none hot 0.1 native at c = 2: 2 running at most; 1.00x none's 2" in text
     assert "% against all-resident's" in text and "GB read a decode step" in text
+    # 1024 tokens: 64 complete pages, 3 resident (sink, 2 window): ceil(6.4) = 7 less 3 = 4 pages read a layer.
+    # HBM: 32 layers x (metadata 2 x 32 x 64 x 128 x 2 B + 80 kept tokens x 16 KiB) + 2 layers x 112 chosen
+    # tokens x 16 KiB = 79167488 B: 10 blocks of 16 x 512 KiB
+    assert 32 * (2 * 32 * 64 * 128 * 2 + 80 * 16384) + 2 * 112 * 16384 == 79167488
+    assert "a decoding 1024-token sequence holds 10 blocks (against 64" in text
+    assert f"4 pages x 32 layers over the link: {4 * 32 * 262144 / 1e6:.0f} MB native, " \
+           f"{4 * 32 * 133120 / 1e6:.0f} MB int8" in text
     assert "hot native at 2048: needle 1.0, recall 0.98, perplexity 3.1" in text
     assert "not measured for hot 0.1 int8; measured for its parts, separately: hot native at 2048" in text
 
