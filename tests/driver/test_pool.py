@@ -178,3 +178,17 @@ def test_the_pool_survives_a_firmware_restart(device_name: str) -> None:
             pool.close()
         stale.close()
         md.close()
+
+
+def test_a_second_process_on_one_port_is_refused(device_name: str) -> None:
+    """A one-port device is open to every process; its pool's host record is not: the second
+    process is told which pid holds it."""
+    with serve(DeviceConfig(name=device_name, capacity=256 << 20, dc_regions=(256 << 20,))):
+        with MemDev.open(device_name) as md:
+            md.fm_create_pool(2 << 20, slot_bytes=SLOT)
+            child = HostProcess(device_name, 0)
+            try:
+                with pytest.raises(PoolError, match=f"pid {child.proc.pid} uses the pool as host 0"):
+                    KvPool.open(md)
+            finally:
+                child.close()
