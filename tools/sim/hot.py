@@ -39,6 +39,7 @@ from typing import Any
 import simpy
 
 from firmware_model.dma import DmaScheduler
+from firmware_model.hot_pages import SINK_PAGES, WINDOW_PAGES
 from firmware_model.kv_codec import FORMATS, PieceCodec
 from firmware_model.link import LinkParams
 from tools.sim.layerwise import layerwise
@@ -49,10 +50,6 @@ __all__ = ["ATTENTIONS", "HOT_WHEN", "KV_FORMATS", "SINK_PAGES", "WINDOW_PAGES",
 ATTENTIONS = ("dense", "hot")
 HOT_WHEN = ("always", "full")
 KV_FORMATS = FORMATS
-#: the shim's defaults (``driver.kv._hot``, which imports torch, so not imported here; a test holds
-#: them equal): the first page (attention sinks) and the last two complete pages stay resident
-SINK_PAGES = 1
-WINDOW_PAGES = 2
 
 
 def piece_bytes(kv_format: str, tokens: int, head_dim: int, dtype_bytes: int) -> int:

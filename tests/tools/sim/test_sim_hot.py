@@ -27,11 +27,6 @@ def test_piece_bytes_follow_the_codec_layout():
         piece_bytes("int2", 16, 128, 2)
 
 
-def test_the_shims_resident_pages_are_the_simulators():
-    hot = pytest.importorskip("driver.kv._hot")  # torch: the shim's own constants
-    assert (hot.SINK_PAGES, hot.WINDOW_PAGES) == (SINK_PAGES, WINDOW_PAGES)
-
-
 def test_the_working_set_and_the_pages_read_by_hand():
     a = TINY_HOT
     # 253 tokens: 64 pages, 63 complete; the window starts at page 61, the sink is page 0: 60 candidates
