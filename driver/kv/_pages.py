@@ -67,6 +67,7 @@ class LayerPages:
     kmax: torch.Tensor | None = None
     writes: list[tuple[Transfer, np.ndarray]] = field(default_factory=list)
     last_choice: np.ndarray | None = None  # the pages chosen at the last decode step (B, H, K)
+    predicted: np.ndarray | None = None  # the pages chosen for this step's guessed query
     prefetch: Any = None  # the engine's prefetched read of predicted pages, if any
 
     def __post_init__(self) -> None:

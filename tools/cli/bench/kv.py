@@ -13,7 +13,7 @@ from tools.bench import kv, tier
 from tools.bench.kv import DEMAND_GOAL, RATIO_GOAL, WARMUP_STEPS, KvBenchRow, KvGoals, goals
 from tools.bench.tier import TARGET_US
 from tools.cli._common import VLLM_MODULE, CliError, need_extra, print_json
-from tools.cli.bench import show
+from tools.cli.bench import kv_hot, show
 from tools.trace import bench as fwbench
 from tools.trace.bench import FwmodelBenchResult
 from tools.trace.io import load_trace
@@ -32,7 +32,8 @@ def register_kv(bench: Any) -> None:
     p.add_argument("--context", type=int, action="append", help="context tokens (repeatable; default 2048, 8192)")
     p.add_argument("--budget", type=int, action="append", help="HBM budget, %% of the KV (repeatable; default 100, 50, 25)")
     p.add_argument("--steps", type=int, default=16, help=f"decode steps (the first {WARMUP_STEPS} are not timed)")
-    p.add_argument("--block-tokens", type=int, default=256)
+    p.add_argument("--block-tokens", type=int, default=None,
+                   help="tokens per device chunk (default 256; with --attention hot 16, a page)")
     p.add_argument("--prefetch-depth", default="auto",
                    help="layers loaded ahead, 'auto' (default: the firmware model's window for the link), "
                         "or module:function (your own window function)")
@@ -42,10 +43,16 @@ def register_kv(bench: Any) -> None:
     p.add_argument("--repeat", type=int, default=2, help="rounds over all modes; each keeps its fastest")
     p.add_argument("--markdown", action="store_true", help="a markdown table (for BENCHMARKS.md)")
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
+    kv_hot.add_arguments(p)
     p.set_defaults(func=cmd_kv)
 
 
 def cmd_kv(args: Any) -> int:
+    if args.attention == "hot":
+        return kv_hot.cmd_kv_hot(args)
+    kv_hot.check_dense(args)
+    if args.block_tokens is None:
+        args.block_tokens = 256
     torch = need_extra("torch", "kv", "bench kv")
     need_extra("transformers", "kv", "bench kv")
     from emulator import presets
