@@ -74,22 +74,10 @@ def cmd_kv(args: Any) -> int:
                 raise CliError(f"--prefetch-depth: {exc}") from None
     if args.repeat < 1:
         raise CliError("--repeat must be >= 1")
-    for flag, values, low in (("--layers", [args.layers], 2), ("--hidden", [args.hidden], 1),
-                              ("--heads", [args.heads], 1), ("--kv-heads", [args.kv_heads], 1),
-                              ("--context", args.context or [], 1), ("--block-tokens", [args.block_tokens], 1),
-                              ("--threads", [args.threads], 1)):
-        bad = [v for v in values if v < low]
-        if bad:
-            raise CliError(f"{flag} must be >= {low}, got {bad[0]}")
+    kv_hot.check_run(args)
     bad_budget = [b for b in args.budget or [] if not 0 < b <= 100]
     if bad_budget:
         raise CliError(f"--budget is a percentage of the KV in (0, 100], got {bad_budget[0]}")
-    if not args.time_scale > 0:
-        raise CliError(f"--time-scale must be > 0, got {args.time_scale}")
-    if args.steps <= WARMUP_STEPS:
-        raise CliError(f"--steps must be > {WARMUP_STEPS} (the warm-up steps are not timed)")
-    if args.hidden % args.heads or args.heads % args.kv_heads:
-        raise CliError("--hidden must be a multiple of --heads, and --heads of --kv-heads")
     policies = args.policy or list(ONLINE_POLICY_NAMES)
     unknown = {p for p in policies if ":" not in p} - set(ONLINE_POLICY_NAMES)
     if unknown:

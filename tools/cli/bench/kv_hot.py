@@ -49,7 +49,7 @@ def cmd_kv_hot(args: Any) -> int:
     with Console(stderr=True).status("bench kv --attention hot") as status:
         rows = kv_hot.run(layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
                           contexts=args.context or [2048, 8192], batch=args.batch, steps=args.steps,
-                          page_budget=args.page_budget, block_tokens=args.block_tokens or HOT_BLOCK_TOKENS,
+                          page_budget=args.page_budget, block_tokens=args.block_tokens,
                           kv_over_hbm=args.kv_over_hbm, timing=timing, repeat=args.repeat,
                           progress=lambda m: status.update(f"bench kv --attention hot: {m}"))
     if args.json:
@@ -77,10 +77,18 @@ def _check(args: Any) -> None:
         raise CliError(f"--kv-over-hbm must be >= 1, got {args.kv_over_hbm}")
     if args.repeat < 1:
         raise CliError("--repeat must be >= 1")
+    if args.block_tokens is None:
+        args.block_tokens = HOT_BLOCK_TOKENS
+    check_run(args)
+
+
+def check_run(args: Any) -> None:
+    """The flags of both modes of `bench kv`: the model's shape, contexts, threads, chunk size,
+    time scale and steps."""
     for flag, values, low in (("--layers", [args.layers], 2), ("--hidden", [args.hidden], 1),
                               ("--heads", [args.heads], 1), ("--kv-heads", [args.kv_heads], 1),
-                              ("--context", args.context or [], 1), ("--threads", [args.threads], 1),
-                              ("--block-tokens", [args.block_tokens or HOT_BLOCK_TOKENS], 1)):
+                              ("--context", args.context or [], 1), ("--block-tokens", [args.block_tokens], 1),
+                              ("--threads", [args.threads], 1)):
         bad = [v for v in values if v < low]
         if bad:
             raise CliError(f"{flag} must be >= {low}, got {bad[0]}")
