@@ -19,7 +19,7 @@ from driver.kv import CxlCache, MemoryBlockStore
 from driver.kv._attention import AttentionNotRouted
 from driver.kv._h2o import H2OEngine
 from driver.kv._hot import HotEngine
-from driver.kv.selectors import QuestSelector, SelectorProtocolError, resolve_selector
+from driver.kv.selectors import QuestSelector, SelectorProtocolError, quest_bound, resolve_selector
 from driver.kv.testing import SelectorConformanceError, check_selector, padded_batch
 from emulator.spec.errors import ConfigError
 
@@ -70,6 +70,19 @@ def test_quest_scores_a_group_by_its_most_interested_head() -> None:
     q = (-1, 0): page 1: -1, page 2: 1, page 3: -2. The max per page: 0, 1, 1."""
     assert quest([[0.0, -1.0], [-1.0, 0.0]], 1) == [3]
     assert quest([[0.0, -1.0], [-1.0, 0.0]], 2) == [2, 3]
+
+
+def test_quest_bound_is_the_largest_score_in_the_box() -> None:
+    """The bound (two matrix products) equals sum_d max(q_d kmin_d, q_d kmax_d), and no key in a
+    page's box scores above it."""
+    g = torch.Generator().manual_seed(3)
+    query = torch.randn(2, 2, 3, 5, generator=g)
+    a, b = torch.randn(2, 2, 2, 7, 5, generator=g)
+    kmin, kmax = torch.minimum(a, b), torch.maximum(a, b)
+    per_channel = torch.maximum(query.unsqueeze(3) * kmin.unsqueeze(2), query.unsqueeze(3) * kmax.unsqueeze(2))
+    assert torch.allclose(quest_bound(query, kmin, kmax), per_channel.sum(-1), atol=1e-5)
+    inside = kmin + torch.rand(kmin.shape, generator=g) * (kmax - kmin)
+    assert (torch.einsum("bhgd,bhpd->bhgp", query, inside) <= quest_bound(query, kmin, kmax) + 1e-5).all()
 
 
 def engine(page_budget: float, record=None, prefetch: bool = False) -> HotEngine:
