@@ -18,7 +18,7 @@ stay too.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ from driver.kv._chunkio import ChunkTables, LayerChunks
 from driver.kv._layout import KVLayout
 from driver.kv._store import BlockStore, Extent, Transfer
 
-__all__ = ["LayerPages", "page_image", "read_extents"]
+__all__ = ["LayerPages", "extents", "page_image", "read_pages", "runs"]
 
 
 def page_image(kv: torch.Tensor, block_tokens: int) -> np.ndarray:
@@ -38,25 +38,37 @@ def page_image(kv: torch.Tensor, block_tokens: int) -> np.ndarray:
     return pages.to("cpu").contiguous().view(-1).view(torch.uint8).numpy()
 
 
-def runs(chunks: np.ndarray, chunk_bytes: int) -> list[Extent]:
-    """Extents moving ``chunks`` (any shape, in C order) to or from consecutive chunk-sized
-    slots of an image: one per run of consecutive chunk ids (``coalesce``'s merge, in numpy:
-    this is on every decode step's path)."""
-    flat = chunks.ravel()
-    cuts = [0, *(np.flatnonzero(np.diff(flat) != 1) + 1).tolist(), flat.size]
-    return [Extent(int(flat[a]), (b - a) * chunk_bytes, a * chunk_bytes) for a, b in zip(cuts[:-1], cuts[1:], strict=True)
-            if b > a]
+def runs(chunks: np.ndarray, chunk_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first chunk, host offset, bytes) of the extents moving ``chunks`` (any shape, in C order)
+    to or from consecutive chunk-sized slots of an image: one per run of consecutive chunk ids
+    (``coalesce``'s merge, in numpy: this is on every decode step's path)."""
+    flat = chunks.ravel().astype(np.int64)
+    if not flat.size:
+        return flat, flat, flat
+    starts = np.flatnonzero(np.diff(flat, prepend=flat[:1] - 2) != 1)
+    ends = np.append(starts[1:], flat.size)
+    return flat[starts], starts * chunk_bytes, (ends - starts) * chunk_bytes
 
 
-def read_extents(lay: KVLayout, ids: np.ndarray, pages: np.ndarray) -> list[Extent]:
-    """Extents reading ``pages`` ``(B, H, K)`` (complete pages) into a ``(B, H, K, 2, bt, D)``
-    image, slot ``s`` of (b, h) holding page ``pages[b, h, s]``. A head's K and V chunks of a
-    page were taken together (:meth:`LayerPages._complete_pages`): one descriptor per page and
-    head, and one for a run of pages taken together."""
+def extents(arrays: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[Extent]:
+    """:func:`runs` as a list of ``Extent``."""
+    return [Extent(c, n, off) for c, off, n in zip(*(a.tolist() for a in arrays), strict=True)]
+
+
+def read_pages(store: BlockStore, lay: KVLayout, ids: np.ndarray, pages: np.ndarray,
+               image: np.ndarray) -> Transfer:
+    """Read ``pages`` ``(B, H, K)`` (complete pages) into a ``(B, H, K, 2, bt, D)`` image, slot
+    ``s`` of (b, h) holding page ``pages[b, h, s]``. A head's K and V chunks of a page were taken
+    together (:meth:`LayerPages._complete_pages`): one descriptor per page and head, and one for
+    a run of pages taken together; one descriptor array where the store takes one."""
     b, h, _ = pages.shape
     rows = np.arange(b).reshape(b, 1, 1)
     heads = np.arange(h).reshape(1, h, 1)
-    return runs(np.stack((ids[rows, heads, pages], ids[rows, heads + h, pages]), axis=-1), lay.chunk_bytes)
+    arrays = runs(np.stack((ids[rows, heads, pages], ids[rows, heads + h, pages]), axis=-1), lay.chunk_bytes)
+    read_runs = getattr(store, "read_runs", None)
+    if read_runs is not None:
+        return cast(Transfer, read_runs(*arrays, image))
+    return store.read(extents(arrays), image)
 
 
 @dataclass
@@ -159,9 +171,8 @@ class LayerPages:
         self.chunks.ids[:, :, j0:j1] = fresh.transpose(0, 3, 2, 1).reshape(lay.batch, lay.pieces, j1 - j0)
         self.chunks.version += 1
         image = page_image(pages, bt)
-        extents = runs(fresh, lay.chunk_bytes)
-        self.writes.append((store.write(extents, image), image))
-        counters["bytes_offloaded"] += sum(e.nbytes for e in extents)
+        self.writes.append((store.write(extents(runs(fresh, lay.chunk_bytes)), image), image))
+        counters["bytes_offloaded"] += fresh.size * lay.chunk_bytes
         keys = pages[0].reshape(*pages.shape[1:3], j1 - j0, bt, pages.shape[4])
         self._ensure_meta(j1, keys)
         assert self.kmin is not None and self.kmax is not None
@@ -192,10 +203,10 @@ class LayerPages:
 
     # ------------------------------------------------------------------------- read back
     def read(self, store: BlockStore, pages: np.ndarray) -> tuple[Transfer, np.ndarray]:
-        """Start reading ``pages`` ``(B, H, K)`` into a fresh image (see :func:`read_extents`)."""
+        """Start reading ``pages`` ``(B, H, K)`` into a fresh image (see :func:`read_pages`)."""
         self.wait_writes()
         image = np.empty(2 * pages.size * self.lay.chunk_bytes, np.uint8)
-        return store.read(read_extents(self.lay, self.chunks.ids, pages), image), image
+        return read_pages(store, self.lay, self.chunks.ids, pages, image), image
 
     def tensor(self, image: np.ndarray, pages: np.ndarray, dtype: torch.dtype,
                device: torch.device) -> torch.Tensor:

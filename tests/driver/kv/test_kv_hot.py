@@ -133,12 +133,14 @@ def test_window_and_sink_are_always_read() -> None:
 
 
 # ------------------------------------------------------------------------- through the model
-@pytest.mark.parametrize("lengths", [[37], [37, 52]])
-def test_budget_one_gives_the_tokens_of_dense_attention(model, lengths) -> None:
-    """page_budget=1.0 reads every page (left padding included): DynamicCache's greedy tokens."""
+@pytest.mark.parametrize("lengths,on_device", [([37], True), ([37, 52], False)])
+def test_budget_one_gives_the_tokens_of_dense_attention(model, lengths, on_device) -> None:
+    """page_budget=1.0 reads every page (left padding included): DynamicCache's greedy tokens,
+    over a private device (its DMA engine, descriptor arrays) or a memory store."""
     ids, mask = padded_batch(lengths)
     ref = generate(model, ids, mask, DynamicCache(), NEW)
-    cache = hot(model, page_budget=1.0)
+    cache = (CxlCache(1 << 30, block_tokens=4, model=model, attention="hot", page_budget=1.0) if on_device
+             else hot(model, page_budget=1.0))
     out = generate(model, ids, mask, cache, NEW)
     stats = cache.stats()
     cache.close()
