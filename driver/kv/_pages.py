@@ -168,6 +168,7 @@ class LayerPages:
         assert tables.pool is not None
         fresh = np.array(tables.pool.alloc(lay.batch * (j1 - j0) * lay.pieces), np.int64)
         fresh = fresh.reshape(lay.batch, j1 - j0, lay.kv_heads, 2)
+        tables.pool.values[fresh] = np.arange(2) == 1  # K | V: a compressing store codes them apart
         self.chunks.ids[:, :, j0:j1] = fresh.transpose(0, 3, 2, 1).reshape(lay.batch, lay.pieces, j1 - j0)
         self.chunks.version += 1
         image = page_image(pages, bt)

@@ -24,6 +24,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from driver.kv import _attention
+from driver.kv._codec_store import check_kv_format, compressed, link_stats
 from driver.kv._engine import ResidencyEngine
 from driver.kv._recompute import ForwardRecorder
 from driver.kv._store import BlockStore
@@ -122,6 +123,10 @@ class CxlCache(Cache):
     * ``store``: any ``BlockStore`` instead of a device (tests).
     * ``clock``: what the engine measures compute on (default the wall clock; tests pass a
       simulated one, so the ``"auto"`` prefetch window is deterministic).
+    * ``kv_format``: how KV is kept on the device: ``"native"`` (its own bytes, tokens exactly
+      as ``DynamicCache``), ``"int8"`` or ``"int4"`` (quantized by the device side on write,
+      decoded on load, the link moving the encoded bytes: ``firmware_model.kv_codec``); stats
+      then report ``link_bytes_loaded`` / ``link_bytes_offloaded`` and ``device_bytes_used``.
     * ``attention``: ``"dense"`` (every token, as above), ``"hot"`` (hot-page attention: the KV
       lives on the device and each decode query reads only the pages its ``selector`` chooses
       within ``page_budget``, a fraction of the sequence's pages; ``driver.kv._hot``) or
@@ -138,10 +143,12 @@ class CxlCache(Cache):
                  store: BlockStore | None = None, max_seq_len: int | None = None,
                  prefix_sharing: bool = True, max_retries: int = 2,
                  device_capacity: int = DEFAULT_DEVICE_CAPACITY, full_writeback: bool = False,
-                 clock: Clock | None = None, attention: str = "dense", page_budget: float = 1.0,
-                 selector: str | type = "quest") -> None:
+                 clock: Clock | None = None, kv_format: str = "native", attention: str = "dense",
+                 page_budget: float = 1.0, selector: str | type = "quest") -> None:
         super().__init__(layers=[])
+        check_kv_format(kv_format, prefix_sharing)
         _check_attention(attention, page_budget, selector, model)
+        self._kv_format = kv_format
         if isinstance(hbm_budget_bytes, bool) or not isinstance(hbm_budget_bytes, int) or hbm_budget_bytes <= 0:
             raise ConfigError(f"hbm_budget_bytes must be a positive int, got {hbm_budget_bytes!r}")
         if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
@@ -214,7 +221,8 @@ class CxlCache(Cache):
         if self._engine is None and self._attention[0] != "dense":
             self._engine = _sparse_engine(self, key_states)
         if self._engine is None:
-            store = self._backing.store()
+            store = compressed(self._backing.store(), self._kv_format, block_tokens=self._kw["block_tokens"],
+                               head_dim=key_states.shape[-1], dtype=key_states.dtype)
             timing = getattr(store, "timing", None)  # a device's; a memory store has no link
             self._engine = ResidencyEngine(
                 store=store, device=key_states.device, dtype=key_states.dtype,
@@ -230,7 +238,7 @@ class CxlCache(Cache):
         """Counters: loads, offloads, hits, misses, prefetch_late, stall_ns, hbm_peak_bytes, ..."""
         if self._engine is None:
             return dict.fromkeys(ResidencyEngine.COUNTERS, 0) | {"hbm_peak_bytes": 0}
-        return self._engine.stats()
+        return self._engine.stats() | link_stats(self._engine)
 
     @property
     def device_name(self) -> str | None:
@@ -298,8 +306,10 @@ def _sparse_engine(cache: CxlCache, key_states: torch.Tensor) -> Any:
     from driver.kv._hot import HotEngine
 
     kw = cache._kw
+    store = compressed(cache._backing.store(), cache._kv_format, block_tokens=kw["block_tokens"],
+                       head_dim=key_states.shape[-1], dtype=key_states.dtype)
     return HotEngine(budget=kw["budget"], page_budget=page_budget, selector=selector,
-                     block_tokens=kw["block_tokens"], store=cache._backing.store(), device=key_states.device,
+                     block_tokens=kw["block_tokens"], store=store, device=key_states.device,
                      dtype=key_states.dtype, prefetch=kw["prefetch_depth"] != 0,
                      max_seq_len=kw["max_seq_len"], clock=kw["clock"], model=cache._routed)
 

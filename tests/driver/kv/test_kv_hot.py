@@ -291,3 +291,43 @@ def test_selector_errors_say_what_is_missing(model, user_module) -> None:
 
 def test_quest_conforms() -> None:
     check_selector("quest")
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_hot_attention_reads_the_encoded_pages_of_a_compressed_device(model, fmt) -> None:
+    """attention='hot' with kv_format: the chosen pages cross the link encoded (the store's own
+    byte count), the engine still sees the native bytes it asked for."""
+    from firmware_model.kv_codec import PieceCodec
+
+    ids, mask = padded_batch([37])
+    inner = MemoryBlockStore(1 << 24)
+    cache = CxlCache(1 << 30, block_tokens=4, model=model, attention="hot", page_budget=1.0, kv_format=fmt,
+                     store=inner)
+    generate(model, ids, mask, cache, NEW)
+    stats = cache.stats()
+    cache.close()
+    encoded = PieceCodec(fmt, 4, model.config.head_dim, "f32").encoded_bytes
+    assert stats["link_bytes_loaded"] == inner.bytes_read > 0 and stats["link_bytes_loaded"] % encoded == 0
+    assert stats["link_bytes_loaded"] < stats["bytes_loaded"] and stats["device_chunk_bytes"] == encoded
+
+
+def test_h2o_reports_no_link_bytes(model) -> None:
+    """H2O keeps no KV off the accelerator: its stats have no link or device figures to add."""
+    ids, mask = padded_batch([37])
+    cache = CxlCache(1 << 30, model=model, attention="h2o", page_budget=0.5)
+    generate(model, ids, mask, cache, NEW)
+    stats = cache.stats()
+    cache.close()
+    assert "link_bytes_loaded" not in stats
+
+
+def test_page_chunks_are_marked_key_or_value_for_a_compressing_store() -> None:
+    """Pages take their chunks page-major; the pool's values map (int4 codes K and V apart)
+    still says which chunks hold values."""
+    eng = engine(1.0)
+    k, v = hand_made_prompt()
+    eng.update(0, k.expand(2, 3, -1, -1), v.expand(2, 3, -1, -1))
+    ids = eng.layers[0].chunks.ids[:, :, :6]
+    values = eng.store.pool.values
+    assert not values[ids[:, :3]].any() and values[ids[:, 3:]].all()
+    eng.close()

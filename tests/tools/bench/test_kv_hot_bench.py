@@ -30,7 +30,8 @@ def test_goals_compare_hot_with_dense_from_the_device_and_resident() -> None:
 @pytest.mark.parametrize("argv,message", [
     (["--page-budget", "0.5"], "--page-budget: only with --attention hot"),
     (["--attention", "hot", "--page-budget", "0"], "--page-budget is a fraction in (0, 1], got 0.0"),
-    (["--attention", "hot", "--budget", "50"], "--budget and --policy are dense mode's"),
+    (["--attention", "hot", "--budget", "50"], "--budget, --policy and --kv-format are dense mode's"),
+    (["--attention", "hot", "--kv-format", "int8"], "--budget, --policy and --kv-format are dense mode's"),
     (["--attention", "hot", "--batch", "0"], "--batch must be >= 1, got 0"),
     (["--attention", "hot", "--kv-over-hbm", "0.5"], "--kv-over-hbm must be >= 1, got 0.5"),
     (["--attention", "hot", "--steps", "2"], "--steps must be > 2"),

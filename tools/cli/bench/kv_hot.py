@@ -66,9 +66,9 @@ def _check(args: Any) -> None:
     args.page_budget = 0.1 if args.page_budget is None else args.page_budget
     args.batch = 1 if args.batch is None else args.batch
     args.kv_over_hbm = KV_OVER_HBM_GOAL if args.kv_over_hbm is None else args.kv_over_hbm
-    if args.budget or args.policy:
-        raise CliError("--budget and --policy are dense mode's; with --attention hot the HBM budget is the KV "
-                       "over --kv-over-hbm, and dense from the device uses the reuse policy")
+    if args.budget or args.policy or getattr(args, "kv_format", None):
+        raise CliError("--budget, --policy and --kv-format are dense mode's; with --attention hot the HBM budget "
+                       "is the KV over --kv-over-hbm, dense from the device uses the reuse policy, KV is native")
     if not 0 < args.page_budget <= 1:
         raise CliError(f"--page-budget is a fraction in (0, 1], got {args.page_budget}")
     if args.batch < 1:
