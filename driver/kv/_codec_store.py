@@ -167,14 +167,15 @@ class CompressedStore:
         pool = self.pool
         assert pool is not None
         values = pool.values[chunks]
-        partial = [(row + k - 1, valid) for row, k, valid in rows if valid < codec.tokens]
-        whole = np.ones(n, bool)
-        whole[[r for r, _ in partial]] = False
+        # rows by the valid tokens of their block (a partial block's rest is not KV): the tail
+        # blocks of one save share one count, so a write is one or two encode calls
+        valid = np.full(n, codec.tokens)
+        for row, k, v in rows:
+            valid[row + k - 1] = v
         staging = np.empty((n, codec.encoded_bytes), np.uint8)
-        if whole.any():
-            staging[whole] = codec.encode(raw[whole], values[whole])
-        for r, valid in partial:  # the valid tokens of a block: the rest of the row is not KV
-            staging[r:r + 1] = codec.encode(raw[r:r + 1], values[r:r + 1], valid)
+        for v in np.unique(valid).tolist():
+            sel = valid == v
+            staging[sel] = codec.encode(raw[sel], values[sel], v)
         self.counters["native_bytes_written"] += sum(e.nbytes for e in extents)
         self.counters["link_bytes_written"] += n * codec.encoded_bytes
         return self.inner.write(enc_extents, staging.reshape(-1))
