@@ -186,10 +186,15 @@ class CompressedStore:
         codec, cb = self.codec, self.chunk_bytes
         staging = np.empty((n, codec.encoded_bytes), np.uint8)
 
-        def decode() -> None:
-            native = codec.decode(staging).reshape(-1)
+        def decode() -> None:  # whole chunks straight into the caller's buffer; a partial one via a copy
             for e, (row, _, _) in zip(extents, rows, strict=True):
-                host[e.host_offset:e.host_offset + e.nbytes] = native[row * cb:row * cb + e.nbytes]
+                whole, rest = divmod(e.nbytes, cb)
+                at = e.host_offset
+                if whole:
+                    codec.decode_into(staging[row:row + whole], host[at:at + whole * cb].reshape(whole, cb))
+                if rest:
+                    part = codec.decode(staging[row + whole:row + whole + 1]).reshape(-1)
+                    host[at + whole * cb:at + e.nbytes] = part[:rest]
 
         self.counters["native_bytes_read"] += sum(e.nbytes for e in extents)
         self.counters["link_bytes_read"] += n * codec.encoded_bytes
