@@ -260,15 +260,20 @@ def compressed(store: BlockStore, kv_format: str, *, block_tokens: int, head_dim
 
 
 def link_stats(engine: Any) -> dict[str, int]:
-    """What the link and the device carried for ``engine`` (a ``ResidencyEngine``): bytes each
-    way as moved (encoded when compressed) and the device bytes its chunks take."""
-    store, c = engine.store, engine.counters
-    pool = engine.pool
+    """What the link and the device carried for ``engine`` (a ``ResidencyEngine``, or hot
+    attention's engine, whose chunk pool is its store's): bytes each way as moved (encoded when
+    compressed) and the device bytes its chunks take; nothing for an engine without a store (H2O)."""
+    store = getattr(engine, "store", None)
+    if store is None:
+        return {}
+    c = engine.counters
+    pool = getattr(engine, "pool", None) or getattr(store, "pool", None)
     if isinstance(store, CompressedStore):
         return {"link_bytes_loaded": store.counters["link_bytes_read"],
                 "link_bytes_offloaded": store.counters["link_bytes_written"],
                 "device_chunk_bytes": store.stored_chunk_bytes,
                 "device_bytes_used": (pool.used if pool else 0) * store.stored_chunk_bytes}
-    chunk = engine.layout.chunk_bytes if engine.layout is not None else 0
-    return {"link_bytes_loaded": c["bytes_loaded"], "link_bytes_offloaded": c["bytes_offloaded"],
+    layout = getattr(engine, "layout", None)
+    chunk = layout.chunk_bytes if layout is not None else 0
+    return {"link_bytes_loaded": c["bytes_loaded"], "link_bytes_offloaded": c.get("bytes_offloaded", 0),
             "device_chunk_bytes": chunk, "device_bytes_used": (pool.used if pool else 0) * chunk}
