@@ -6,10 +6,12 @@ vLLM CPU block). A piece is encoded into a fixed number of bytes, so an encoded 
 size whatever it holds. Elements come in as ``f16``, ``bf16`` or ``f32`` and are decoded into
 the same element type. All multi-byte fields are little-endian.
 
-``int8`` -- symmetric, one fp16 scale per token (per token of one head: ``head_dim`` values)::
+``int8`` -- symmetric, one fp16 scale per token (per token of one head: ``head_dim`` values),
+one record per token, so the first v tokens of a piece are its first ``v * (2 + head_dim)`` bytes
+(a partial block moves only its valid tokens: :meth:`PieceCodec.prefix_bytes`)::
 
-    scale  f16[tokens]              s_t = fp16(max_c |x[t, c]| / 127)
-    codes  i8 [tokens, head_dim]    q = clip(rint(x / s_t), -127, 127);  x' = q * s_t
+    record[tokens]:  f16 scale     s_t = fp16(max_c |x[t, c]| / 127)
+                     i8  code[head_dim]    q = clip(rint(x / s_t), -127, 127);  x' = q * s_t
 
   Per token rather than per channel: a token's codes depend on that token alone, so the bytes
   past the valid tokens of a partly filled block (stale frame memory the shim writes whole)
@@ -138,6 +140,15 @@ class PieceCodec:
             return _HEADER + 4 * self._meta + t * d // 2
         return self.native_bytes
 
+    def prefix_bytes(self, valid: int) -> int | None:
+        """Encoded bytes holding the first ``valid`` tokens alone, where the format has such a
+        prefix (int8's per-token records, native); None for int4 (a key block is one group)."""
+        if self.fmt == "int8":
+            return valid * (2 + self.head_dim)
+        if self.fmt == "native":
+            return valid * self.native_bytes // self.tokens
+        return None
+
     # ------------------------------------------------------------------ bytes in, bytes out
     def encode(self, raw: np.ndarray, values: np.ndarray, valid: int | None = None) -> np.ndarray:
         """``raw`` (n, native_bytes) uint8 pieces -> (n, encoded_bytes) uint8. ``values[i]``:
@@ -190,9 +201,9 @@ class PieceCodec:
             if self.fmt == "native":
                 out[...] = decode_elements(enc, self.elem).reshape(n, t, d)
             elif self.fmt == "int8":
-                s = enc[:, :2 * t].view(np.float16).astype(np.float32)
-                q = enc[:, 2 * t:].view(np.int8).reshape(n, t, d)
-                np.multiply(q, s[:, :, None], out=out, casting="unsafe")  # int8 -> float32 in the loop
+                rec = enc.reshape(n, t, 2 + d)
+                s = rec[:, :, :2].copy().view(np.float16).astype(np.float32)  # (n, t, 1)
+                np.multiply(rec[:, :, 2:].view(np.int8), s, out=out, casting="unsafe")  # int8 -> float32 in the loop
             else:
                 self._dq4(enc, out)
         return out
@@ -208,10 +219,10 @@ class PieceCodec:
         s = s16.astype(np.float32)
         q = np.clip(np.rint(x / _safe(s)[:, :, None]), -127, 127)
         q[np.isnan(q)] = 0
-        out = np.empty((n, self.encoded_bytes), np.uint8)
-        out[:, :2 * t] = s16.view(np.uint8).reshape(n, 2 * t)
-        out[:, 2 * t:] = q.astype(np.int8).view(np.uint8).reshape(n, t * d)
-        return out
+        out = np.empty((n, t, 2 + d), np.uint8)
+        out[:, :, :2] = s16.view(np.uint8).reshape(n, t, 2)
+        out[:, :, 2:] = q.astype(np.int8).view(np.uint8)
+        return out.reshape(n, self.encoded_bytes)
 
     def _groups(self, x: np.ndarray, per_channel: bool) -> np.ndarray:
         """x (n, t, d) as (n, groups, group size): a channel's tokens, or G channels of a token."""
