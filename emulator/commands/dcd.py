@@ -20,7 +20,7 @@ from emulator.events import header
 from emulator.mailbox import Effect, command
 from emulator.spec import payloads_dcd as D
 from emulator.spec.opcodes import Opcode
-from emulator.spec.payloads_events import EventLog
+from emulator.spec.payloads_events import EVENT_LOG_SIZES, EventLog
 from emulator.spec.payloads_memdev import CAPACITY_UNIT
 from emulator.spec.retcodes import RetCode
 
@@ -71,9 +71,7 @@ def _ranges(payload: memoryview) -> list[tuple[int, int]] | RetCode:
     """The extent list of Add DC Response / Release DC, or the code refusing its length."""
     count = D.DC_RESPONSE.unpack(payload)["updated_extent_list_size"]
     if len(payload) != D.DC_RESPONSE.size + count * D.DC_EXTENT_ENTRY.size:
-        return RetCode.INVALID_PAYLOAD_LENGTH
-    if count > D.DC_MAX_EXTENTS:
-        return RetCode.RESOURCES_EXHAUSTED
+        return RetCode.INVALID_PAYLOAD_LENGTH  # a 2 KiB payload holds 85 entries: the extent limit is DcState's
     entries = (D.DC_EXTENT_ENTRY.unpack(payload, D.DC_RESPONSE.size + i * D.DC_EXTENT_ENTRY.size)
                for i in range(count))
     return [(e["start_dpa"], e["len"]) for e in entries]
@@ -109,8 +107,6 @@ def _fm_request(fw: Firmware, payload: memoryview) -> tuple[dict, list[Extent]] 
         return RetCode.INVALID_PAYLOAD_LENGTH
     if req["host"] >= len(fw.dcd.ports) or req["region"] >= len(fw.dcd.regions) or req["count"] == 0:
         return RetCode.INVALID_INPUT
-    if req["count"] > D.DC_MAX_EXTENTS:
-        return RetCode.RESOURCES_EXHAUSTED
     base, _ = fw.dcd.regions[req["region"]]
     items = [D.FM_EXTENT.unpack(payload, D.FM_DC_REQUEST.size + i * D.FM_EXTENT.size) for i in range(req["count"])]
     seq = 1 if req["tag"] != NO_TAG else 0  # shared extents are numbered in offer order
@@ -119,6 +115,14 @@ def _fm_request(fw: Firmware, payload: memoryview) -> tuple[dict, list[Extent]] 
     if bad is not None or any(fw.dcd.region_of(e.start_dpa) != req["region"] for e in extents):
         return bad or RetCode.INVALID_PHYSICAL_ADDRESS
     return req, extents
+
+
+def _log_room(fw: Firmware, hosts: list[int], records: int) -> bool:
+    """Whether each host's DC event log has room for ``records`` more: an offer whose last record
+    (the one that closes its More chain) would overflow the log could never surface to the host.
+    cxlemu's own check (QEMU lets its 8-record log overflow); refused as Resources Exhausted."""
+    size = EVENT_LOG_SIZES[EventLog.DYNAMIC_CAPACITY]
+    return all(fw.ports[h].events.count(EventLog.DYNAMIC_CAPACITY) + records <= size for h in hosts)
 
 
 def _log(fw: Firmware, kind: D.DcEventType, req: dict, extents: list[Extent]) -> None:
@@ -138,6 +142,9 @@ def fm_add_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
         return parsed, b""
     req, extents = parsed
     rc = fw.dcd.offer(req["host"], extents)
+    if rc == RetCode.SUCCESS and not _log_room(fw, [req["host"]], len(extents)):
+        fw.dcd.ports[req["host"]].pending = []
+        rc = RetCode.RESOURCES_EXHAUSTED
     if rc == RetCode.SUCCESS:
         _log(fw, D.DcEventType.ADD_CAPACITY, req, extents)
     return rc, b""
@@ -154,7 +161,9 @@ def fm_release_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     if any(fw.dcd.held(port.accepted, e.start_dpa, e.length) < e.length for e in extents):
         return RetCode.INVALID_PHYSICAL_ADDRESS  # the host does not hold all of it
     if req["flags"] & D.FM_FORCED:
-        fw.dcd.revoke(req["host"], [(e.start_dpa, e.length) for e in extents])
+        rc = fw.dcd.revoke(req["host"], [(e.start_dpa, e.length) for e in extents])
+        if rc != RetCode.SUCCESS:
+            return rc, b""  # the cut would split past the extents a port can hold
         _log(fw, D.DcEventType.FORCED_CAPACITY_RELEASE, req, extents)
     else:
         _log(fw, D.DcEventType.RELEASE_CAPACITY, req, extents)
@@ -194,6 +203,8 @@ def fm_create_kv_pool(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes
         layout_slots(extent.length, req["slot_bytes"])
     except ValueError:
         return RetCode.INVALID_INPUT, b""
+    if not _log_room(fw, hosts, 1):
+        return RetCode.RESOURCES_EXHAUSTED, b""
     for h in hosts:
         rc = fw.dcd.offer(h, [extent])
         if rc != RetCode.SUCCESS:  # another host's extents overlap it: no offer stays, nothing is formatted
