@@ -184,12 +184,16 @@ class DcdCommands(CommandMixin):
                 for r in rows]
 
     def fm_create_pool(self, size: int, *, hosts: list[int] | None = None, region: int = 0, offset: int = 0,
-                       slot_bytes: int = 256 << 10, quota: int = 0) -> int:
+                       slot_bytes: int = 256 << 10, quota: int = 0, policy: str = "lru") -> int:
         """Create the shared KV pool (vendor C003h): an extent of ``size`` bytes at ``offset`` into
         ``region``, tagged kv-index, offered to ``hosts`` (default all) and formatted with slots of
-        ``slot_bytes`` and a per-host ``quota`` of unshared bytes (0: the data area / hosts). Each
+        ``slot_bytes``, a per-host ``quota`` of unshared bytes (0: the data area / hosts) and the
+        eviction ``policy`` the firmware runs (an online ``firmware_model.policies`` name or
+        ``package.module:Class``, importable by the serving process too; kept with the pool). Each
         host accepts it when it opens the pool (``driver.pool.KvPool.open``). Returns its DPA."""
-        from firmware_model.kv_index import MAX_HOSTS
+        from firmware_model.kv_index import MAX_HOSTS, check_policy
+
+        check_policy(policy)
 
         hosts = list(range(self.config.hosts)) if hosts is None else hosts
         if self.config.hosts > MAX_HOSTS:
@@ -204,5 +208,5 @@ class DcdCommands(CommandMixin):
             raise ValueError(f"slot bytes must be a positive multiple of 64, got {slot_bytes}")
         self.call(Opcode.FM_CREATE_KV_POOL, D.FM_KV_POOL.pack(
             region=region, hosts=sum(1 << h for h in hosts), offset=offset, len=length, slot_bytes=slot_bytes,
-            quota=quota))
+            quota=quota) + policy.encode())
         return dpa

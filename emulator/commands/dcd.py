@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from emulator.dcd import NO_TAG, Extent
-from emulator.kv_pool import INDEX_TAG
-from firmware_model.kv_index import MAX_HOSTS, layout_slots
+from emulator.kv_pool import INDEX_TAG, POLICY
+from firmware_model.kv_index import MAX_HOSTS, POLICY_BYTES, check_policy, layout_slots
 from emulator.events import header
 from emulator.mailbox import Effect, command
 from emulator.spec import payloads_dcd as D
@@ -182,13 +182,29 @@ def fm_list_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     return RetCode.SUCCESS, D.FM_LIST_OUT.pack(count=min(len(rows), fits)) + b"".join(rows[:fits])
 
 
-@command(Opcode.FM_CREATE_KV_POOL, "FM Create KV Pool", in_len=D.FM_KV_POOL.size, effects=_CHANGES,
+def _pool_policy(payload: memoryview) -> str | None:
+    """The eviction policy the payload names after its header (none: ``POLICY``), or None when it
+    is not one the firmware can evict with (``check_policy``)."""
+    text = bytes(payload[D.FM_KV_POOL.size:]).rstrip(b"\0")
+    try:
+        return check_policy(text.decode()) if text else POLICY
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+@command(Opcode.FM_CREATE_KV_POOL, "FM Create KV Pool", in_len=None, min_len=D.FM_KV_POOL.size, effects=_CHANGES,
          persistent=True)
 def fm_create_kv_pool(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     """Offer one extent tagged kv-index to every host of the mask and format the index in it
-    (emulator/kv_pool.py). Invalid Input: no hosts, a pool already offered or held, a host with an
-    offer pending, or an extent too small for the slots; the extent checks are Add's."""
+    (emulator/kv_pool.py), evicted by the policy named after the header. Invalid Input: no hosts,
+    a pool already offered or held, a host with an offer pending, an extent too small for the
+    slots, or a policy the firmware cannot build; the extent checks are Add's."""
+    if len(payload) > D.FM_KV_POOL.size + POLICY_BYTES:
+        return RetCode.INVALID_PAYLOAD_LENGTH, b""
     req = D.FM_KV_POOL.unpack(payload)
+    policy = _pool_policy(payload)
+    if policy is None:
+        return RetCode.INVALID_INPUT, b""
     hosts = [h for h in range(len(fw.ports)) if req["hosts"] >> h & 1]
     if not hosts or req["hosts"] >> len(fw.ports) or len(fw.ports) > MAX_HOSTS or req["region"] >= len(fw.dcd.regions):
         return RetCode.INVALID_INPUT, b""
@@ -211,7 +227,7 @@ def fm_create_kv_pool(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes
             for p in hosts:
                 fw.dcd.ports[p].pending = []
             return rc, b""
-    fw.kv_pool.create(extent.start_dpa, extent.length, req["slot_bytes"], req["quota"])
+    fw.kv_pool.create(extent.start_dpa, extent.length, req["slot_bytes"], req["quota"], policy)
     for h in hosts:
         _log(fw, D.DcEventType.ADD_CAPACITY, {"host": h, "region": req["region"]}, [extent])
     return RetCode.SUCCESS, b""
