@@ -17,7 +17,6 @@ Bad arguments raise ValueError before the device sees them; device refusals Mail
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from driver._cmd_base import CommandMixin
 from driver._cmd_events import EventRecord
