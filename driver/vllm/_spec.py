@@ -38,7 +38,7 @@ from driver.vllm._compat import (
     init_logger,
     order_request_keys,
 )
-from driver.vllm._config import TierConfig, chunk_of_dpa, hotlist_unit, parse_extra_config
+from driver.vllm._config import TierConfig, chunk_of_dpa, hotlist_unit, parse_extra_config, tier_region
 from driver.vllm._counters import ManagerCounters
 from driver.vllm._stats import TierStats, register_manager, tier_stats, unregister_manager
 from emulator.device_dir import device_path
@@ -63,12 +63,13 @@ def private_capacity(cxl_bytes_to_use: int) -> int:
     return -(-cxl_bytes_to_use // CAPACITY_UNIT) * CAPACITY_UNIT
 
 
-def device_capacity(name: str) -> int:
-    """The capacity of served device ``name`` (DeviceNotFound, naming it, when none is served)."""
+def device_ports(name: str, host: int = 0) -> tuple[int, int]:
+    """``(capacity, host ports)`` of served device ``name``, opened through port ``host``
+    (DeviceNotFound, naming it, when none is served; NoSuchHost past its ports)."""
     from driver.memdev import MemDev
 
-    with MemDev.open(name) as md:
-        return int(md.config.capacity)
+    with MemDev.open(name, host=host) as md:
+        return int(md.config.capacity), int(md.config.hosts)
 
 
 class _Pinned(Container[Hashable]):
@@ -99,6 +100,9 @@ class _FirmwarePolicy(CachePolicy):
         self._evictable: set[OffloadKey] = set()
         self.now = 0
         self.policy: Any = self._factory(max(cache_capacity, 1))
+        # keys a lookup of this scheduler step found (shared pool: adopting a pool block may
+        # evict, and must not evict a block the scheduler is about to prepare_load)
+        self.hold: set[OffloadKey] = set()
 
     @override
     def get(self, key: OffloadKey) -> ChunkStatus | None:
@@ -147,6 +151,8 @@ class _FirmwarePolicy(CachePolicy):
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
         if n == 0:
             return []
+        if self.hold:
+            protected = protected | self.hold
         if sum(1 for k in self._evictable if k not in protected) < n:
             return None  # atomic: nothing changes when n victims cannot be found
         skip = _Pinned(protected, self._evictable)
@@ -169,6 +175,7 @@ class _FirmwarePolicy(CachePolicy):
     def clear(self) -> None:
         self.chunks.clear()
         self._evictable.clear()
+        self.hold.clear()
         self.now = 0
         self.policy = self._factory(max(self.cache_capacity, 1))
 
@@ -192,13 +199,13 @@ class DeviceHotlist:
     units the 1023-entry hotlist overflowed within a few jobs (a 16-block job of a 32-layer
     model touches 512 pages)."""
 
-    def __init__(self, device: str, page: int, num_chunks: int) -> None:
+    def __init__(self, device: str, page: int, num_chunks: int, host: int = 0) -> None:
         from driver.chmu import ChmuRegs
         from driver.memdev import MemDev
 
         self.page, self.num_chunks = page, num_chunks
         self.unit = hotlist_unit(page)
-        self._md = MemDev.open(device)
+        self._md = MemDev.open(device, host=host)
         try:
             self.regs = ChmuRegs.of_bar(self._md.bar)
             self.regs.configure(unit_size=self.unit, threshold=1, mode="epoch", epoch_ns=10_000_000)
@@ -222,7 +229,7 @@ class CxlOffloadingManager(CPUOffloadingManager):
     counting lookups, hits and evictions into the tier's ``TierStats``."""
 
     def __init__(self, num_chunks: int, tier: TierConfig, stats: TierStats, device_name: str, *,
-                 enable_events: bool = False, hotlist: DeviceHotlist | None = None) -> None:
+                 enable_events: bool = False, hotlist: DeviceHotlist | None = None, pool: Any = None) -> None:
         super().__init__(num_chunks=num_chunks, cache_policy="lru", enable_events=enable_events)
         self.firmware_policy = _FirmwarePolicy(num_chunks, tier.policy)
         _compat.set_cache_policy(self, self.firmware_policy)  # vLLM's bookkeeping asks it
@@ -233,17 +240,48 @@ class CxlOffloadingManager(CPUOffloadingManager):
         self._steps = 0
         # for a worker in another process, which publishes the telemetry page: written every
         # scheduler step (four words: a few us against a step's ms)
-        self._remote = ManagerCounters(device_name, writer=True)
+        self._remote = ManagerCounters(device_name, writer=True, host=tier.host)
         self._served_dir = device_path(device_name) if tier.device is not None else None
         self._check_at = 0.0
+        self.pool = pool  # shared=True: a driver.vllm._pool.PoolLink
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         if self.stats.device_lost:  # found gone (check_device, or the worker in this process): no tier
             return LookupResult.MISS
         got = super().lookup(key, req_context)
+        if got is LookupResult.MISS and self.pool is not None and self._adopt(key, req_context):
+            got = LookupResult.HIT
+        if got is LookupResult.HIT and self.pool is not None:
+            self.firmware_policy.hold.add(key)
         self.stats.add(lookups=1, hits=int(got is LookupResult.HIT))
         return got
+
+    def _adopt(self, key: OffloadKey, req_context: ReqContext) -> bool:
+        """A block the tier lacks, from the device's shared pool: a chunk of the tier is
+        allocated for it (evicting as a store would), filled from the pool, and made ready, so
+        the scheduler loads it as any tier hit. False (a miss) when the pool lacks it, no chunk
+        is free, or the pool's copy went or was torn meanwhile."""
+        block_hash = _compat.get_offload_block_hash(key)
+        if not self.pool.lookup(block_hash):
+            return False
+        out = self.prepare_store([key], req_context)
+        if out is None or key not in out.keys_to_store:
+            return False
+        ok = self.pool.fetch(block_hash, self.firmware_policy.chunks[key].chunk_id)
+        super().complete_store([key], req_context, success=ok)  # not published back: it came from there
+        return ok
+
+    @override
+    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        fresh = []
+        if self.pool is not None and success:  # what this store makes ready, published once ready
+            fresh = [k for k in keys if (c := self.firmware_policy.get(k)) is not None and not c.is_ready]
+        super().complete_store(keys, req_context, success)
+        for key in fresh:
+            chunk = self.firmware_policy.get(key)
+            if chunk is not None and chunk.is_ready:
+                self.pool.publish(_compat.get_offload_block_hash(key), chunk.chunk_id)
 
     @override
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
@@ -259,6 +297,7 @@ class CxlOffloadingManager(CPUOffloadingManager):
     @override
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._steps += 1
+        self.firmware_policy.hold.clear()  # this step's loads are prepared: their chunks are pinned
         self.check_device()
         if self._hotlist is not None and self._steps % self.tier.hotlist_every == 0 and not self.stats.device_lost:
             self.feed_hotlist()
@@ -326,6 +365,9 @@ class CxlOffloadingManager(CPUOffloadingManager):
         self._publish()
         self._remote.close()
         unregister_manager(self.device_name, self)
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
         if self._hotlist is not None:
             self._hotlist.close()
             self._hotlist = None
@@ -354,10 +396,12 @@ class CxlOffloadingSpec(OffloadingSpec):
         self.layers = max(1, sum(len(g.layer_names) for g in config.groups))
         if self.tier.device is not None:
             self.device_name = self.tier.device
-            capacity = device_capacity(self.tier.device)
-            if self.tier.cxl_bytes_to_use > capacity:
+            capacity, hosts = device_ports(self.tier.device, self.tier.host)
+            share = tier_region(capacity, hosts, self.tier.host)[1]
+            if self.tier.cxl_bytes_to_use > share:
                 raise ConfigError(f"cxl_bytes_to_use {self.tier.cxl_bytes_to_use} is more than device "
-                                  f"{self.tier.device!r} holds ({capacity} bytes): lower it or serve a larger device")
+                                  f"{self.tier.device!r} holds for host port {self.tier.host} ({share} bytes of "
+                                  f"{capacity}, {hosts} ports): lower it or serve a larger device")
         else:
             self.device_name = private_device_name(config.engine_id)
             capacity = private_capacity(self.tier.cxl_bytes_to_use)
@@ -367,6 +411,15 @@ class CxlOffloadingSpec(OffloadingSpec):
             raise ConfigError(f"cxl_bytes_to_use {self.tier.cxl_bytes_to_use} holds no KV block of "
                               f"{self.chunk_bytes} bytes: raise it")
         self.stats = tier_stats(self.device_name)
+        self.fingerprint: Any = None
+        if self.tier.shared:
+            vllm_config = _compat.get_current_vllm_config_or_none()  # the worker side's; the
+            if vllm_config is not None:  # scheduler side's is checked by CxlConnector, or was by the worker's
+                cache = vllm_config.cache_config
+                _compat.check_shared_hash(cache.prefix_caching_hash_algo, cache.enable_prefix_caching)
+            from driver.vllm._pool import fingerprint
+
+            self.fingerprint = fingerprint(config, vllm_config)
         self._manager: CxlOffloadingManager | None = None
         self._worker: OffloadingWorker | None = None
         self._lock = threading.Lock()
@@ -376,12 +429,26 @@ class CxlOffloadingSpec(OffloadingSpec):
         if self._manager is None:
             hotlist = None
             if self.tier.policy == "hotness" and self.tier.device is not None and self.chunk_bytes:
-                hotlist = DeviceHotlist(self.tier.device, self.chunk_bytes // self.layers, self.num_chunks)
+                hotlist = DeviceHotlist(self.tier.device, self.chunk_bytes // self.layers, self.num_chunks,
+                                        self.tier.host)
             self._manager = CxlOffloadingManager(self.num_chunks, self.tier, self.stats, self.device_name,
                                                  enable_events=self.kv_events_config.enable_kv_cache_events,
-                                                 hotlist=hotlist)
+                                                 hotlist=hotlist, pool=self._pool_link())
             register_manager(self.device_name, self._manager)
         return self._manager
+
+    def _pool_link(self) -> Any:
+        """shared=True: the manager's handle on the device's pool, the tier laid out as the
+        worker lays it (a page per layer, every layer's page the same: vLLM's one KV group)."""
+        if not self.tier.shared or not self.chunk_bytes:
+            return None
+        from driver.vllm._pool import PoolLink, layer_offsets
+
+        capacity, hosts = device_ports(self.device_name, self.tier.host)
+        base = tier_region(capacity, hosts, self.tier.host)[0]
+        pages = [self.chunk_bytes // self.layers] * self.layers
+        return PoolLink(self.device_name, self.tier.host, self.fingerprint, layer_offsets(base, self.num_chunks, pages),
+                        pages, self.stats)
 
     @override
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:

@@ -41,7 +41,9 @@ from driver.vllm._compat import (
     TransferResult,
     init_logger,
 )
+from driver.vllm._config import tier_region
 from driver.vllm._counters import ManagerCounters
+from driver.vllm._pool import layer_offsets
 from driver.vllm._stats import TierStats, live_manager
 from driver.vllm._staging import Pump, Staging
 from emulator.dma import BlockRuns, DescriptorArray, DmaHandle, PinnedHosts
@@ -114,11 +116,14 @@ class CxlOffloadingWorker(OffloadingWorker):
                 from emulator.device import DeviceConfig, serve
 
                 self._stack.enter_context(serve(DeviceConfig(name=spec.device_name, capacity=spec.device_capacity)))
-            md = self._stack.enter_context(MemDev.open(spec.device_name))
-            claim_kv(md, self._stack)  # one process's KV per device: a second one is refused
+            md = self._stack.enter_context(MemDev.open(spec.device_name, host=spec.tier.host))
+            claim_kv(md, self._stack)  # one process's KV per host port: a second one is refused
             self.memdev = md
-            self._layout(kv_caches, md.config.capacity)
-            self.store = DeviceBlockStore(md, base=0, size=self.region_bytes, channels=max(2, spec.tier.channels))
+            # each host port's tier in a part of its own of the static capacity
+            base, size = tier_region(md.config.capacity, md.config.hosts, spec.tier.host)
+            self._layout(kv_caches, base, size)
+            self.store = DeviceBlockStore(md, base=base, size=self.region_bytes,
+                                          channels=max(2, spec.tier.channels))
             self._stack.callback(self.store.close)
         except BaseException:
             self._stack.close()
@@ -146,7 +151,7 @@ class CxlOffloadingWorker(OffloadingWorker):
                     spec.tier.prefetch)
 
     # -- layout -------------------------------------------------------------------------------
-    def _layout(self, kv_caches: CanonicalKVCaches, capacity: int) -> None:
+    def _layout(self, kv_caches: CanonicalKVCaches, base: int, size: int) -> None:
         self.tensors = [t.tensor for t in kv_caches.tensors]
         self.pages: list[int] = [int(t.page_size_bytes) for t in kv_caches.tensors]
         self.chunk_bytes = sum(self.pages)
@@ -162,23 +167,25 @@ class CxlOffloadingWorker(OffloadingWorker):
             buffers = self.tensors
         self.hosts: list[np.ndarray] = []
         self.strides: list[int] = []
-        self.offsets: list[int] = []
-        off = 0
-        for t, page in zip(buffers, self.pages):
+        for t in buffers:
             host, stride = _host_bytes(t)
             self.hosts.append(host)
             self.strides.append(stride)
-            self.offsets.append(off)
-            off += self.num_chunks * page
+        self.offsets: list[int] = layer_offsets(base, self.num_chunks, self.pages)
+        off = base + self.num_chunks * sum(self.pages)
+        if self.spec.tier.shared and len(set(self.pages)) > 1:  # the manager copies pool blocks so
+            raise ConfigError(f"kv_connector_extra_config['shared']: the tier's layers must have one page size "
+                              f"to share blocks; this model's are {sorted(set(self.pages))} bytes")
         self._pinned = PinnedHosts(self.hosts, writable=True)  # pinned once, as a driver registers buffers
         self._planner = BlockRuns(self._pinned, self.num_chunks, self.strides, self.offsets, self.pages)
         self._pump = None if self.staging is None else Pump(
             self.staging, self._plan, self._submit_array, lambda job: self._issue_layers(job, len(self.hosts)),
             self._device_lost, DeviceGone)
-        self.region_bytes = off
-        if off > capacity:
-            raise ConfigError(f"{self.num_chunks} chunks of {self.chunk_bytes} bytes need {off} bytes; device "
-                              f"{self.spec.device_name!r} has {capacity}: lower cxl_bytes_to_use")
+        self.region_base, self.region_bytes = base, off - base
+        if off - base > size:
+            raise ConfigError(f"{self.num_chunks} chunks of {self.chunk_bytes} bytes need {off - base} bytes; device "
+                              f"{self.spec.device_name!r} has {size} for host port {self.spec.tier.host}: lower "
+                              "cxl_bytes_to_use")
 
     def chunk_dpa(self, chunk: int, layer: int = 0) -> int:
         """Where layer ``layer`` of chunk ``chunk`` lies on the device (tests poison it)."""
@@ -390,7 +397,8 @@ class _Publisher:
         self.worker = worker
         self._last = 0.0
         self._writer: Any = host_writer(md, "tier")
-        self._manager = ManagerCounters(worker.spec.device_name, writer=False)  # a scheduler elsewhere
+        self._manager = ManagerCounters(worker.spec.device_name, writer=False,  # a scheduler elsewhere
+                                        host=worker.spec.tier.host)
 
     def publish(self, force: bool = False) -> None:
         now = time.monotonic()
