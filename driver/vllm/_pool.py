@@ -3,10 +3,10 @@ host port of its own, find each other's blocks there. Nothing here imports vLLM.
 
 The scheduler-side manager owns a :class:`PoolLink`. A block the engine's own tier lacks is
 looked up in the pool by vLLM's block hash and the engine's :func:`fingerprint` (model, dtype,
-block size, layers, KV heads, head size, TP rank: engines of different models never match); a
-hit is copied from the pool into a chunk of the engine's own tier, from where the worker loads
-it into the engine's KV blocks as any tier hit. A block the engine stores in its tier is
-published to the pool once the store completes. The pool's payload of a block is its pages in
+block size, layers, KV heads, head size, TP rank: engines of different models never match) and
+pinned; the worker reads a hit from the pool straight into the engine's KV block (one crossing of
+the link, as a tier hit's), verified, and unpins it. A block the engine stores in its tier is
+published to the pool once the store completes (read back from the tier: its chunk's pages). The pool's payload of a block is its pages in
 layer order, as the tier lays a chunk out (one page per layer at ``offsets[layer] + chunk *
 page``), so every engine with the same fingerprint reads and writes the same bytes.
 
@@ -15,7 +15,9 @@ protocol, pins and eviction) is ``driver.pool``.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,24 +75,51 @@ def fingerprint(offload_config: Any, vllm_config: Any = None) -> Any:
 
 
 class PoolLink:
-    """The engine's handle on the device's KV pool, through its own host port, and the copies
-    between a pool entry and a chunk of the engine's tier (see the module doc)."""
+    """The engine's handle on the device's KV pool, through its own host port (see the module
+    doc): one per (device, port) in a process, shared by the tier's manager and worker
+    (``acquire`` / ``release``): a port's pool is joined once per process."""
+
+    _OPEN: dict[tuple[str, int], PoolLink] = {}
+    _LOCK = threading.Lock()
+
+    @classmethod
+    def acquire(cls, device: str, host: int, fp: Any, offsets: Sequence[int], pages: Sequence[int],
+                stats: TierStats) -> PoolLink:
+        with cls._LOCK:
+            link = cls._OPEN.get((device, host))
+            if link is None:
+                link = cls._OPEN[(device, host)] = cls(device, host, fp, offsets, pages, stats)
+            elif (link.fp, link.offsets, link.pages) != (fp, list(offsets), list(pages)):
+                raise ConfigError(f"the tier's scheduler side and worker on device {device!r} port {host} disagree on "
+                                  f"the pool's key or layout: {link.fp} at {link.offsets} against {fp} at "
+                                  f"{list(offsets)}")
+            link.users += 1
+            return link
 
     def __init__(self, device: str, host: int, fp: Any, offsets: Sequence[int], pages: Sequence[int],
                  stats: TierStats) -> None:
         from driver.memdev import MemDev
         from driver.pool import KvPool
 
+        self.key, self.users = (device, host), 0
         self.fp, self.stats = fp, stats
         self.offsets, self.pages = list(offsets), list(pages)
         self.buf = np.empty(sum(self.pages), np.uint8)
+        self._pins: dict[bytes, list[Any]] = {}
         self._md = MemDev.open(device, host=host)
         try:
             self.pool = KvPool.open(self._md)
+            slot = int(self.pool.info()["slot_bytes"])
+            if slot < self.buf.nbytes:
+                raise ConfigError(f"kv_connector_extra_config['shared']: a KV block of this engine is {self.buf.nbytes} "
+                                  f"bytes, more than a slot of device {device!r}'s pool ({slot}): create the pool with "
+                                  f"slots of at least {self.buf.nbytes} bytes")
         except BaseException:
+            if getattr(self, "pool", None) is not None:
+                self.pool.close()
             self._md.close()
             raise
-        self.failed = False
+        self.failed = False  # once a pool operation raised, the pool is not used again
 
     def _failed(self, what: str, exc: BaseException) -> bool:
         """A pool operation raised (the device gone, the pool's extent released): the engine goes
@@ -102,33 +131,50 @@ class PoolLink:
                          what, exc)
         return False
 
-    def lookup(self, block_hash: bytes) -> bool:
+    def pin(self, block_hash: bytes) -> bool:
+        """Whether the pool holds the block; if so it is pinned (the firmware does not evict it)
+        until ``unpin`` or ``load``."""
+        if self.failed:
+            return False
         try:
-            hit = bool(self.pool.lookup(self.fp, block_hash))
+            block = self.pool.pin(self.fp, block_hash)
         except CxlemuError as exc:
             return self._failed("a lookup", exc)
-        self.stats.add(pool_lookups=1, pool_hits=int(hit))
-        return hit
-
-    def fetch(self, block_hash: bytes, chunk: int) -> bool:
-        """Copy the pool's block into tier chunk ``chunk``; False on a miss (evicted since the
-        lookup) or a torn read, both recomputed by vLLM."""
-        try:
-            if not self.pool.load(self.fp, block_hash, self.buf):
-                self.stats.add(pool_load_misses=1)
-                return False
-            pos = 0
-            for off, page in zip(self.offsets, self.pages):
-                self._md.write(off + chunk * page, self.buf[pos:pos + page])
-                pos += page
-        except CxlemuError as exc:
-            return self._failed("a load", exc)
-        self.stats.add(pool_loaded=1)
+        self.stats.add(pool_lookups=1, pool_hits=int(block is not None))
+        if block is None:
+            return False
+        self._pins.setdefault(block_hash, []).append(block)
         return True
+
+    def unpin(self, block_hash: bytes) -> None:
+        pins = self._pins.get(block_hash)
+        if pins:
+            block = pins.pop()
+            if not pins:
+                del self._pins[block_hash]
+            with contextlib.suppress(CxlemuError):  # a pool gone took its pins with it
+                block.release()
+
+    def load(self, block_hash: bytes) -> np.ndarray | None:
+        """The pinned block read into ``buf`` (verified: its hash and checksum), its pin given
+        back; None when it could not be read (vLLM recomputes it)."""
+        if self.failed:
+            self.unpin(block_hash)
+            return None
+        try:
+            ok = self.pool.load(self.fp, block_hash, self.buf)
+        except CxlemuError as exc:
+            ok = self._failed("a load", exc)
+        finally:
+            self.unpin(block_hash)
+        self.stats.add(**({"pool_loaded": 1} if ok else {"pool_load_misses": 1}))
+        return self.buf if ok else None
 
     def publish(self, block_hash: bytes, chunk: int) -> bool:
         """Publish tier chunk ``chunk`` as the block ``block_hash``; False where the pool did not
         take it (already there, full, over this host's quota)."""
+        if self.failed:
+            return False
         try:
             pos = 0
             for off, page in zip(self.offsets, self.pages):
@@ -140,8 +186,15 @@ class PoolLink:
         self.stats.add(pool_published=int(done))
         return done
 
-    def close(self) -> None:
-        close = getattr(self.pool, "close", None)
-        if close is not None:
-            close()
+    def release(self) -> None:
+        """One user fewer; the last leaves the pool (its pins with it) and closes the port."""
+        with self._LOCK:
+            self.users -= 1
+            if self.users > 0:
+                return
+            self._OPEN.pop(self.key, None)
+        for block_hash in list(self._pins):
+            while block_hash in self._pins:
+                self.unpin(block_hash)
+        self.pool.close()  # before its MemDev: it holds views of the MemDev's media
         self._md.close()

@@ -26,6 +26,7 @@ from driver.vllm._compat import (
     ChunkStatus,
     CPULoadStoreSpec,
     CPUOffloadingManager,
+    LoadStoreSpec,
     LookupResult,
     OffloadingEvent,
     OffloadingManager,
@@ -43,10 +44,10 @@ from driver.vllm._counters import ManagerCounters
 from driver.vllm._stats import TierStats, register_manager, tier_stats, unregister_manager
 from emulator.device_dir import device_path
 from emulator.liveness import dead_firmware
-from emulator.spec.errors import ConfigError
+from emulator.spec.errors import ConfigError, PortClaimed
 from firmware_model.policies import HotnessPolicy, NoVictimError, resolve_policy
 
-__all__ = ["CxlOffloadingManager", "CxlOffloadingSpec", "DeviceHotlist", "private_device_name"]
+__all__ = ["CxlOffloadingManager", "CxlOffloadingSpec", "DeviceHotlist", "PoolLoadSpec", "private_device_name"]
 
 logger = init_logger(__name__)
 
@@ -64,12 +65,24 @@ def private_capacity(cxl_bytes_to_use: int) -> int:
 
 
 def device_ports(name: str, host: int = 0) -> tuple[int, int]:
-    """``(capacity, host ports)`` of served device ``name``, opened through port ``host``
-    (DeviceNotFound, naming it, when none is served; NoSuchHost past its ports)."""
-    from driver.memdev import MemDev
+    """``(capacity, host ports)`` of served device ``name`` (DeviceNotFound, naming it, when none
+    is served; NoSuchHost past its ports). Read from its configuration, not by opening port
+    ``host``: vLLM's scheduler runs in a process of its own by default, and the worker's process
+    has claimed the port by the time the scheduler's spec is made."""
+    from emulator.device_dir import check_host, load_config
 
-    with MemDev.open(name, host=host) as md:
-        return int(md.config.capacity), int(md.config.hosts)
+    config = load_config(name)
+    check_host(name, host, config.hosts)
+    return int(config.capacity), int(config.hosts)
+
+
+class PoolLoadSpec(CPULoadStoreSpec):
+    """A load's source: tier chunks, and where ``pool_hashes[i]`` is not None (chunk -1), the
+    device pool's block of that hash, which the worker reads into the engine's KV block itself."""
+
+    def __init__(self, block_ids: list[int], pool_hashes: list[bytes | None]) -> None:
+        super().__init__(block_ids)
+        self.pool_hashes = pool_hashes
 
 
 class _Pinned(Container[Hashable]):
@@ -100,9 +113,6 @@ class _FirmwarePolicy(CachePolicy):
         self._evictable: set[OffloadKey] = set()
         self.now = 0
         self.policy: Any = self._factory(max(cache_capacity, 1))
-        # keys a lookup of this scheduler step found (shared pool: adopting a pool block may
-        # evict, and must not evict a block the scheduler is about to prepare_load)
-        self.hold: set[OffloadKey] = set()
 
     @override
     def get(self, key: OffloadKey) -> ChunkStatus | None:
@@ -151,8 +161,6 @@ class _FirmwarePolicy(CachePolicy):
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
         if n == 0:
             return []
-        if self.hold:
-            protected = protected | self.hold
         if sum(1 for k in self._evictable if k not in protected) < n:
             return None  # atomic: nothing changes when n victims cannot be found
         skip = _Pinned(protected, self._evictable)
@@ -175,7 +183,6 @@ class _FirmwarePolicy(CachePolicy):
     def clear(self) -> None:
         self.chunks.clear()
         self._evictable.clear()
-        self.hold.clear()
         self.now = 0
         self.policy = self._factory(max(self.cache_capacity, 1))
 
@@ -244,33 +251,38 @@ class CxlOffloadingManager(CPUOffloadingManager):
         self._served_dir = device_path(device_name) if tier.device is not None else None
         self._check_at = 0.0
         self.pool = pool  # shared=True: a driver.vllm._pool.PoolLink
+        self._pool_keys: dict[OffloadKey, list[bytes]] = {}  # pool hits of this step, a pin each
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         if self.stats.device_lost:  # found gone (check_device, or the worker in this process): no tier
             return LookupResult.MISS
         got = super().lookup(key, req_context)
-        if got is LookupResult.MISS and self.pool is not None and self._adopt(key, req_context):
-            got = LookupResult.HIT
-        if got is LookupResult.HIT and self.pool is not None:
-            self.firmware_policy.hold.add(key)
+        if got is LookupResult.MISS and self.pool is not None:
+            block_hash = _compat.get_offload_block_hash(key)
+            if self.pool.pin(block_hash):  # pinned until the worker loaded it, or this step ends
+                self._pool_keys.setdefault(key, []).append(block_hash)
+                got = LookupResult.HIT
         self.stats.add(lookups=1, hits=int(got is LookupResult.HIT))
         return got
 
-    def _adopt(self, key: OffloadKey, req_context: ReqContext) -> bool:
-        """A block the tier lacks, from the device's shared pool: a chunk of the tier is
-        allocated for it (evicting as a store would), filled from the pool, and made ready, so
-        the scheduler loads it as any tier hit. False (a miss) when the pool lacks it, no chunk
-        is free, or the pool's copy went or was torn meanwhile."""
-        block_hash = _compat.get_offload_block_hash(key)
-        if not self.pool.lookup(block_hash):
-            return False
-        out = self.prepare_store([key], req_context)
-        if out is None or key not in out.keys_to_store:
-            return False
-        ok = self.pool.fetch(block_hash, self.firmware_policy.chunks[key].chunk_id)
-        super().complete_store([key], req_context, success=ok)  # not published back: it came from there
-        return ok
+    @override
+    def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        """A load of blocks from the tier and, shared=True, from the device's pool: the pool's
+        go straight into the engine's KV blocks (``PoolLoadSpec``: chunk -1 and the block hash),
+        one crossing of the link, as a tier hit."""
+        pooled = {k for k in keys if k not in self.firmware_policy.chunks and self._pool_keys.get(k)}
+        if not pooled:
+            return super().prepare_load(keys, req_context)
+        local = [k for k in keys if k not in pooled]
+        spec = super().prepare_load(local, req_context) if local else None
+        chunks = iter(spec.block_ids.tolist() if spec is not None else ())
+        hashes = [self._pool_keys[k].pop() if k in pooled else None for k in keys]
+        return PoolLoadSpec([-1 if h is not None else next(chunks) for h in hashes], hashes)
+
+    @override
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        super().complete_load([k for k in keys if k in self.firmware_policy.chunks], req_context)
 
     @override
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
@@ -297,7 +309,11 @@ class CxlOffloadingManager(CPUOffloadingManager):
     @override
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._steps += 1
-        self.firmware_policy.hold.clear()  # this step's loads are prepared: their chunks are pinned
+        if self._pool_keys:  # pool blocks found this step that no load took: their pins go
+            for hashes in self._pool_keys.values():
+                for block_hash in hashes:
+                    self.pool.unpin(block_hash)
+            self._pool_keys.clear()
         self.check_device()
         if self._hotlist is not None and self._steps % self.tier.hotlist_every == 0 and not self.stats.device_lost:
             self.feed_hotlist()
@@ -366,7 +382,7 @@ class CxlOffloadingManager(CPUOffloadingManager):
         self._remote.close()
         unregister_manager(self.device_name, self)
         if self.pool is not None:
-            self.pool.close()
+            self.pool.release()
             self.pool = None
         if self._hotlist is not None:
             self._hotlist.close()
@@ -433,12 +449,13 @@ class CxlOffloadingSpec(OffloadingSpec):
                                         self.tier.host)
             self._manager = CxlOffloadingManager(self.num_chunks, self.tier, self.stats, self.device_name,
                                                  enable_events=self.kv_events_config.enable_kv_cache_events,
-                                                 hotlist=hotlist, pool=self._pool_link())
+                                                 hotlist=hotlist, pool=self.pool_link())
             register_manager(self.device_name, self._manager)
         return self._manager
 
-    def _pool_link(self) -> Any:
-        """shared=True: the manager's handle on the device's pool, the tier laid out as the
+    def pool_link(self) -> Any:
+        """shared=True: this process's handle on the device's pool through the engine's port
+        (``PoolLink.acquire``: the manager's and the worker's are one), the tier laid out as the
         worker lays it (a page per layer, every layer's page the same: vLLM's one KV group)."""
         if not self.tier.shared or not self.chunk_bytes:
             return None
@@ -447,8 +464,13 @@ class CxlOffloadingSpec(OffloadingSpec):
         capacity, hosts = device_ports(self.device_name, self.tier.host)
         base = tier_region(capacity, hosts, self.tier.host)[0]
         pages = [self.chunk_bytes // self.layers] * self.layers
-        return PoolLink(self.device_name, self.tier.host, self.fingerprint, layer_offsets(base, self.num_chunks, pages),
-                        pages, self.stats)
+        try:
+            return PoolLink.acquire(self.device_name, self.tier.host, self.fingerprint,
+                                    layer_offsets(base, self.num_chunks, pages), pages, self.stats)
+        except PortClaimed as exc:  # the worker, in a process of its own (vLLM's default)
+            raise ConfigError(f"kv_connector_extra_config['shared']: the tier's scheduler side and its worker share "
+                              f"host port {self.tier.host} and must run in one process: set "
+                              f"VLLM_ENABLE_V1_MULTIPROCESSING=0 ({exc})") from None
 
     @override
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:

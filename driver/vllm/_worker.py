@@ -125,6 +125,13 @@ class CxlOffloadingWorker(OffloadingWorker):
             self.store = DeviceBlockStore(md, base=base, size=self.region_bytes,
                                           channels=max(2, spec.tier.channels))
             self._stack.callback(self.store.close)
+            self.pool = None  # shared=True: the device's pool, which loads read from directly
+            if spec.tier.shared:
+                if self.staging is not None:
+                    raise ConfigError("kv_connector_extra_config['shared']: pool blocks are read into the KV "
+                                      "tensors on the host; staged KV (CUDA, or staging=True) is not shared yet")
+                self.pool = spec.pool_link()
+                self._stack.callback(self.pool.release)
         except BaseException:
             self._stack.close()
             raise
@@ -227,8 +234,15 @@ class CxlOffloadingWorker(OffloadingWorker):
             raise ValueError(f"job {job_id}: {len(kv)} KV blocks for {len(chunks)} device chunks")
         job = _Job(job_id, is_load, len(kv), len(kv) * self.chunk_bytes, time.perf_counter())
         self._open_jobs[job_id] = job
-        if self._lost:
+        pool_hashes = getattr(dev_spec, "pool_hashes", None)
+        if is_load and pool_hashes is not None:  # the pool's blocks first, the tier's by DMA below
+            kv, chunks, unread = self._load_from_pool(kv, chunks, pool_hashes)
+            if unread:
+                job.error = f"{unread} block(s) of the shared pool could not be read (evicted, or torn)"
+        if job.error is None and self._lost:
             job.error = "device gone"
+        if job.error is not None:
+            pass  # failed already: nothing more moves for it
         elif self._pump is not None:
             self._pump.add(job, np.asarray(kv, np.int64), np.asarray(chunks, np.int64), layerwise)
             if job.pending_layers:
@@ -248,6 +262,26 @@ class CxlOffloadingWorker(OffloadingWorker):
         self.stats.add(host_ns=time.perf_counter_ns() - t0, host_blocks=len(kv),
                        **({"load_jobs": 1} if is_load else {"store_jobs": 1}))
         return True
+
+    def _load_from_pool(self, kv: np.ndarray, chunks: np.ndarray,
+                        pool_hashes: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray, int]:
+        """Read the job's pool blocks (chunk -1) into their KV blocks: each the pool's verified
+        copy, its pages scattered to the layers' tensors (host memory). Returns the job's tier
+        blocks and chunks, and how many pool blocks could not be read."""
+        keep, unread = [], 0
+        for i, block_hash in enumerate(pool_hashes):
+            if block_hash is None:
+                keep.append(i)
+                continue
+            buf = self.pool.load(block_hash)
+            if buf is None:
+                unread += 1
+                continue
+            block, pos = int(kv[i]), 0
+            for host, stride, page in zip(self.hosts, self.strides, self.pages):
+                host[block * stride:block * stride + page] = buf[pos:pos + page]
+                pos += page
+        return np.asarray(kv)[keep], np.asarray(chunks)[keep], unread
 
     def _window(self, job: _Job) -> int:
         """Layers to issue ahead of the one the forward needs (see the module doc)."""

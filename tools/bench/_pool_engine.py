@@ -46,6 +46,7 @@ class EngineSpec:
     hash_algo: str = "sha256"
     max_model_len: int = 1024  # within (kv_blocks - 1) x 128: vLLM keeps one block back (its null block)
     threads: int = 1
+    connector: str = "cxl"  # "cxl": CxlConnector; "offloading": vLLM's OffloadingConnector with the tier's spec
 
 
 def _start(spec: EngineSpec) -> Any:
@@ -57,8 +58,13 @@ def _start(spec: EngineSpec) -> Any:
     if spec.device is not None:
         from driver.vllm import kv_transfer_config
 
-        extra["kv_transfer_config"] = kv_transfer_config(device=spec.device, shared=spec.shared, host=spec.host,
-                                                         policy=spec.policy, cxl_bytes_to_use=spec.tier_bytes)
+        cfg = kv_transfer_config(device=spec.device, shared=spec.shared, host=spec.host, policy=spec.policy,
+                                 cxl_bytes_to_use=spec.tier_bytes)
+        if spec.connector == "offloading":
+            cfg = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                   "kv_connector_extra_config": {**cfg["kv_connector_extra_config"], "spec_name": "CxlOffloadingSpec",
+                                                 "spec_module_path": "driver.vllm"}}
+        extra["kv_transfer_config"] = cfg
     return LLM(model=spec.model_dir, tokenizer=spec.model_dir, dtype="float32", enforce_eager=True, seed=0,
                max_model_len=spec.max_model_len, max_num_seqs=4, num_gpu_blocks_override=spec.kv_blocks,
                enable_prefix_caching=True, prefix_caching_hash_algo=spec.hash_algo, **extra)

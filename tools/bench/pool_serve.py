@@ -49,6 +49,7 @@ TRACE_NAME = Path("shared") / "traces" / "mooncake-conversation.jsonl"  # the te
 BLOCK_TOKENS = 128  # vLLM-CPU's block; each engine reports its own and a mismatch is an error
 TAIL_TOKENS = 16  # each prompt's own last tokens: never a whole block, never shared
 MiB = 1 << 20
+PRESET = "beluga-switch"  # each host on its own x16 link, the pool's media shared
 
 
 @dataclass(frozen=True)
@@ -204,11 +205,24 @@ def pool_device(name: str, hosts: int, static_bytes: int, pool_bytes: int, slot_
         yield name
 
 
+def compute_s_per_token(results: list[dict[str, Any]], prompts: list[list[int]]) -> float:
+    """This host's prefill cost per token: the median over vLLM alone's requests of TTFT over
+    the tokens it computed (its prompt less what its own prefix cache held)."""
+    return statistics.median(r["ttft_s"] / (len(p) - r["cached"]) for r, p in zip(results, prompts))
+
+
 def run(cfg: PoolBenchConfig, *, progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-    """Every mode on the same engines and device (see the module doc)."""
+    """Every mode on the same engines (see the module doc). vLLM alone runs first: its prefill
+    cost per token sets the link's time scale (``tools.sim.serve_workload.time_scale``: link
+    time : compute for a context as a 7B's on an H100-class accelerator), and the device,
+    ``beluga-switch``'s per-host link and shared media at that scale, serves the other modes."""
     import os
+    from dataclasses import replace
+
+    from emulator import presets
     from tools.bench._pool_engine import EngineProcess
     from tools.bench._serve_engine import build_model
+    from tools.sim.serve_workload import time_scale
 
     workload = trace_workload(load_trace(cfg.trace or str(default_trace()), cfg.window), cfg)
     prompts = [prompt_ids(r, cfg.tokens_per_hash, cfg.model.vocab) for r in workload]
@@ -216,16 +230,25 @@ def run(cfg: PoolBenchConfig, *, progress: Callable[[str], None] = lambda m: Non
     private_bytes = -(-cfg.tier_blocks // cfg.engines) * block_bytes
     static = cfg.engines * (-(-max(private_bytes, cfg.staging_blocks * block_bytes) // (256 * MiB)) * 256 * MiB)
     report: dict[str, Any] = {"config": {**asdict(cfg), "kv_blocks": cfg.kv_blocks, "block_bytes": block_bytes,
-                                         "block_tokens": BLOCK_TOKENS},
+                                         "block_tokens": BLOCK_TOKENS, "preset": PRESET},
                               "workload": [asdict(r) for r in workload], "modes": {}}
     with tempfile.TemporaryDirectory(prefix="cxlemu-pool-") as tmp:
         model_dir = str(Path(tmp) / "model")
         build_model(model_dir, cfg.model)
         engines = [EngineProcess() for _ in range(cfg.engines)]
         try:
+            progress(f"alone: starting {cfg.engines} engines")
+            alone = run_mode(engines, _mode_specs(cfg, "alone", model_dir, "", block_bytes), prompts, cfg, progress,
+                             "alone")
+            report["modes"]["alone"] = alone
+            scale = time_scale(kv_bytes_per_token=cfg.model.kv_bytes_per_token,
+                               compute_s_per_token=compute_s_per_token(alone["results"], prompts))
+            report["time_scale"] = scale
+            timing = replace(presets.load(PRESET).timing, time_scale=scale["time_scale"])
             name = f"bpool{os.getpid() % 10**6}"
-            with pool_device(name, cfg.engines, static, cfg.tier_blocks * block_bytes, block_bytes) as device:
-                for mode in MODES:
+            with pool_device(name, cfg.engines, static, cfg.tier_blocks * block_bytes, block_bytes,
+                             timing) as device:
+                for mode in MODES[1:]:
                     progress(f"{mode}: starting {cfg.engines} engines")
                     specs = _mode_specs(cfg, mode, model_dir, device, block_bytes)
                     report["modes"][mode] = run_mode(engines, specs, prompts, cfg, progress, mode)
