@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench._pool_engine import EngineError
-from tools.sim.serve_workload import ModelSpec
+from tools.sim.hardware import ModelSpec
 
 __all__ = ["MODES", "EngineError", "PoolBenchConfig", "Request", "analyse", "default_trace", "plot", "pool_device", "prompt_ids", "run",
            "trace_workload"]
@@ -222,7 +222,7 @@ def run(cfg: PoolBenchConfig, *, progress: Callable[[str], None] = lambda m: Non
     from emulator import presets
     from tools.bench._pool_engine import EngineProcess
     from tools.bench._serve_engine import build_model
-    from tools.sim.serve_workload import time_scale
+    from tools.sim.hardware import time_scale
 
     workload = trace_workload(load_trace(cfg.trace or str(default_trace()), cfg.window), cfg)
     prompts = [prompt_ids(r, cfg.tokens_per_hash, cfg.model.vocab) for r in workload]
@@ -258,8 +258,8 @@ def run(cfg: PoolBenchConfig, *, progress: Callable[[str], None] = lambda m: Non
     return report
 
 
-def _p50_ms(xs: list[float]) -> float:
-    return statistics.median(xs) * 1e3 if xs else float("nan")
+def _p50_ms(xs: list[float]) -> float | None:
+    return statistics.median(xs) * 1e3 if xs else None
 
 
 def analyse(report: dict[str, Any]) -> dict[str, Any]:
@@ -285,11 +285,12 @@ def analyse(report: dict[str, Any]) -> dict[str, Any]:
         }
     modes = out["modes"]
     shared, private, alone = modes["shared"], modes["private"], modes["alone"]
-    ratio = shared["cross_hit_rate"] / private["cross_hit_rate"] if private["cross_hit_rate"] else float("inf")
-    ttft = shared["cross_ttft_p50_ms"] / alone["cross_ttft_p50_ms"]
+    # None where the workload has no cross request (or private mode hit none of them)
+    ratio = shared["cross_hit_rate"] / private["cross_hit_rate"] if private["cross_hit_rate"] else None
+    ttft = (shared["cross_ttft_p50_ms"] / alone["cross_ttft_p50_ms"]) if cross else None
     out["goals"] = {
-        "cross_hit_rate_ratio": ratio, "cross_hit_rate_goal_met": ratio >= 2.0,
-        "cross_ttft_over_recompute": ttft, "cross_ttft_goal_met": ttft <= 1 / 3,
+        "cross_hit_rate_ratio": ratio, "cross_hit_rate_goal_met": ratio is not None and ratio >= 2.0,
+        "cross_ttft_over_recompute": ttft, "cross_ttft_goal_met": ttft is not None and ttft <= 1 / 3,
         "tokens_equal": all(m["tokens_equal"] for m in modes.values()),
     }
     return out

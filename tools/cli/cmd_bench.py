@@ -27,8 +27,8 @@ BENCHES: dict[str, str] = {  # name -> module, in the order `cxlemu bench --help
     "fwmodel": _KV,
     "serve": _SERVING,
     "sim": _SERVING,
-    "pool": _SERVING,
     "telemetry": _DEVICE,
+    "pool": "tools.cli.bench.pool",
 }
 
 

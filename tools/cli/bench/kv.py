@@ -8,9 +8,10 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from firmware_model.kv_codec import FORMATS
 from firmware_model.policies import ONLINE_POLICY_NAMES
 from tools.bench import kv, tier
-from tools.bench.kv import DEMAND_GOAL, RATIO_GOAL, WARMUP_STEPS, KvBenchRow, KvGoals, goals
+from tools.bench.kv import DEMAND_GOAL, RATIO_GOAL, WARMUP_STEPS, FormatRow, KvBenchRow, KvGoals, format_rows, goals
 from tools.bench.tier import TARGET_US
 from tools.cli._common import VLLM_MODULE, CliError, need_extra, print_json
 from tools.cli.bench import show
@@ -40,6 +41,9 @@ def register_kv(bench: Any) -> None:
                    help="firmware policies: built-in names or module:Class (repeatable; default all online ones)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the DMA engine gets a core)")
     p.add_argument("--repeat", type=int, default=2, help="rounds over all modes; each keeps its fastest")
+    p.add_argument("--kv-format", action="append", choices=[f for f in FORMATS if f != "native"],
+                   help="also run each policy with the KV kept in this compressed format on the device "
+                        "(repeatable): link bytes per token, device bytes and step time against native")
     p.add_argument("--markdown", action="store_true", help="a markdown table (for BENCHMARKS.md)")
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
     p.set_defaults(func=cmd_kv)
@@ -105,14 +109,22 @@ def cmd_kv(args: Any) -> int:
                    contexts=args.context or [2048, 8192], budgets=args.budget or [100, 50, 25],
                    steps=args.steps, block_tokens=args.block_tokens, policies=policies, timing=timing,
                    prefetch_depth=prefetch_depth, repeat=args.repeat,
-                   progress=lambda m: status.update(f"bench kv: {m}"))
+                   progress=lambda m: status.update(f"bench kv: {m}"),
+                   kv_formats=tuple(dict.fromkeys(args.kv_format or ())))
     if args.json:
         print_json([r.to_dict() for r in rows])
     elif args.markdown:
         print(markdown(rows))
     else:
         Console(width=None if sys.stdout.isatty() else 140).print(render_kv(rows, args, timing))
-    return 0 if all(r.tokens_equal for r in rows) else 1
+    return 0 if all(r.tokens_equal for r in rows if r.kv_format == "native") else 1
+
+
+def _equal_cell(r: KvBenchRow) -> str:
+    """Native rows must equal resident's tokens; a quantized row shows how many it kept."""
+    if r.kv_format != "native":
+        return f"{r.token_agreement:.0%} (lossy)"
+    return "yes" if r.tokens_equal else "NO"
 
 
 def _goal_cells(g: KvGoals) -> list[str]:
@@ -138,18 +150,40 @@ def render_kv(rows: list[KvBenchRow], args: Any, timing: Any) -> Any:
     for r in rows:
         t.add_row(str(r.context), str(r.budget_pct), r.mode, str(r.frames), f"{r.step_ms:.2f}",
                   f"{r.tokens_per_s:.1f}", f"{r.ratio:.2f}", f"{r.hit_rate:.2f}", f"{r.gb_loaded:.3f}",
-                  f"{r.stall_ms:.2f}", "yes" if r.tokens_equal else "NO")
-    found = goals(rows)
-    if not found:
-        return t
+                  f"{r.stall_ms:.2f}", _equal_cell(r))
     from rich.console import Group
 
-    g = Table(title="goals for the best cxlemu policy in this run (budgets below 100 %)")
-    for col in _GOAL_COLUMNS:
-        g.add_column(col, justify="left" if col == "best" else "right")
-    for goal in found:
-        g.add_row(*_goal_cells(goal))
-    return Group(t, g)
+    parts: list[Any] = [t]
+    found = goals(rows)
+    if found:
+        parts.append(_side_table("goals for the best cxlemu policy in this run (budgets below 100 %)",
+                                 _GOAL_COLUMNS, "best", [_goal_cells(g) for g in found]))
+    fmts = format_rows(rows)
+    if fmts:
+        parts.append(_side_table("compressed KV on the device against native (same policy and budget)",
+                                 _FORMAT_COLUMNS, "mode", [_format_cells(r) for r in fmts]))
+    return Group(*parts)
+
+
+def _side_table(title: str, columns: tuple[str, ...], left: str, cells: list[list[str]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in columns:
+        t.add_column(col, justify="left" if col == left else "right")
+    for row in cells:
+        t.add_row(*row)
+    return t
+
+
+_FORMAT_COLUMNS = ("context", "budget %", "mode", "link KB/token", "x native", "device MB", "x native",
+                   "step ms", "x native", "tokens as resident")
+
+
+def _format_cells(r: FormatRow) -> list[str]:
+    return [str(r.context), str(r.budget_pct), r.mode, f"{r.link_kb_per_token:.1f}", f"{r.link_vs_native:.3f}",
+            f"{r.device_mb:.2f}", f"{r.device_vs_native:.3f}", f"{r.step_ms:.2f}", f"{r.step_vs_native:.2f}",
+            f"{r.token_agreement:.0%}"]
 
 
 def markdown(rows: list[KvBenchRow]) -> str:
@@ -160,11 +194,15 @@ def markdown(rows: list[KvBenchRow]) -> str:
     for r in rows:
         lines.append(f"| {r.context} | {r.budget_pct} | {r.mode} | {r.frames} | {r.step_ms:.2f} | "
                      f"{r.tokens_per_s:.1f} | {r.ratio:.2f} | {r.hit_rate:.2f} | {r.gb_loaded:.3f} | "
-                     f"{r.stall_ms:.2f} | {'yes' if r.tokens_equal else 'NO'} |")
+                     f"{r.stall_ms:.2f} | {_equal_cell(r)} |")
     found = goals(rows)
     if found:
         lines += ["", "| " + " | ".join(_GOAL_COLUMNS) + " |", "|---:|---:|---|---:|---:|---:|"]
         lines += ["| " + " | ".join(_goal_cells(g)) + " |" for g in found]
+    fmts = format_rows(rows)
+    if fmts:
+        lines += ["", "| " + " | ".join(_FORMAT_COLUMNS) + " |", "|---:|---:|---|" + "---:|" * 7]
+        lines += ["| " + " | ".join(_format_cells(r)) + " |" for r in fmts]
     return "\n".join(lines)
 
 
