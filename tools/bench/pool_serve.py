@@ -5,19 +5,27 @@ Workload (``trace_workload``): the first ``window`` requests of the public Moonc
 trace (``hash_ids``: one id per 512-token block, a prefix chain), each cut to its first
 ``max_blocks`` ids; kept are the requests that reuse more than the common first block of an
 earlier one, in trace order, each with that earlier one (the request that last held the reused
-prefix), until ``requests`` are kept (one more where the last pair would split). Scaled down: a trace block becomes ``tokens_per_hash``
-tokens (one vLLM block of 128 by default), its tokens drawn from the block's id, so two requests
-sharing ids share tokens; every prompt ends in a tail of its own. Request j goes to engine j mod
-E (round-robin), one request at a time in trace order, so a prefix is in the pool before the
-request that reuses it is sent, and a TTFT is one request's prefill and loads, with no queue.
+prefix), until ``requests`` are kept (one more where the last pair would split). Scaled down: a
+trace block becomes ``tokens_per_hash`` tokens (one vLLM block of 128 by default), its tokens
+drawn from the block's id, so two requests sharing ids share tokens; every prompt ends in a tail
+of its own. Request j goes to engine j mod E (round-robin), one request at a time in trace order,
+so a prefix is in the pool before the request that reuses it is sent, and a TTFT is one request's
+prefill and loads, with no queue.
 
 Modes, on the same E engine processes (one host port of the device each):
 
 * ``alone``    vLLM alone: the reference tokens and the recompute TTFT;
 * ``private``  each engine a private tier of ``tier_blocks / E`` blocks on its port;
 * ``shared``   one pool of ``tier_blocks`` blocks in the device's shared extent, every engine
-               looking up and publishing there (``shared=True``); each engine keeps a private
-               tier of ``staging_blocks`` only, where pool blocks land before vLLM loads them.
+               looking up and publishing there (``shared=True``: a pool hit is read straight
+               into the engine's KV block); each engine keeps a tier of ``staging_blocks`` of its
+               own, which what it publishes passes through (its stores), so the shared mode has
+               ``E x staging_blocks`` blocks more than the private one.
+
+The link: vLLM alone runs first and its prefill cost per token here sets the time scale k of
+the ``beluga-switch`` preset (each host's own x16 link, the media shared), so that link time :
+compute for a context is a 7B's on an H100-class accelerator (``tools.sim.hardware.time_scale``);
+the device then serves the private and shared modes at that scale.
 
 Measured per mode: ``hit_rate`` (prompt tokens served from a cache, vLLM's ``num_cached_tokens``,
 over the prompts' whole blocks), ``ttft_p50_ms``, ``tokens_equal`` (against ``alone``), and for
