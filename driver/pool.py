@@ -154,9 +154,13 @@ class KvPool:
         while True:
             word = idx.host_field(h, K.HS_STATE)
             phase, gen = word >> 32, word & 0xFFFF_FFFF
-            if phase == K.LIVE and idx.host_field(h, K.HS_PID) == os.getpid():
+            pid, started = idx.host_field(h, K.HS_PID), idx.host_field(h, K.HS_START)
+            if phase == K.LIVE and pid == os.getpid():
                 idx.cas_host_state(h, word, K.host_word(gen, K.IDLE))  # an earlier handle's: left
                 continue
+            if phase == K.LIVE and liveness.process_alive(pid, started if started < 1 << 62 else -1):
+                raise PoolError(f"{self.md.name}: pid {pid} uses the pool as host {h}: each process needs a "
+                                "host port of its own (`cxlemu serve --hosts N`, MemDev.open(name, host=h))")
             if phase == K.IDLE:
                 idx.set_host_field(h, K.HS_PID, os.getpid())
                 idx.set_host_field(h, K.HS_START, liveness.start_time(os.getpid()) % (1 << 64))
@@ -255,6 +259,10 @@ class KvPool:
             return False
         self.index.touch(block.slot, self.host, time.monotonic_ns())
         self._stats["hits"] += 1
+        # counted in the host table too, where the firmware reads them for the telemetry page
+        self.index.add_host_field(self.host, K.HS_HITS)
+        if K.owner_of(block.word)[0] != self.host:  # a block another host published: a cross-host hit
+            self.index.add_host_field(self.host, K.HS_CROSS_HITS)
         return True
 
     # reporting and closing -------------------------------------------------------------------------------

@@ -60,6 +60,23 @@ def test_published_by_one_host_loaded_by_the_other(two: tuple[KvPool, HostProces
     assert child.ask("stats")["hits"] == 1
 
 
+def test_loads_count_hits_and_cross_host_hits_in_the_host_table(two: tuple[KvPool, HostProcess]) -> None:
+    """Every hit adds to the loader's record in the index's host table (the firmware publishes it);
+    a hit on a block another host published adds to its cross-host hits too."""
+    pool, child = two
+    idx = pool.index
+
+    def counts() -> list[tuple[int, int]]:
+        return [(idx.host_field(h, K.HS_HITS), idx.host_field(h, K.HS_CROSS_HITS)) for h in (0, 1)]
+
+    before = counts()
+    assert child.ask("publish", 60) is True and pool.publish(FPR, block_hash(61), payload(61))
+    out = np.zeros(SLOT, np.uint8)
+    assert pool.load(FPR, block_hash(60), out) and pool.load(FPR, block_hash(61), out)
+    assert child.ask("load", 61) is True and child.ask("load", 60) is True
+    assert [(h - h0, c - c0) for (h, c), (h0, c0) in zip(counts(), before)] == [(2, 1), (2, 1)]
+
+
 def test_a_torn_block_is_refused_and_counted(two: tuple[KvPool, HostProcess]) -> None:
     pool, child = two
     assert child.ask("publish", 3)
@@ -178,3 +195,17 @@ def test_the_pool_survives_a_firmware_restart(device_name: str) -> None:
             pool.close()
         stale.close()
         md.close()
+
+
+def test_a_second_process_on_one_port_is_refused(device_name: str) -> None:
+    """A one-port device is open to every process; its pool's host record is not: the second
+    process is told which pid holds it."""
+    with serve(DeviceConfig(name=device_name, capacity=256 << 20, dc_regions=(256 << 20,))):
+        with MemDev.open(device_name) as md:
+            md.fm_create_pool(2 << 20, slot_bytes=SLOT)
+            child = HostProcess(device_name, 0)
+            try:
+                with pytest.raises(PoolError, match=f"pid {child.proc.pid} uses the pool as host 0"):
+                    KvPool.open(md)
+            finally:
+                child.close()
