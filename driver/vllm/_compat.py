@@ -137,8 +137,8 @@ __all__ += ["BlockIDsLoadStoreSpec", "CPULoadStoreSpec", "CPUOffloadingManager",
             "CanonicalKVCaches", "ChunkStatus", "GPULoadStoreSpec", "KVConnectorRole", "LoadStoreSpec",
             "LookupResult", "OffloadKey", "OffloadingConnector", "OffloadingConnectorWorker", "OffloadingEvent",
             "OffloadingManager", "OffloadingSpec", "OffloadingWorker", "OffloadingWorkerMetadata",
-            "PrepareStoreOutput", "ReqContext", "ScheduleEndContext", "TransferResult", "get_current_vllm_config_or_none",
-            "get_offload_block_hash", "init_logger", "order_request_keys"]
+            "PrepareStoreOutput", "ReqContext", "ScheduleEndContext", "TransferResult",
+            "get_current_vllm_config_or_none", "get_offload_block_hash", "init_logger", "order_request_keys"]
 
 # the offline API, for the example and tests: imported when asked (``vllm.LLM`` pulls in the
 # entrypoints, which the engine's own processes never need)

@@ -1,14 +1,15 @@
 """The tier's side of the device's shared KV pool (``shared=True``): several engines, each on a
 host port of its own, find each other's blocks there. Nothing here imports vLLM.
 
-The scheduler-side manager owns a :class:`PoolLink`. A block the engine's own tier lacks is
-looked up in the pool by vLLM's block hash and the engine's :func:`fingerprint` (model, dtype,
-block size, layers, KV heads, head size, TP rank: engines of different models never match) and
-pinned; the worker reads a hit from the pool straight into the engine's KV block (one crossing of
-the link, as a tier hit's), verified, and unpins it. A block the engine stores in its tier is
-published to the pool once the store completes (read back from the tier: its chunk's pages). The pool's payload of a block is its pages in
-layer order, as the tier lays a chunk out (one page per layer at ``offsets[layer] + chunk *
-page``), so every engine with the same fingerprint reads and writes the same bytes.
+The tier's manager (scheduler side) and worker share one :class:`PoolLink` per process. A block
+the engine's own tier lacks is looked up in the pool by vLLM's block hash and the engine's
+:func:`fingerprint` (model, dtype, block size, layers, KV heads, head size, TP rank: engines of
+different models never match) and pinned; the worker reads a hit from the pool straight into the
+engine's KV block (one crossing of the link, as a tier hit's), verified, and unpins it. A block
+the engine stores in its tier is published to the pool once the store completes (read back from
+the tier). A block's payload is its pages in layer order, as the tier lays a chunk out (one page
+per layer at ``offsets[layer] + chunk * page``), so every engine with the same fingerprint reads
+and writes the same bytes.
 
 The pool itself (the index in a shared Dynamic Capacity extent, its publish / seal / verify
 protocol, pins and eviction) is ``driver.pool``.
@@ -111,9 +112,9 @@ class PoolLink:
             self.pool = KvPool.open(self._md)
             slot = int(self.pool.info()["slot_bytes"])
             if slot < self.buf.nbytes:
-                raise ConfigError(f"kv_connector_extra_config['shared']: a KV block of this engine is {self.buf.nbytes} "
-                                  f"bytes, more than a slot of device {device!r}'s pool ({slot}): create the pool with "
-                                  f"slots of at least {self.buf.nbytes} bytes")
+                raise ConfigError(f"kv_connector_extra_config['shared']: a KV block of this engine is "
+                                  f"{self.buf.nbytes} bytes, more than a slot of device {device!r}'s pool ({slot}): "
+                                  f"create the pool with slots of at least {self.buf.nbytes} bytes")
         except BaseException:
             if getattr(self, "pool", None) is not None:
                 self.pool.close()

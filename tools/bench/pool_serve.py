@@ -49,8 +49,8 @@ from typing import Any
 from tools.bench._pool_engine import EngineError
 from tools.sim.hardware import ModelSpec
 
-__all__ = ["MODES", "EngineError", "PoolBenchConfig", "Request", "analyse", "default_trace", "plot", "pool_device", "prompt_ids", "run",
-           "trace_workload"]
+__all__ = ["MODES", "EngineError", "PoolBenchConfig", "Request", "analyse", "compute_s_per_token", "default_trace",
+           "plot", "pool_device", "prompt_ids", "run", "trace_workload"]
 
 MODES = ("alone", "private", "shared")
 TRACE_NAME = Path("shared") / "traces" / "mooncake-conversation.jsonl"  # the team's, beside the checkout

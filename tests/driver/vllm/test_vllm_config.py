@@ -123,3 +123,9 @@ def test_each_host_port_gets_its_own_part_of_the_static_capacity() -> None:
     assert tier_region(256 << 20, 3, 2) == (2 * (85 << 20), 85 << 20)  # 1 MiB-aligned thirds
     with pytest.raises(ConfigError, match=r"\['host'\] must be a host port of the device: 0 to 1, got 2"):
         tier_region(512 << 20, 2, 2)
+
+
+def test_the_tiers_layer_regions_follow_each_other_from_its_base() -> None:
+    from driver.vllm._pool import layer_offsets
+
+    assert layer_offsets(256 << 20, 4, [1024, 1024, 2048]) == [256 << 20, (256 << 20) + 4096, (256 << 20) + 8192]

@@ -72,3 +72,10 @@ def test_bad_arguments_are_one_line_each(capsys: pytest.CaptureFixture[str], tmp
                            f"--trace: no Mooncake trace at {tmp_path / 'none.jsonl'}")):
         rc, out, err = cli(capsys, "bench", "pool", *argv)
         assert (rc, out, err) == (2, "", f"cxlemu: error: {message}\n")
+
+
+def test_the_prefill_cost_per_token_is_the_median_over_what_was_computed() -> None:
+    from tools.bench.pool_serve import compute_s_per_token
+
+    results = [{"ttft_s": 0.25, "cached": 0}, {"ttft_s": 0.5, "cached": 128}, {"ttft_s": 1.0, "cached": 0}]
+    assert compute_s_per_token(results, [[1] * 250, [1] * 378, [1] * 250]) == 0.002  # 0.001, 0.002, 0.004
