@@ -40,6 +40,7 @@ from driver.kv._chunkio import ChunkTables
 from driver.kv._engine import _Landed  # a prefetch's completion, as the residency engine fires it
 from driver.kv._layout import BudgetTooSmall, KVLayout
 from driver.kv._pages import LayerPages
+from driver.kv._speculate import Speculator
 from driver.kv._store import BlockStore, Transfer
 from driver.kv.selectors import PageSelector, resolve_selector
 from emulator.timing.clock import WallClock
@@ -97,8 +98,11 @@ class HotEngine:
                  store: BlockStore, device: torch.device, dtype: torch.dtype, prefetch: bool = True,
                  max_seq_len: int | None = None, clock: Clock | None = None,
                  sink_pages: int = SINK_PAGES, window_pages: int = WINDOW_PAGES,
+                 model: torch.nn.Module | None = None,
                  record: Callable[[int, np.ndarray], None] | None = None) -> None:
-        """``record(layer, pages)``: called with every decode choice ``(B, Hkv, k)`` (tests)."""
+        """``model``: the model whose attention this serves (its next layer's query is guessed
+        from it, :class:`Speculator`); ``record(layer, pages)``: called with every decode choice
+        ``(B, Hkv, k)`` (tests)."""
         self.budget, self.page_budget = budget, page_budget
         self.selector: PageSelector = resolve_selector(selector)
         self.block_tokens, self.store, self.device, self.dtype = block_tokens, store, device, dtype
@@ -111,6 +115,7 @@ class HotEngine:
         self.tables = ChunkTables(prefix_sharing=False, counters=self.counters)
         self.hotness: HotnessUnit | None = None
         self._record = record
+        self.speculator = Speculator(model) if model is not None and prefetch else None
         self._step, self._num_layers, self._checked = -1, 0, False
         self._pq: PrefetchQueue | None = None
         self._hinted = -1
@@ -137,7 +142,6 @@ class HotEngine:
         st.reap_writes()
         if layer == 0 and self._step == 1 and not self._checked:
             self._check_budget()
-        self._prefetch_after(layer)
         if first:
             _attention.check(self)
             return k, v
@@ -169,6 +173,9 @@ class HotEngine:
         q = query.shape[2]
         pages = self._choose(layer, st, query)
         kv, positions = self._gather(layer, st, pages)
+        if q == 1:  # a decode step: guess the next layer's pages and have them read meanwhile
+            self._speculate(layer)
+            self._prefetch_after(layer)
         groups = query.shape[1] // lay.kv_heads
         mask = _attention.repeat_mask(mask, positions, groups, q, st.seq_len)
         self.counters["decode_attentions"] += 1
@@ -182,20 +189,11 @@ class HotEngine:
         lay = self.layout
         assert lay is not None
         cand = st.candidates()
-        total = -(-st.seq_len // lay.block_tokens)
-        resident = total - len(cand)
-        k = len(cand) if query.shape[2] > 1 else min(len(cand), max(0, math.ceil(self.page_budget * total) - resident))
+        k = len(cand) if query.shape[2] > 1 else self._k(st.seq_len, len(cand))
         if k == len(cand):
             pages = np.broadcast_to(np.arange(cand.start, cand.stop), (lay.batch, lay.kv_heads, k))
         else:
-            assert st.kmin is not None and st.kmax is not None and self.hotness is not None
-            b, hq, _, d = query.shape
-            grouped = query[:, :, -1].reshape(b, lay.kv_heads, hq // lay.kv_heads, d).to(st.kmin.dtype)
-            ids = st.chunks.ids[:, :lay.kv_heads, :st.complete]
-            counts = self.hotness.counters[(np.maximum(ids, 0) * lay.chunk_bytes) >> self._unit_shift()]
-            chosen = self.selector.select(grouped, st.kmin[:, :, :st.complete], st.kmax[:, :, :st.complete],
-                                          torch.arange(cand.start, cand.stop), k, torch.from_numpy(counts))
-            pages = chosen.to("cpu").numpy()
+            pages = self._select(st, query[:, :, -1], cand, k)
         if k and self.hotness is not None:  # the CHMU counts a read of each chosen page
             self.hotness.record(st.chunks.ids[:, :lay.kv_heads][np.arange(lay.batch)[:, None, None],
                                                                  np.arange(lay.kv_heads)[None, :, None],
@@ -205,6 +203,37 @@ class HotEngine:
             self._record(layer, pages.copy())
         st.last_choice = pages if 0 < k < len(cand) else None  # none or all pages: nothing to predict
         return pages
+
+    def _k(self, seq_len: int, candidates: int) -> int:
+        """Pages to read beyond the resident ones: the budget's share of the sequence's pages."""
+        total = -(-seq_len // self.block_tokens)
+        resident = total - candidates
+        return min(candidates, max(0, math.ceil(self.page_budget * total) - resident))
+
+    def _select(self, st: LayerPages, query: torch.Tensor, cand: range, k: int) -> np.ndarray:
+        """The selector's ``k`` pages of ``cand`` for ``query`` ``(B, Hq, D)``."""
+        lay = self.layout
+        assert lay is not None and st.kmin is not None and st.kmax is not None and self.hotness is not None
+        b, hq, d = query.shape
+        grouped = query.reshape(b, lay.kv_heads, hq // lay.kv_heads, d).to(st.kmin.dtype)
+        ids = st.chunks.ids[:, :lay.kv_heads, :st.complete]
+        counts = self.hotness.counters[(np.maximum(ids, 0) * lay.chunk_bytes) >> self._unit_shift()]
+        chosen = self.selector.select(grouped, st.kmin[:, :, :st.complete], st.kmax[:, :, :st.complete],
+                                      torch.arange(cand.start, cand.stop), k, torch.from_numpy(counts))
+        return chosen.to("cpu").numpy()
+
+    def _speculate(self, layer: int) -> None:
+        """Layer ``layer + 1``'s pages for its guessed query (:class:`Speculator`), kept for
+        the prefetch queue to read; nothing when there is no guess or nothing to choose."""
+        nxt = layer + 1
+        if self.speculator is None or nxt >= len(self.layers):
+            return
+        st = self.layers[nxt]
+        cand = st.candidates()
+        k = self._k(self.layers[layer].seq_len, len(cand))
+        query = self.speculator.query(nxt, layer) if 0 < k < len(cand) else None
+        if query is not None:
+            st.predicted = self._select(st, query[:, :, -1], cand, k)
 
     def _unit_shift(self) -> int:
         assert self.hotness is not None
@@ -306,14 +335,16 @@ class HotEngine:
 
     def _nothing_to_read(self, layer: int) -> bool:
         st = self.layers[layer] if layer < len(self.layers) else None
-        return st is None or st.last_choice is None or st.prefetch is not None
+        return st is None or (st.predicted is None and st.last_choice is None) or st.prefetch is not None
 
     def _issue_prediction(self, layer: int) -> _PageRead:
-        """Read the pages ``layer`` chose last step that are still off the window."""
+        """Read the pages predicted for ``layer``: those chosen for its guessed query, else those
+        it chose at the last step."""
         st = self.layers[layer]
-        assert st.last_choice is not None
+        pages = st.predicted if st.predicted is not None else st.last_choice
+        assert pages is not None
+        st.predicted = None
         cand = st.candidates()
-        pages = st.last_choice
         pages = np.where((pages >= cand.start) & (pages < cand.stop), pages, cand.start)
         transfer, image = st.read(self.store, pages)
         self._count_read(image)
@@ -362,6 +393,8 @@ class HotEngine:
             self._pq.end_sequence(0)
             self._sync_prefetch()
             self._pq = None
+        if self.speculator is not None:
+            self.speculator.remove()
         self.layers.clear()
 
     def stats(self) -> dict[str, int]:

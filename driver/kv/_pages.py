@@ -18,36 +18,57 @@ stay too.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from driver.kv._chunkio import ChunkTables, LayerChunks
 from driver.kv._layout import KVLayout
-from driver.kv._store import BlockStore, Extent, Transfer, coalesce
+from driver.kv._store import BlockStore, Extent, Transfer
 
-__all__ = ["LayerPages", "page_image", "read_extents"]
-
-
-def page_image(k: torch.Tensor, v: torch.Tensor) -> np.ndarray:
-    """K and V ``(B, H, n, D)`` as the bytes of a ``(2, B, H, n, D)`` image (a host copy)."""
-    both = torch.stack((k, v)).detach().to("cpu").contiguous()
-    return both.view(-1).view(torch.uint8).numpy()
+__all__ = ["LayerPages", "extents", "page_image", "read_pages", "runs"]
 
 
-def read_extents(lay: KVLayout, ids: np.ndarray, pages: np.ndarray) -> list[Extent]:
-    """Extents reading ``pages`` ``(B, H, K)`` (complete pages) into a ``(2, B, H, K * bt, D)``
-    image, slot ``s`` of (b, h) holding page ``pages[b, h, s]``; consecutive chunks at
-    consecutive offsets merge into one descriptor."""
-    b, h, k = pages.shape
-    cb = lay.chunk_bytes
+def page_image(kv: torch.Tensor, block_tokens: int) -> np.ndarray:
+    """Whole pages ``(2, B, H, n * bt, D)`` as the bytes of a page-major ``(B, n, H, 2, bt, D)``
+    image, the order their chunks are taken in (a host copy)."""
+    two, b, h, t, d = kv.shape
+    pages = kv.detach().reshape(two, b, h, t // block_tokens, block_tokens, d).permute(1, 3, 2, 0, 4, 5)
+    return pages.to("cpu").contiguous().view(-1).view(torch.uint8).numpy()
+
+
+def runs(chunks: np.ndarray, chunk_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first chunk, host offset, bytes) of the extents moving ``chunks`` (any shape, in C order)
+    to or from consecutive chunk-sized slots of an image: one per run of consecutive chunk ids
+    (``coalesce``'s merge, in numpy: this is on every decode step's path)."""
+    flat = chunks.ravel().astype(np.int64)
+    if not flat.size:
+        return flat, flat, flat
+    starts = np.flatnonzero(np.diff(flat, prepend=flat[:1] - 2) != 1)
+    ends = np.append(starts[1:], flat.size)
+    return flat[starts], starts * chunk_bytes, (ends - starts) * chunk_bytes
+
+
+def extents(arrays: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[Extent]:
+    """:func:`runs` as a list of ``Extent``."""
+    return [Extent(c, n, off) for c, off, n in zip(*(a.tolist() for a in arrays), strict=True)]
+
+
+def read_pages(store: BlockStore, lay: KVLayout, ids: np.ndarray, pages: np.ndarray,
+               image: np.ndarray) -> Transfer:
+    """Read ``pages`` ``(B, H, K)`` (complete pages) into a ``(B, H, K, 2, bt, D)`` image, slot
+    ``s`` of (b, h) holding page ``pages[b, h, s]``. A head's K and V chunks of a page were taken
+    together (:meth:`LayerPages._complete_pages`): one descriptor per page and head, and one for
+    a run of pages taken together; one descriptor array where the store takes one."""
+    b, h, _ = pages.shape
     rows = np.arange(b).reshape(b, 1, 1)
     heads = np.arange(h).reshape(1, h, 1)
-    chunks = np.stack((ids[rows, heads, pages], ids[rows, heads + h, pages]))  # (2, B, H, K)
-    offsets = np.arange(chunks.size, dtype=np.int64).reshape(chunks.shape) * cb
-    return coalesce(list(zip(chunks.ravel().tolist(), [cb] * chunks.size, offsets.ravel().tolist(),
-                             strict=True)), cb)
+    arrays = runs(np.stack((ids[rows, heads, pages], ids[rows, heads + h, pages]), axis=-1), lay.chunk_bytes)
+    read_runs = getattr(store, "read_runs", None)
+    if read_runs is not None:
+        return cast(Transfer, read_runs(*arrays, image))
+    return store.read(extents(arrays), image)
 
 
 @dataclass
@@ -67,6 +88,7 @@ class LayerPages:
     kmax: torch.Tensor | None = None
     writes: list[tuple[Transfer, np.ndarray]] = field(default_factory=list)
     last_choice: np.ndarray | None = None  # the pages chosen at the last decode step (B, H, K)
+    predicted: np.ndarray | None = None  # the pages chosen for this step's guessed query
     prefetch: Any = None  # the engine's prefetched read of predicted pages, if any
 
     def __post_init__(self) -> None:
@@ -135,16 +157,23 @@ class LayerPages:
     def _complete_pages(self, recent: torch.Tensor, start: int, store: BlockStore, tables: ChunkTables,
                         counters: dict[str, int], layer: int) -> None:
         """Write pages [written, complete) (their tokens are in ``recent`` from ``start``) and
-        record their key min / max."""
-        bt, j0, j1 = self.lay.block_tokens, self.written, self.complete
+        record their key min / max. Their chunks are taken page-major, (sequence, page, head,
+        K | V): a head's K and V of a page are adjacent on the media, so reading the page back is
+        one descriptor (the residency engine's piece-major order suits whole-layer reads)."""
+        bt, j0, j1, lay = self.lay.block_tokens, self.written, self.complete, self.lay
         if j1 <= j0:
             return
         pages = recent[:, :, :, j0 * bt - start:j1 * bt - start]  # (2, B, H, n, D)
         self.chunks.ensure(j1)
-        image = page_image(pages[0], pages[1])
-        extents = tables.whole_blocks(self.chunks, j0, j1, j0 * bt, (j1 - j0) * bt)
-        self.writes.append((store.write(extents, image), image))
-        counters["bytes_offloaded"] += sum(e.nbytes for e in extents)
+        assert tables.pool is not None
+        fresh = np.array(tables.pool.alloc(lay.batch * (j1 - j0) * lay.pieces), np.int64)
+        fresh = fresh.reshape(lay.batch, j1 - j0, lay.kv_heads, 2)
+        tables.pool.values[fresh] = np.arange(2) == 1  # K | V: a compressing store codes them apart
+        self.chunks.ids[:, :, j0:j1] = fresh.transpose(0, 3, 2, 1).reshape(lay.batch, lay.pieces, j1 - j0)
+        self.chunks.version += 1
+        image = page_image(pages, bt)
+        self.writes.append((store.write(extents(runs(fresh, lay.chunk_bytes)), image), image))
+        counters["bytes_offloaded"] += fresh.size * lay.chunk_bytes
         keys = pages[0].reshape(*pages.shape[1:3], j1 - j0, bt, pages.shape[4])
         self._ensure_meta(j1, keys)
         assert self.kmin is not None and self.kmax is not None
@@ -175,17 +204,18 @@ class LayerPages:
 
     # ------------------------------------------------------------------------- read back
     def read(self, store: BlockStore, pages: np.ndarray) -> tuple[Transfer, np.ndarray]:
-        """Start reading ``pages`` ``(B, H, K)`` into a fresh image (see :func:`read_extents`)."""
+        """Start reading ``pages`` ``(B, H, K)`` into a fresh image (see :func:`read_pages`)."""
         self.wait_writes()
         image = np.empty(2 * pages.size * self.lay.chunk_bytes, np.uint8)
-        return store.read(read_extents(self.lay, self.chunks.ids, pages), image), image
+        return read_pages(store, self.lay, self.chunks.ids, pages, image), image
 
     def tensor(self, image: np.ndarray, pages: np.ndarray, dtype: torch.dtype,
                device: torch.device) -> torch.Tensor:
         """A read image as ``(2, B, H, K * bt, D)`` on the accelerator."""
         b, h, k = pages.shape
-        t = torch.from_numpy(image).view(dtype).view(2, b, h, k * self.lay.block_tokens, self.lay.head_dim)
-        return t.to(device)
+        bt, d = self.lay.block_tokens, self.lay.head_dim
+        t = torch.from_numpy(image).view(dtype).view(b, h, k, 2, bt, d).to(device)
+        return t.permute(3, 0, 1, 2, 4, 5).reshape(2, b, h, k * bt, d)
 
     def release(self, tables: ChunkTables) -> None:
         """Drop every device chunk reference (the engine closes)."""

@@ -311,7 +311,7 @@ def _sparse_engine(cache: CxlCache, key_states: torch.Tensor) -> Any:
     return HotEngine(budget=kw["budget"], page_budget=page_budget, selector=selector,
                      block_tokens=kw["block_tokens"], store=store, device=key_states.device,
                      dtype=key_states.dtype, prefetch=kw["prefetch_depth"] != 0,
-                     max_seq_len=kw["max_seq_len"], clock=kw["clock"])
+                     max_seq_len=kw["max_seq_len"], clock=kw["clock"], model=cache._routed)
 
 
 class _Backing:

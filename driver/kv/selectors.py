@@ -53,10 +53,10 @@ class PageSelector(Protocol):
 
 def quest_bound(query: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> torch.Tensor:
     """Quest's upper bound of ``q . k`` over the keys of each page, ``(B, Hkv, G, P)``:
-    ``sum_d max(q_d * kmin_d, q_d * kmax_d)`` (every key of the page lies in the box)."""
-    lo = torch.einsum("bhgd,bhpd->bhgpd", query, kmin)
-    hi = torch.einsum("bhgd,bhpd->bhgpd", query, kmax)
-    return torch.maximum(lo, hi).sum(-1)
+    ``sum_d max(q_d * kmin_d, q_d * kmax_d)`` (every key of the page lies in the box), which is
+    ``q+ . kmax + q- . kmin`` (q+ / q-: q's positive / negative channels): two matrix products."""
+    return (torch.matmul(query.clamp(min=0), kmax.transpose(-1, -2))
+            + torch.matmul(query.clamp(max=0), kmin.transpose(-1, -2)))
 
 
 class QuestSelector:

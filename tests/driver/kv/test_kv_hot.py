@@ -19,7 +19,7 @@ from driver.kv import CxlCache, MemoryBlockStore
 from driver.kv._attention import AttentionNotRouted
 from driver.kv._h2o import H2OEngine
 from driver.kv._hot import HotEngine
-from driver.kv.selectors import QuestSelector, SelectorProtocolError, resolve_selector
+from driver.kv.selectors import QuestSelector, SelectorProtocolError, quest_bound, resolve_selector
 from driver.kv.testing import SelectorConformanceError, check_selector, padded_batch
 from emulator.spec.errors import ConfigError
 
@@ -72,6 +72,19 @@ def test_quest_scores_a_group_by_its_most_interested_head() -> None:
     assert quest([[0.0, -1.0], [-1.0, 0.0]], 2) == [2, 3]
 
 
+def test_quest_bound_is_the_largest_score_in_the_box() -> None:
+    """The bound (two matrix products) equals sum_d max(q_d kmin_d, q_d kmax_d), and no key in a
+    page's box scores above it."""
+    g = torch.Generator().manual_seed(3)
+    query = torch.randn(2, 2, 3, 5, generator=g)
+    a, b = torch.randn(2, 2, 2, 7, 5, generator=g)
+    kmin, kmax = torch.minimum(a, b), torch.maximum(a, b)
+    per_channel = torch.maximum(query.unsqueeze(3) * kmin.unsqueeze(2), query.unsqueeze(3) * kmax.unsqueeze(2))
+    assert torch.allclose(quest_bound(query, kmin, kmax), per_channel.sum(-1), atol=1e-5)
+    inside = kmin + torch.rand(kmin.shape, generator=g) * (kmax - kmin)
+    assert (torch.einsum("bhgd,bhpd->bhgp", query, inside) <= quest_bound(query, kmin, kmax) + 1e-5).all()
+
+
 def engine(page_budget: float, record=None, prefetch: bool = False) -> HotEngine:
     return HotEngine(budget=1 << 30, page_budget=page_budget, selector="quest", block_tokens=2,
                      store=MemoryBlockStore(1 << 20), device=torch.device("cpu"), dtype=torch.float32,
@@ -120,12 +133,14 @@ def test_window_and_sink_are_always_read() -> None:
 
 
 # ------------------------------------------------------------------------- through the model
-@pytest.mark.parametrize("lengths", [[37], [37, 52]])
-def test_budget_one_gives_the_tokens_of_dense_attention(model, lengths) -> None:
-    """page_budget=1.0 reads every page (left padding included): DynamicCache's greedy tokens."""
+@pytest.mark.parametrize("lengths,on_device", [([37], True), ([37, 52], False)])
+def test_budget_one_gives_the_tokens_of_dense_attention(model, lengths, on_device) -> None:
+    """page_budget=1.0 reads every page (left padding included): DynamicCache's greedy tokens,
+    over a private device (its DMA engine, descriptor arrays) or a memory store."""
     ids, mask = padded_batch(lengths)
     ref = generate(model, ids, mask, DynamicCache(), NEW)
-    cache = hot(model, page_budget=1.0)
+    cache = (CxlCache(1 << 30, block_tokens=4, model=model, attention="hot", page_budget=1.0) if on_device
+             else hot(model, page_budget=1.0))
     out = generate(model, ids, mask, cache, NEW)
     stats = cache.stats()
     cache.close()
@@ -304,3 +319,15 @@ def test_h2o_reports_no_link_bytes(model) -> None:
     stats = cache.stats()
     cache.close()
     assert "link_bytes_loaded" not in stats
+
+
+def test_page_chunks_are_marked_key_or_value_for_a_compressing_store() -> None:
+    """Pages take their chunks page-major; the pool's values map (int4 codes K and V apart)
+    still says which chunks hold values."""
+    eng = engine(1.0)
+    k, v = hand_made_prompt()
+    eng.update(0, k.expand(2, 3, -1, -1), v.expand(2, 3, -1, -1))
+    ids = eng.layers[0].chunks.ids[:, :, :6]
+    values = eng.store.pool.values
+    assert not values[ids[:, :3]].any() and values[ids[:, 3:]].all()
+    eng.close()

@@ -14,7 +14,7 @@ from tools.bench import kv, tier
 from tools.bench.kv import DEMAND_GOAL, RATIO_GOAL, WARMUP_STEPS, FormatRow, KvBenchRow, KvGoals, format_rows, goals
 from tools.bench.tier import TARGET_US
 from tools.cli._common import VLLM_MODULE, CliError, need_extra, print_json
-from tools.cli.bench import show
+from tools.cli.bench import kv_hot, show
 from tools.trace import bench as fwbench
 from tools.trace.bench import FwmodelBenchResult
 from tools.trace.io import load_trace
@@ -33,7 +33,8 @@ def register_kv(bench: Any) -> None:
     p.add_argument("--context", type=int, action="append", help="context tokens (repeatable; default 2048, 8192)")
     p.add_argument("--budget", type=int, action="append", help="HBM budget, %% of the KV (repeatable; default 100, 50, 25)")
     p.add_argument("--steps", type=int, default=16, help=f"decode steps (the first {WARMUP_STEPS} are not timed)")
-    p.add_argument("--block-tokens", type=int, default=256)
+    p.add_argument("--block-tokens", type=int, default=None,
+                   help="tokens per device chunk (default 256; with --attention hot 16, a page)")
     p.add_argument("--prefetch-depth", default="auto",
                    help="layers loaded ahead, 'auto' (default: the firmware model's window for the link), "
                         "or module:function (your own window function)")
@@ -46,10 +47,16 @@ def register_kv(bench: Any) -> None:
                         "(repeatable): link bytes per token, device bytes and step time against native")
     p.add_argument("--markdown", action="store_true", help="a markdown table (for BENCHMARKS.md)")
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
+    kv_hot.add_arguments(p)
     p.set_defaults(func=cmd_kv)
 
 
 def cmd_kv(args: Any) -> int:
+    if args.attention == "hot":
+        return kv_hot.cmd_kv_hot(args)
+    kv_hot.check_dense(args)
+    if args.block_tokens is None:
+        args.block_tokens = 256
     torch = need_extra("torch", "kv", "bench kv")
     need_extra("transformers", "kv", "bench kv")
     from emulator import presets
@@ -71,22 +78,10 @@ def cmd_kv(args: Any) -> int:
                 raise CliError(f"--prefetch-depth: {exc}") from None
     if args.repeat < 1:
         raise CliError("--repeat must be >= 1")
-    for flag, values, low in (("--layers", [args.layers], 2), ("--hidden", [args.hidden], 1),
-                              ("--heads", [args.heads], 1), ("--kv-heads", [args.kv_heads], 1),
-                              ("--context", args.context or [], 1), ("--block-tokens", [args.block_tokens], 1),
-                              ("--threads", [args.threads], 1)):
-        bad = [v for v in values if v < low]
-        if bad:
-            raise CliError(f"{flag} must be >= {low}, got {bad[0]}")
+    kv_hot.check_run(args)
     bad_budget = [b for b in args.budget or [] if not 0 < b <= 100]
     if bad_budget:
         raise CliError(f"--budget is a percentage of the KV in (0, 100], got {bad_budget[0]}")
-    if not args.time_scale > 0:
-        raise CliError(f"--time-scale must be > 0, got {args.time_scale}")
-    if args.steps <= WARMUP_STEPS:
-        raise CliError(f"--steps must be > {WARMUP_STEPS} (the warm-up steps are not timed)")
-    if args.hidden % args.heads or args.heads % args.kv_heads:
-        raise CliError("--hidden must be a multiple of --heads, and --heads of --kv-heads")
     policies = args.policy or list(ONLINE_POLICY_NAMES)
     unknown = {p for p in policies if ":" not in p} - set(ONLINE_POLICY_NAMES)
     if unknown:
