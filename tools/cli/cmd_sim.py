@@ -4,6 +4,7 @@
                      [--offload none,host-lru,cxl-lru,cxl-smart] [--concurrency 1..32] [--json] ...
     cxlemu sim sweep ...        models x accelerators x pools x policies x workloads on Dask
     cxlemu sim validate FILE    the simulator against a `cxlemu bench serve --save FILE` run
+    cxlemu sim fleet --trace F  many instances behind a router on a Mooncake trace, each KV home
 """
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ def register(subparsers: Any) -> None:
     sub = p.add_subparsers(dest="sim_command", metavar="ACTION", parser_class=type(p))
     sub.required = True
     _register_serve(sub)
+    from tools.cli._sim_fleet import register_fleet
     from tools.cli._sim_sweep import register_sweep
     from tools.cli._sim_validate import register_validate
 
     register_sweep(sub)
     register_validate(sub)
+    register_fleet(sub)
 
 
 def _choice(options: Any, what: str) -> Any:
