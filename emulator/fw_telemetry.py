@@ -39,22 +39,26 @@ class FirmwarePublisher:
         running, percent, opcode, _ = fw.background_status
         records = fw.poison.records
         unit = fw.chmu.unit
+        # device-wide facts, read once for every port's page: the DPA space is the static
+        # capacity and the DC regions (the media file holds both, and "used" counts its blocks)
+        device = dict(
+            uptime_ns=now_ns - fw.boot_ns, timestamp_ns=fw.timestamp_ns(),
+            capacity_bytes=fw.config.media_bytes, capacity_used_bytes=fw.capacity_used_bytes,
+            media_status=fw.regs.get_field(R.MEMDEV_STATUS, "MEDIA_STATUS"),
+            health_status=fw.health.health_status(), temperature_c=fw.health.temperature,
+            life_used_pct=fw.health.life_used, poison_count=len(records),
+            bg_running=int(running), bg_opcode=opcode, bg_percent=percent,
+            recent_poison=[PoisonEntry(r.dpa, r.length, int(r.source)) for r in records[:MAX_LISTED]],
+            chmu_enabled=int(unit.enabled), chmu_epoch_count=unit.status.epochs,
+            chmu_unit_size=unit.config.unit_size, hotlist=unit.hotlist.peek()[-256:],
+            state_save_failures=min(fw.persist.failures, 0xFFFF_FFFF))
         for port, writer in zip(fw.ports, self.writers):
             logs = port.events
             info, warn, fail, fatal, dcd = logs.counts()
             writer.publish(
-                uptime_ns=now_ns - fw.boot_ns, timestamp_ns=fw.timestamp_ns(),
-                capacity_bytes=fw.config.capacity, capacity_used_bytes=fw.capacity_used_bytes,
-                media_status=fw.regs.get_field(R.MEMDEV_STATUS, "MEDIA_STATUS"),
-                health_status=fw.health.health_status(), temperature_c=fw.health.temperature,
-                life_used_pct=fw.health.life_used, poison_count=len(records),
-                events_info=info, events_warn=warn, events_fail=fail, events_fatal=fatal, events_dcd=dcd,
-                bg_running=int(running), bg_opcode=opcode, bg_percent=percent,
-                recent_events=[EventEntry(t, g, s) for t, g, s in list(logs.recent)[:MAX_LISTED]],
-                recent_poison=[PoisonEntry(r.dpa, r.length, int(r.source)) for r in records[:MAX_LISTED]],
-                chmu_enabled=int(unit.enabled), chmu_epoch_count=unit.status.epochs,
-                chmu_unit_size=unit.config.unit_size, hotlist=unit.hotlist.peek()[-256:],
-                state_save_failures=min(fw.persist.failures, 0xFFFF_FFFF))
+                **device, events_info=info, events_warn=warn, events_fail=fail, events_fatal=fatal,
+                events_dcd=dcd,
+                recent_events=[EventEntry(t, g, s) for t, g, s in list(logs.recent)[:MAX_LISTED]])
 
     def close(self) -> None:
         for writer in self.writers:

@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 
 from emulator.telemetry import LOG_NAMES
 from emulator.timing import linkstate
-from tools.monitor.source import STATES, DeviceSet, DeviceView
+from tools.monitor.source import STATES, DeviceSet, DeviceView, timed_transfers
 
 #: What a scrape without an Accept header gets (OpenMetrics when asked for).
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
@@ -88,7 +88,7 @@ _SHARING_METRICS = {
 }
 _LINK_COUNTERS = {
     "link_bytes_total": ("Bytes moved over the link.", "bytes", 1.0),
-    "link_transfers_total": ("Timed transfers over the link.", "transfers", 1.0),
+    "link_transfers_total": ("Transfers over the link, timed or not (the latency histogram counts the timed).", "transfers", 1.0),
     "link_busy_seconds_total": ("Time the link was occupied.", "busy_ns", 1e-9),
     "link_errors_total": ("Transfers refused (range or poison).", "errors", 1.0),
 }
@@ -167,11 +167,13 @@ def _link_metrics(fam: _Families, d: str, link: dict[str, int]) -> None:
             cumulative += link[f"{direction}_hist_{k:02d}"]
             fam.add("link_latency_seconds", "histogram", help_text, cumulative, "_bucket",
                     device=d, direction=direction, le=repr((1 << (k + 1)) * 1e-9))
-        fam.add("link_latency_seconds", "histogram", help_text, link[f"{direction}_transfers"], "_bucket",
+        # the histogram's own total: an untimed transfer counts in link_transfers_total but has no latency
+        timed = timed_transfers(link, direction)
+        fam.add("link_latency_seconds", "histogram", help_text, timed, "_bucket",
                 device=d, direction=direction, le="+Inf")
         fam.add("link_latency_seconds", "histogram", help_text, link[f"{direction}_latency_ns"] * 1e-9, "_sum",
                 device=d, direction=direction)
-        fam.add("link_latency_seconds", "histogram", help_text, link[f"{direction}_transfers"], "_count",
+        fam.add("link_latency_seconds", "histogram", help_text, timed, "_count",
                 device=d, direction=direction)
     fam.add("copy_bytes_total", "counter", "Bytes copied inside the device.", link["copy_bytes"], device=d)
 

@@ -33,7 +33,7 @@ Firmware section (0x0040; single writer: the firmware runner, ~10 times per seco
 | 0x0018 | 8 | reserved1 | 0 |
 | 0x0020 | 8 | uptime_ns | ns since the firmware started |
 | 0x0028 | 8 | timestamp_ns | device timestamp (Set/Get Timestamp, §8.2.9.4) |
-| 0x0030 | 8 | capacity_bytes | size of the DPA space |
+| 0x0030 | 8 | capacity_bytes | size of the DPA space: static capacity and the DC regions |
 | 0x0038 | 8 | capacity_used_bytes | bytes of DPA space holding data (allocated blocks) |
 | 0x0040 | 4 | media_status | Memory Device Status MEDIA_STATUS: 0 not ready, 1 ready, 2 error, 3 disabled |
 | 0x0044 | 4 | health_status | Get Health Info health status bits (§8.2.9.9.3.1) |

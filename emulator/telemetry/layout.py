@@ -86,7 +86,7 @@ HEADER = _Layout("header", [
 FIRMWARE = _Layout("firmware", _SECTION_HEAD + [
     _f("uptime_ns", "<u8", "ns since the firmware started"),
     _f("timestamp_ns", "<u8", "device timestamp (Set/Get Timestamp, §8.2.9.4)"),
-    _f("capacity_bytes", "<u8", "size of the DPA space"),
+    _f("capacity_bytes", "<u8", "size of the DPA space: static capacity and the DC regions"),
     _f("capacity_used_bytes", "<u8", "bytes of DPA space holding data (allocated blocks)"),
     _f("media_status", "<u4", "Memory Device Status MEDIA_STATUS: 0 not ready, 1 ready, 2 error, 3 disabled"),
     _f("health_status", "<u4", "Get Health Info health status bits (§8.2.9.9.3.1)"),

@@ -4,6 +4,7 @@
                      [--offload none,host-lru,cxl-lru,cxl-smart] [--concurrency 1..32] [--json] ...
     cxlemu sim sweep ...        models x accelerators x pools x policies x workloads on Dask
     cxlemu sim validate FILE    the simulator against a `cxlemu bench serve --save FILE` run
+    cxlemu sim check [--json]   the step cost models against published first-token latencies
     cxlemu sim fleet --trace F  many instances behind a router on a Mooncake trace, each KV home
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from tools.cli._common import ArgumentError, CliError, need_extra
+from tools.cli._common import ArgumentError, CliError, need_extra, print_json
 
 
 def register(subparsers: Any) -> None:
@@ -31,6 +32,10 @@ def register(subparsers: Any) -> None:
     register_sweep(sub)
     register_validate(sub)
     register_fleet(sub)
+    c = sub.add_parser("check", help="the step cost models (Vidur's profiles, the roofline) against published "
+                                     "first-token latencies")
+    c.add_argument("--json", action="store_true", help="the rows as a JSON list")
+    c.set_defaults(func=cmd_check)
 
 
 def _choice(options: Any, what: str) -> Any:
@@ -43,7 +48,7 @@ def _choice(options: Any, what: str) -> Any:
 
 def parse_modes(text: str) -> list[str]:
     """Comma-separated offload modes (an argparse ``type=``: ArgumentError names the known ones)."""
-    from tools.sim.run import parse_modes as parse
+    from tools.sim.modes import parse_modes as parse
 
     try:
         return parse(text)
@@ -88,6 +93,13 @@ def _register_serve(sub: Any) -> None:
                    help=f"{', '.join(hw.MODELS)} (default llama-2-7b)")
     s.add_argument("--accelerator", default="h100", type=_choice(hw.ACCELERATORS, "accelerator"),
                    help=f"{', '.join(hw.ACCELERATORS)} (default h100)")
+    s.add_argument("--tp", type=_positive(int), default=1,
+                   help="tensor parallelism: accelerators per instance, the weights and the KV split over them, two "
+                        "NVLink all-reduces a layer (default 1)")
+    s.add_argument("--cost", default="roofline", choices=("profile", "roofline"),
+                   help="step times: roofline (published peaks x --mfu/--mbu, default) or profile (Vidur's measured "
+                        "operators where profiled: llama-2-7b/70b on a100-80gb and h100, llama-3-8b/70b on "
+                        "a100-80gb; the roofline elsewhere)")
     s.add_argument("--workload", default="fixed", choices=("fixed", "sessions", "trace"),
                    help="fixed: the seed's fixed-length sequences (default); sessions: multi-turn chat with "
                         "shared system prompts; trace: --trace FILE")
@@ -150,12 +162,16 @@ def base_point(args: argparse.Namespace) -> Any:
     from tools.sim import hardware as hw
     from tools.sim.run import Point
 
-    return Point(model=args.model, accelerator=args.accelerator, workload=_workload(args), pool_gb=args.pool_gb,
-                 host_gb=args.host_gb, host_link=args.host_link, smart_policy=args.smart_policy,
-                 preemption=args.preemption, block_tokens=args.block_tokens, max_num_seqs=args.max_num_seqs,
-                 max_num_batched_tokens=args.max_num_batched_tokens, memory_utilization=args.memory_utilization,
-                 kv_blocks=args.kv_blocks,
-                 mfu=args.mfu or hw.DEFAULT_MFU, mbu=args.mbu or hw.DEFAULT_MBU)
+    try:
+        return Point(model=args.model, accelerator=args.accelerator, tp=args.tp, cost_model=args.cost,
+                     workload=_workload(args),
+                     pool_gb=args.pool_gb, host_gb=args.host_gb, host_link=args.host_link,
+                     smart_policy=args.smart_policy, preemption=args.preemption, block_tokens=args.block_tokens,
+                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                     memory_utilization=args.memory_utilization, kv_blocks=args.kv_blocks,
+                     mfu=args.mfu or hw.DEFAULT_MFU, mbu=args.mbu or hw.DEFAULT_MBU)
+    except ValueError as exc:  # a model that does not split --tp ways
+        raise CliError(f"--tp: {exc}") from None
 
 
 DEFAULT_LEVELS = [1, 2, 4, 8, 16, 24, 32]
@@ -196,8 +212,9 @@ def _levels_and_trace(args: argparse.Namespace, base: Any) -> tuple[list[int], A
 def cmd_serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from tools.sim.run import MODES, build_scripts, simulate
-    from tools.sim.sweep import json_rows
+    from tools.sim.export import json_rows
+    from tools.sim.modes import SIM_MODES as MODES
+    from tools.sim.run import build_scripts, simulate
 
     if args.plot:
         need_extra("matplotlib", "sim", "sim serve")
@@ -218,7 +235,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 print(json.dumps(json_rows([row])[0]), flush=True)
     wall = time.perf_counter() - t0
     if args.plot:
-        plot_levels(rows, args.plot, f"cxlemu sim serve: {args.model} on {args.accelerator}, {args.workload}")
+        plot_levels(rows, args.plot, f"cxlemu sim serve: {args.model} on {base.instance}, {args.workload}")
     if not args.json:
         _print(base, rows, wall, args)
     return 0
@@ -227,8 +244,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def rule_max_concurrency(rows: list[dict[str, Any]], mode: str, key: str = "ttft_p99_ms",
                          factor: float = 2.0) -> int:
     """The highest concurrency whose ``key`` stays within ``factor`` x the lowest level's
-    (``cxlemu bench serve``'s rule, ``tools.sim.serve_workload.max_concurrency``)."""
-    from tools.sim.serve_workload import max_concurrency
+    (``cxlemu bench serve``'s rule, ``tools.sim.metrics.max_concurrency``)."""
+    from tools.sim.metrics import max_concurrency
 
     return max_concurrency({r["concurrency"]: r[key] for r in rows if r["mode"] == mode}, factor)
 
@@ -241,7 +258,7 @@ def _print(base: Any, rows: list[dict[str, Any]], wall: float, args: argparse.Na
     shape = base.shape()
     kv_blocks, cap = base.kv_space()
     con.print(render_arithmetic(shape, base, kv_blocks, cap))
-    t = Table(title=f"sim serve: {shape.name} on {base.accelerator}, workload {args.workload}")
+    t = Table(title=f"sim serve: {shape.name} on {base.instance}, workload {args.workload}")
     cols = ("mode", "c", "TTFT p50 ms", "TTFT p99 ms", "TPOT ms", "out tok/s", "preempt", "tier hit tok",
             "prefix hit tok", "max running", "GB loaded", "stall s")
     for col in cols:
@@ -273,10 +290,14 @@ def render_arithmetic(shape: Any, point: Any, kv_blocks: int, cap: dict[str, flo
               f"KV {shape.kv_bytes_per_token / 1024:.0f} KiB/token (2 x {shape.layers} layers x {shape.kv_heads} KV "
               f"heads x {shape.head_dim} x {shape.dtype_bytes} B)")]
     if cap is not None:
-        lines.append(f"{point.accelerator}: {cap['memory_bytes'] / gb:.0f} GB x {cap['utilization']:.2f} = "
-                     f"{cap['budget_bytes'] / gb:.1f} GB - weights {cap['weight_bytes'] / gb:.1f} - activations "
+        each = f"{point.accelerator}" if point.tp == 1 else f"{point.instance}, each"
+        share = "" if point.tp == 1 else f" (1/{point.tp})"
+        per = "" if point.tp == 1 else (f" ({cap['kv_bytes_per_token'] / 1024:.0f} KiB of each token's KV on each: "
+                                        "the instance's tokens)")
+        lines.append(f"{each}: {cap['memory_bytes'] / gb:.0f} GB x {cap['utilization']:.2f} = "
+                     f"{cap['budget_bytes'] / gb:.1f} GB - weights{share} {cap['weight_bytes'] / gb:.1f} - activations "
                      f"{cap['activation_bytes'] / gb:.1f} - reserve {cap['non_torch_bytes'] / gb:.1f} = KV "
-                     f"{cap['kv_bytes'] / gb:.1f} GB = {cap['kv_tokens']:,.0f} tokens")
+                     f"{cap['kv_bytes'] / gb:.1f} GB = {cap['kv_tokens']:,.0f} tokens{per}")
     wl = point.workload
     if wl.get("kind") == "fixed":
         per = wl["context"] * shape.kv_bytes_per_token
@@ -299,3 +320,28 @@ def plot_levels(rows: list[dict[str, Any]], path: str, title: str) -> None:
                                  path, title=title)
     except OSError as exc:
         raise CliError(f"cannot write plot {path}: {exc.strerror or exc}") from None
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from tools.sim.check import check
+
+    rows = check()
+    if args.json:
+        print_json(rows)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="sim check: one prefill step (first token) against published measurements")
+    for col in ("model", "accelerator", "tp", "input tokens", "batch", "published ms", "profile ms", "ratio",
+                "roofline ms", "ratio"):
+        t.add_column(col, justify="left" if col in ("model", "accelerator") else "right")
+    for r in rows:
+        prof = r["profile_used"]
+        t.add_row(r["model"], r["accelerator"], str(r["tp"]), str(r["input_tokens"]), str(r["batch"]),
+                  f"{r['published_ms']:g}", f"{r['profile_ms']:.1f}" + ("" if prof == "profile" else " (roofline)"),
+                  f"{r['profile_ratio']:.2f}", f"{r['roofline_ms']:.1f}", f"{r['roofline_ratio']:.2f}")
+    con = Console(width=None if sys.stdout.isatty() else 160)
+    con.print(t)
+    con.print(f"published: {rows[0]['source']}; simulated with the default efficiencies and per-step overhead")
+    return 0

@@ -22,7 +22,7 @@ from emulator.telemetry import (
 )
 from emulator.timing import linkstate
 from tools.monitor.history import DIRECTIONS, sparkline
-from tools.monitor.source import DeviceView
+from tools.monitor.source import DeviceView, timed_transfers
 
 MEDIA_STATUS = {0: "not ready", 1: "ready", 2: "error", 3: "disabled"}  # CXL r3.1 §8.2.8.5.1.1
 # Get Health Info health status bits, CXL r3.1 §8.2.9.9.3.1 (Table 8-133).
@@ -162,13 +162,6 @@ def bandwidth_panel(view: DeviceView, now: float, width: int = 40) -> Panel:
 def _bucket_label(k: int) -> str:
     lo = 0 if k == 0 else 1 << k
     return f"{fmt_ns(lo)}–{fmt_ns((1 << (k + 1)) - 1)}" if k < linkstate.HIST_BUCKETS - 1 else f"≥{fmt_ns(lo)}"
-
-
-def timed_transfers(link: dict[str, int], name: str) -> int:
-    """Transfers of direction `name` since start that recorded a latency: the histogram's total.
-    An untimed link moves data without reading the clock, so it counts a transfer (what the
-    bandwidth panel shows) but no latency."""
-    return sum(link[f"{name}_hist_{k:02d}"] for k in range(linkstate.HIST_BUCKETS))
 
 
 def latency_panel(view: DeviceView, width: int = 30) -> Panel:

@@ -132,6 +132,18 @@ def test_latency_histogram_is_cumulative() -> None:
     assert got['cxlemu:link_bytes_total{device="a",direction="read"}'] == 960
 
 
+
+def test_latency_histogram_counts_only_transfers_that_recorded_a_latency() -> None:
+    """An untimed transfer counts in link_transfers_total but records no latency: counting it in
+    the histogram's +Inf bucket and _count put it past every finite bucket (a latency of infinity)
+    and dragged the mean from _sum/_count down."""
+    link = linkstate.snapshot(bytes(linkstate.USED_BYTES))
+    link.update(read_transfers=25, read_latency_ns=3000, read_hist_07=10, read_hist_08=5, read_bytes=1600)
+    got = samples(render_metrics([DeviceView("a", "served", snapshot=TelemetrySnapshot((1, 0)), link=link)]))
+    assert got['cxlemu:link_latency_seconds_bucket{device="a",direction="read",le="+Inf"}'] == 15
+    assert got['cxlemu:link_latency_seconds_count{device="a",direction="read"}'] == 15
+    assert got['cxlemu:link_transfers_total{device="a",direction="read"}'] == 25
+
 @pytest.fixture
 def loaded(device_name: str) -> Iterator[Served]:
     """A served timed device after some traffic, with both sections published, then quiet."""
