@@ -58,9 +58,9 @@ def _price(text: str) -> float:
 
 
 def add_fleet_flags(p: argparse.ArgumentParser) -> None:
-    """The flags one fleet takes (``sim fleet``; ``sim fleet-sweep`` takes most as lists)."""
+    """The flags of the fleet's setup (``sim fleet``, ``sim fleet-sweep``; the swept ones apart)."""
     from tools.sim import hardware as hw
-    from tools.sim.fleet import ADMISSIONS
+    from tools.sim.profile import COST_MODELS
 
     p.add_argument("--trace", required=True, metavar="FILE", help="a Mooncake trace (JSON lines: timestamp, "
                    "input_length, output_length, hash_ids)")
@@ -69,14 +69,9 @@ def add_fleet_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accelerator", default="h100", type=_choice(hw.ACCELERATORS, "accelerator"),
                    help=f"{', '.join(hw.ACCELERATORS)} (default h100)")
     p.add_argument("--tp", type=_positive(int), default=8, help="accelerators per instance, tensor parallel (8)")
-    p.add_argument("--speed", type=_positive(float), default=1.0, help="arrival rate x this (default 1: the trace's)")
     p.add_argument("--limit", type=_positive(int), default=None, help="only the trace's first N requests")
-    p.add_argument("--admission", default="fcfs", type=_choice(ADMISSIONS, "admission"),
-                   help="fcfs (vLLM, default) or memory-aware (early rejection by predicted load)")
-    p.add_argument("--policy", default="lru", help="the CXL pool's eviction policy: lru (default), arc, s3fifo, "
-                   "... or package.module:Class")
-    p.add_argument("--cost", default="roofline", type=_choice(("roofline",), "cost model"),
-                   help="the step cost: roofline")
+    p.add_argument("--cost", default="roofline", type=_choice(COST_MODELS, "cost model"),
+                   help="the step cost: roofline (default) or profile (Vidur's measured operators where profiled)")
     p.add_argument("--slo-ttft-ms", type=_positive(float), default=5000.0, help="goodput's TTFT SLO (5000 ms)")
     p.add_argument("--slo-tpot-ms", type=_positive(float), default=100.0, help="goodput's TPOT SLO (100 ms)")
     p.add_argument("--kv-blocks", type=_positive(int), default=0,
@@ -91,6 +86,7 @@ def add_fleet_flags(p: argparse.ArgumentParser) -> None:
 
 
 def register_fleet(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from tools.sim.fleet import ADMISSIONS
     from tools.sim.kvhome import HOMES
     from tools.sim.router import ROUTERS
 
@@ -100,6 +96,11 @@ def register_fleet(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                    "instance's HBM prefix cache and a KV home (none, per-host DRAM, one RDMA store "
                                    "or one CXL pool shared by all).")
     add_fleet_flags(p)
+    p.add_argument("--speed", type=_positive(float), default=1.0, help="arrival rate x this (default 1: the trace's)")
+    p.add_argument("--admission", default="fcfs", type=_choice(ADMISSIONS, "admission"),
+                   help="fcfs (vLLM, default) or memory-aware (early rejection by predicted load)")
+    p.add_argument("--policy", default="lru", help="the CXL pool's eviction policy: lru (default), arc, s3fifo, "
+                   "... or package.module:Class")
     p.add_argument("--instances", type=_positive(int), default=16, help="instances (default 16)")
     p.add_argument("--router", default="prefix", type=_choice(ROUTERS, "router"),
                    help="rr, least-loaded or prefix (uncached prefill + queued work; default)")
@@ -120,8 +121,8 @@ def point_from_args(args: argparse.Namespace, **over: Any) -> Any:
     if args.rdma_latency_us is not None and not (math.isfinite(args.rdma_latency_us) and args.rdma_latency_us >= 0):
         raise CliError(f"--rdma-latency-us must be >= 0, got {args.rdma_latency_us}")
     kw: dict[str, Any] = dict(
-        trace=args.trace, model=args.model, accelerator=args.accelerator, tp=args.tp, speed=args.speed,
-        limit=args.limit or 0, admission=args.admission, policy=args.policy, cost=args.cost,
+        trace=args.trace, model=args.model, accelerator=args.accelerator, tp=args.tp,
+        limit=args.limit or 0, cost=args.cost,
         slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms, kv_blocks=args.kv_blocks,
         rdma_gbps=args.rdma_gbps or RDMA_GBPS,
         rdma_latency_us=RDMA_LATENCY_US if args.rdma_latency_us is None else args.rdma_latency_us,
@@ -152,12 +153,13 @@ def check_run(point: Any) -> dict[str, Any]:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    from tools.sim.sweep import json_rows
+    from tools.sim.export import json_rows
 
     if args.kv != "none" and args.cache_tokens == 0:
         raise CliError(f"--kv {args.kv} needs --cache-tokens T (each instance's share, e.g. 3M)")
     out = check_run(point_from_args(args, instances=args.instances, router=args.router, kv=args.kv,
-                                    cache_tokens=args.cache_tokens))
+                                    cache_tokens=args.cache_tokens, speed=args.speed, admission=args.admission,
+                                    policy=args.policy))
     if args.json:
         doc = {"fleet": json_rows([out["fleet"]])[0], "instances": json_rows(out["instances"]),
                "home": out["home"], "point": out["point"]}

@@ -6,6 +6,7 @@
     cxlemu sim validate FILE    the simulator against a `cxlemu bench serve --save FILE` run
     cxlemu sim check [--json]   the step cost models against published first-token latencies
     cxlemu sim fleet --trace F  many instances behind a router on a Mooncake trace, each KV home
+    cxlemu sim fleet-sweep ...  fleets over speeds, sizes, homes, routers, admissions on Dask; break-even
 """
 from __future__ import annotations
 
@@ -26,12 +27,14 @@ def register(subparsers: Any) -> None:
     sub.required = True
     _register_serve(sub)
     from tools.cli._sim_fleet import register_fleet
+    from tools.cli._sim_fleet_sweep import register_fleet_sweep
     from tools.cli._sim_sweep import register_sweep
     from tools.cli._sim_validate import register_validate
 
     register_sweep(sub)
     register_validate(sub)
     register_fleet(sub)
+    register_fleet_sweep(sub)
     c = sub.add_parser("check", help="the step cost models (Vidur's profiles, the roofline) against published "
                                      "first-token latencies")
     c.add_argument("--json", action="store_true", help="the rows as a JSON list")

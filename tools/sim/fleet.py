@@ -27,8 +27,10 @@ from firmware_model.link import READ
 from tools.sim.hardware import StepCost
 from tools.sim.instance import FleetRequest, Instance
 from tools.sim.kvhome import HOMES, KvHome, Store
-from tools.sim.mooncake import TraceRequest, capped_hit_tokens
+from tools.sim.metrics import percentile
+from tools.sim.mooncake import TraceRequest, capped_hit_tokens, theoretical_hit_rate
 from tools.sim.router import ROUTERS, make_router
+from tools.sim.window import decode_step_ns
 
 __all__ = ["ADMISSIONS", "Fleet", "FleetConfig", "Prices", "admissible", "summarize"]
 
@@ -97,7 +99,7 @@ def admissible(inst: Instance, req: FleetRequest, cfg: FleetConfig, home: KvHome
         return False
     seqs = inst.requests_in() + 1
     context = sum(q.num_tokens for q in (*inst.running, *inst.waiting)) + r.input_length
-    if inst._decode_ns(seqs, context + seqs) > cfg.slo_tpot_ms * 1e6:
+    if decode_step_ns(inst.cost, seqs, context + seqs) > cfg.slo_tpot_ms * 1e6:
         return False
     need = -(-(r.input_length + r.output_length) // cfg.block_tokens)
     return inst.committed_blocks() + need <= inst.total
@@ -137,7 +139,7 @@ class Fleet:
         if end is not None:
             self._push(end, _STEP, inst, inst.version)
             return
-        wake = inst.next_load()
+        wake = inst.next_load(now)
         if wake is not None:
             self._push(wake, _WAKE, inst, -1)
 
@@ -177,14 +179,13 @@ class Fleet:
             elif version == obj.version:
                 obj.end_step(t)
                 self._go(obj, t)
+        left = sum(inst.requests_in() for inst in self.instances)
+        if left:  # every request finishes: a scheduler that strands one is a bug, not a result
+            raise RuntimeError(f"{left} requests were never served")
         return summarize(self, time.perf_counter() - t0, prices or Prices())
 
 
 # --- metrics -------------------------------------------------------------------------------------
-def _pct(x: np.ndarray, q: float) -> float | None:
-    return float(np.percentile(x, q)) if len(x) else None
-
-
 def _metrics(records: list[FleetRequest], rejected: int, cfg: FleetConfig, span_ns: float) -> dict[str, Any]:
     """The metrics of one set of served requests (a fleet's, an instance's)."""
     n = len(records)
@@ -204,8 +205,8 @@ def _metrics(records: list[FleetRequest], rejected: int, cfg: FleetConfig, span_
     return {"requests": n, "rejected": rejected,
             "hit_rate": (hbm + home) / prompt if prompt else 0.0,
             "hit_rate_hbm": hbm / prompt if prompt else 0.0, "hit_rate_home": home / prompt if prompt else 0.0,
-            "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
-            "tpot_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99),
+            "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
+            "tpot_ms": percentile(tpot, 50), "tpot_p99_ms": percentile(tpot, 99),
             "throughput_tok_s": out_tokens / span_s, "output_tokens": out_tokens,
             "goodput": good / span_s, "good_requests": good,
             "goodput_fraction": good / (n + rejected) if n + rejected else 0.0, "good_tokens": good_tokens,
@@ -230,6 +231,7 @@ def summarize(fleet: Fleet, wall_s: float, prices: Prices) -> dict[str, Any]:
                  bytes_written=home.bytes_written[inst.index] if home.links else 0)
         insts.append(m)
     out.update(kv_capacity_tokens=(cfg.kv_blocks - 1) * cfg.block_tokens, home_capacity_tokens=home.capacity_tokens(),
+               theoretical_hit_rate=theoretical_hit_rate(fleet.trace, cfg.block_tokens),
                bytes_read=sum(home.bytes_read), bytes_written=sum(home.bytes_written),
                steps=sum(i.steps for i in fleet.instances), preemptions=sum(i.preemptions for i in fleet.instances),
                sim_s=span / 1e9, wall_s=wall_s)

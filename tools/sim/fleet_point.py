@@ -14,6 +14,7 @@ from tools.sim import hardware as hw
 from tools.sim.fleet import ADMISSIONS, Fleet, FleetConfig, Prices
 from tools.sim.kvhome import HOMES, RDMA_GBPS, RDMA_LATENCY_US
 from tools.sim.mooncake import TraceRequest, load
+from tools.sim.profile import COST_MODELS, step_cost
 from tools.sim.router import ROUTERS
 
 __all__ = ["FleetPoint", "instance_hardware", "run_point", "trace"]
@@ -51,7 +52,7 @@ class FleetPoint:
             raise ValueError(f"unknown model {self.model!r}: choose from {', '.join(hw.MODELS)}")
         if self.accelerator not in hw.ACCELERATORS:
             raise ValueError(f"unknown accelerator {self.accelerator!r}: choose from {', '.join(hw.ACCELERATORS)}")
-        for key, known in (("router", ROUTERS), ("kv", HOMES), ("admission", ADMISSIONS), ("cost", ("roofline",))):
+        for key, known in (("router", ROUTERS), ("kv", HOMES), ("admission", ADMISSIONS), ("cost", COST_MODELS)):
             if getattr(self, key) not in known:
                 raise ValueError(f"unknown {key} {getattr(self, key)!r}: choose from {', '.join(known)}")
         if self.tp < 1 or self.instances < 1:
@@ -64,15 +65,14 @@ class FleetPoint:
 
 
 def instance_hardware(p: FleetPoint) -> tuple[hw.StepCost, int, hw.ModelShape]:
-    """An instance's step cost, its KV space in blocks (vLLM's null block included) and the model."""
+    """An instance's step cost (``tools.sim.profile.step_cost``: Vidur's profile or the roofline,
+    ``tp`` accelerators), its KV space in blocks (vLLM's null block included) and the model."""
     shape = hw.MODELS[p.model]
-    acc = hw.ACCELERATORS[p.accelerator]
-    tp_kw = {"tp": p.tp} if p.tp > 1 else {}
-    cost = hw.Roofline(shape, acc, **tp_kw)
+    cost = step_cost(p.cost, p.model, shape, p.accelerator, tp=p.tp)
     if p.kv_blocks:
         return cost, p.kv_blocks, shape
-    cap = hw.kv_capacity(shape, acc, max_num_batched_tokens=p.max_num_batched_tokens,
-                         memory_utilization=p.memory_utilization, **tp_kw)
+    cap = hw.kv_capacity(shape, hw.ACCELERATORS[p.accelerator], max_num_batched_tokens=p.max_num_batched_tokens,
+                         memory_utilization=p.memory_utilization, tp=p.tp)
     blocks = int(cap["kv_tokens"] // 16)
     if blocks < 2:
         raise ValueError(f"{shape.name} leaves no KV space on {p.tp} x {p.accelerator} "

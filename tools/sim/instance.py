@@ -32,6 +32,7 @@ from typing import Any
 from tools.sim.hardware import Batch, StepCost
 from tools.sim.kvhome import KvHome, Store
 from tools.sim.mooncake import TRACE_BLOCK_TOKENS, TraceRequest, capped_hit_tokens
+from tools.sim.window import DecodeWindow, decode_step_ns
 
 __all__ = ["FleetRequest", "Instance"]
 
@@ -89,9 +90,10 @@ class Instance:
         self.running: list[FleetRequest] = []
         self.waiting: deque[FleetRequest] = deque()
         self.queued = 0  # prefill tokens its requests still have to compute (the routers' queued work)
-        self.loads: list[FleetRequest] = []
+        self.loads: list[FleetRequest] = []  # admitted in this step, their transfers start when it ends
+        self.loading: set[FleetRequest] = set()  # waiting for a transfer to land
         self.busy = False
-        self.window: tuple[float, list[tuple[FleetRequest, int]], int, int, int] | None = None
+        self.window: tuple[float, list[tuple[FleetRequest, int]], int, DecodeWindow | None] | None = None
         self.version = 0
         self.steps = self.preemptions = self.max_running = 0
         self.busy_ns = 0.0
@@ -212,7 +214,9 @@ class Instance:
         held = r.hash_ids[:hbm]
         held_blocks = sum(self.entries[h][0] for h in held)
         unfreed = sum(self.entries[h][0] for h in held if self.entries[h][1] == 0)
-        need = max(0, _blocks(all_tok + new, bt) - held_blocks)
+        # a request whose hits load first takes the blocks of its whole prompt now (vLLM takes the
+        # hits' only): loaded requests holding just their hits can fill the KV space and never grow
+        need = max(0, _blocks(req.num_tokens if ext else all_tok + new, bt) - held_blocks)
         if need + unfreed > self.available:
             return "full", 0
         for h in held:
@@ -229,6 +233,7 @@ class Instance:
             self.store.pin(req.load_keys, int(now))  # type: ignore[union-attr]
             req.state, req.load_done = LOADING, float("inf")
             self.loads.append(req)
+            self.loading.add(req)
             return "wait", 0
         return "ok", new
 
@@ -290,65 +295,56 @@ class Instance:
             return batch, True
         skipped: list[FleetRequest] = []
         waiting, running = self.waiting, self.running
+        full = False
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
             req = waiting[0]
             if req.state == LOADING:
                 if req.load_done > now:
                     skipped.append(waiting.popleft())
                     continue
-                new = min(req.num_tokens - req.computed, budget)
-                if not self._grow(req, req.computed + new):
-                    break
-                self.store.unpin(req.load_keys)  # type: ignore[union-attr]
-                req.load_keys = ()
+                new = self._landed(req, budget)
             else:
                 got, new = self._admit(req, budget, now)
                 if got == "full":
+                    full = True
                     break
                 if got == "wait":  # its load starts when this step ends: a window could not know when it lands
                     changed = True
                     skipped.append(waiting.popleft())
                     continue
             waiting.popleft()
-            req.state = RUNNING
-            running.append(req)
-            batch.append((req, new))
-            self._publish(req, req.computed + new)
-            budget -= new
+            budget = self._run(req, new, batch, budget)
             changed = True
+        if full:  # landed loads hold their blocks already: they run past a head that does not fit
+            for req in sorted((q for q in self.loading if q.load_done <= now), key=lambda q: q.tr.index):
+                if budget <= 0 or len(running) >= self.max_num_seqs:
+                    break
+                waiting.remove(req)
+                budget = self._run(req, self._landed(req, budget), batch, budget)
+                changed = True
         waiting.extendleft(reversed(skipped))
         self.max_running = max(self.max_running, len(running))
         return batch, changed
 
+    def _landed(self, req: FleetRequest, budget: int) -> int:
+        """A request whose load landed: its tokens this step (its blocks were taken at admission)."""
+        new = min(req.num_tokens - req.computed, budget)
+        if not self._grow(req, req.computed + new):
+            raise AssertionError("a landed load holds its prompt's blocks")
+        self.store.unpin(req.load_keys)  # type: ignore[union-attr]
+        req.load_keys = ()
+        self.loading.discard(req)
+        return new
+
+    def _run(self, req: FleetRequest, new: int, batch: list[tuple[FleetRequest, int]], budget: int) -> int:
+        req.state = RUNNING
+        self.running.append(req)
+        batch.append((req, new))
+        self._publish(req, req.computed + new)
+        return budget - new
+
     # --- steps and windows -----------------------------------------------------------------
-    def _decode_ns(self, n: int, s: float) -> float:
-        """One step of ``n`` decoding sequences whose computed tokens + 1 sum to ``s``."""
-        return self.cost.step_ns(Batch(tokens=n, pairs=s, context=int(s), seqs=n, sampled=n, decode_context=int(s)))
-
-    def _sum(self, n: int, s0: int, j0: int, j1: int) -> float:
-        """Steps j0..j1-1 of a decode window (step j's sum is s0 + n j): exact over stretches
-        where the cost is linear in the context, which a midpoint check finds."""
-        if j1 - j0 <= 2:
-            return sum(self._decode_ns(n, s0 + n * j) for j in range(j0, j1))
-        a, b = self._decode_ns(n, s0 + n * j0), self._decode_ns(n, s0 + n * (j1 - 1))
-        mid = (j0 + j1 - 1) // 2
-        line = a + (b - a) * (mid - j0) / (j1 - 1 - j0)
-        if abs(self._decode_ns(n, s0 + n * mid) - line) <= 1e-9 * max(abs(line), 1.0):
-            return (j1 - j0) * (a + b) / 2
-        return self._sum(n, s0, j0, mid + 1) + self._sum(n, s0, mid + 1, j1)
-
-    def _first_boundary(self, t0: float, n: int, s0: int, k: int, at: float) -> int:
-        """The first step (1..k) of a window from ``t0`` that ends at or after ``at``."""
-        lo, hi = 1, k
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if t0 + self._sum(n, s0, 0, mid) >= at:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
-    def _window_steps(self, batch: list[tuple[FleetRequest, int]], now: float, s0: int) -> int:
+    def _window_steps(self, batch: list[tuple[FleetRequest, int]], s0: int, now: float) -> tuple[int, DecodeWindow]:
         """How many decode steps run as they are: to the first request's last token, while the
         KV space holds their growth, and to the first boundary after a load lands."""
         k = min(req.tr.output_length - req.generated for req, _ in batch)
@@ -362,15 +358,19 @@ class Instance:
                 mid = (lo + hi + 1) // 2
                 lo, hi = (mid, hi) if need(mid) <= self.available else (lo, mid - 1)
             k = lo
-        land = min((q.load_done for q in self.waiting if q.state == LOADING), default=float("inf"))
+        dw = DecodeWindow(self.cost, len(batch), s0, k)
+        land = min((q.load_done for q in self.loading), default=float("inf"))
         if k > 1 and land < float("inf"):
-            k = self._first_boundary(now, len(batch), s0, k, land)
-        return k
+            k = dw.first_end_after(land - now)
+        return k, dw
 
     def step(self, now: float) -> float | None:
         """Schedule at ``now`` (the instance is free): the step's (or window's) end, or None when
         nothing can run (loads admitted now start at once)."""
         batch, changed = self._schedule(now)
+        while not batch and changed:  # all it ran was preempted (or only loads admitted): vLLM's next step retries
+            self._start_loads(now)
+            batch, changed = self._schedule(now)
         if not batch:
             self._start_loads(now)
             self.busy, self.window = False, None
@@ -378,16 +378,16 @@ class Instance:
         n = len(batch)
         if all(new == 1 and req.computed + 1 >= req.num_tokens for req, new in batch):
             s0 = sum(req.computed + 1 for req, _ in batch)
-            k = 1 if changed else self._window_steps(batch, now, s0)
+            k, dw = (1, DecodeWindow(self.cost, n, s0, 1)) if changed else self._window_steps(batch, s0, now)
             for req, _ in batch:
                 self._grow(req, req.computed + k)
-            self.window = (now, batch, k, n, s0)
-            end = now + self._sum(n, s0, 0, k)
+            self.window = (now, batch, k, dw)
+            end = now + dw.total(k)
         else:
             b = Batch()
             for req, new in batch:
                 b.add(new, req.computed, req.computed + new >= req.num_tokens)
-            self.window = (now, batch, 1, 0, 0)
+            self.window = (now, batch, 1, None)
             end = now + self.cost.step_ns(b)
         self.busy = True
         self.version += 1
@@ -398,22 +398,22 @@ class Instance:
         new end (None when the window ends then anyway)."""
         if self.window is None or self.window[2] <= 1:
             return None
-        t0, batch, k, n, s0 = self.window
-        j = self._first_boundary(t0, n, s0, k, now)
+        t0, batch, k, dw = self.window
+        j = dw.first_end_after(now - t0)  # type: ignore[union-attr]
         if j >= k:
             return None
-        self.window = (t0, batch, j, n, s0)
+        self.window = (t0, batch, j, dw)
         self.version += 1
-        return t0 + self._sum(n, s0, 0, j)
+        return t0 + dw.total(j)  # type: ignore[union-attr]
 
     def end_step(self, end: float) -> list[FleetRequest]:
         """Apply the step (or window) ending at ``end``; the requests it finished."""
-        t0, batch, k, n, s0 = self.window  # type: ignore[misc]
+        t0, batch, k, dw = self.window  # type: ignore[misc]
         self.steps += k
         self.busy_ns += end - t0
         done = []
-        if n:  # a decode window: every sequence samples each step
-            first = t0 + self._decode_ns(n, s0)
+        if dw is not None:  # a decode window: every sequence samples each step
+            first = t0 + dw.first_ns
             for req, _ in batch:
                 req.computed += k
                 req.generated += k
@@ -477,7 +477,7 @@ class Instance:
             req.load_done = self.home.read(self.index, now, req.load_tokens)
         self.loads = []
 
-    def next_load(self) -> float | None:
-        """When the earliest load of a waiting request lands (the instance wakes then)."""
-        t = min((q.load_done for q in self.waiting if q.state == LOADING), default=None)
+    def next_load(self, now: float) -> float | None:
+        """When the earliest load still in flight lands (the idle instance wakes then)."""
+        t = min((q.load_done for q in self.loading if q.load_done > now), default=None)
         return None if t is None or t == float("inf") else t
