@@ -115,7 +115,9 @@ def _register_serve(sub: Any) -> None:
     s.add_argument("--system-prompts", type=_positive(int), default=4, help="sessions: distinct shared prompts (4)")
     s.add_argument("--user-tokens", type=_positive(int), default=256, help="sessions: new tokens a turn (default 256)")
     s.add_argument("--think-s", type=float, default=5.0, help="sessions: mean think time, s (default 5)")
-    s.add_argument("--trace", metavar="FILE", help="a session trace (cxlemu trace gen sessions)")
+    s.add_argument("--trace", metavar="FILE", help="a session trace (cxlemu trace gen sessions) or a Mooncake trace "
+                   "(JSON lines with hash_ids: one request a client, at its timestamp)")
+    s.add_argument("--speed", type=_positive(float), default=1.0, help="trace: a Mooncake trace's arrival rate x this")
     s.add_argument("--offload", type=parse_modes, default=None,
                    help="modes, comma-separated: none, host-lru, cxl-lru, cxl-smart (default all)")
     s.add_argument("--concurrency", type=_levels, default=None,
@@ -158,7 +160,7 @@ def _workload(args: argparse.Namespace) -> dict[str, Any]:
                 "user_tokens": args.user_tokens, "output_tokens": args.output_tokens, "think_s": args.think_s}
     if not args.trace:
         raise CliError("--workload trace needs --trace FILE (write one with `cxlemu trace gen sessions`)")
-    return {"kind": "trace", "path": args.trace}
+    return {"kind": "trace", "path": args.trace, "speed": args.speed}
 
 
 def base_point(args: argparse.Namespace) -> Any:

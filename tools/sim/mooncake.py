@@ -17,16 +17,18 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
-__all__ = ["TRACE_BLOCK_TOKENS", "MooncakeTraceError", "TraceRequest", "is_mooncake", "load", "read",
-           "theoretical_hit_rate", "to_scripts"]
+from tools.sim.workload import REST, ClientScript, Turn, TraceError
+
+__all__ = ["TRACE_BLOCK_TOKENS", "MooncakeTraceError", "TraceRequest", "capped_hit_tokens", "is_mooncake", "load",
+           "read", "theoretical_hit_rate", "to_scripts"]
 
 #: tokens per hash id in Mooncake's traces (its README: "block size 512")
 TRACE_BLOCK_TOKENS = 512
 
 
-class MooncakeTraceError(ValueError):
+class MooncakeTraceError(TraceError):
     """A Mooncake trace line that cannot be read: ``line`` is its number (1-based), the message
     says what is wrong and what the line must hold."""
 
@@ -151,11 +153,9 @@ def capped_hit_tokens(r: TraceRequest, blocks: int, block_tokens: int = 16) -> i
     return min(tokens, r.input_length - 1) // block_tokens * block_tokens
 
 
-def to_scripts(requests: Sequence[TraceRequest]) -> list[Any]:
+def to_scripts(requests: Sequence[TraceRequest]) -> list[ClientScript]:
     """The engine's open-loop clients: one a request, arriving at its time (``think_s``), its
     prompt's segments the trace blocks (owner ``("mc", hash id)``), the output its own."""
-    from tools.sim.workload import REST, ClientScript, Turn
-
     out = []
     for r in requests:
         segs = [(("mc", h), min((i + 1) * TRACE_BLOCK_TOKENS, r.input_length)) for i, h in enumerate(r.hash_ids)]

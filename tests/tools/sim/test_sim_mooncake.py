@@ -69,3 +69,21 @@ def test_scripts_share_keys_exactly_where_prefixes_match() -> None:
     assert key[0](32) != key[1](32)
     assert b.turns[0].think_s == 2.0 and b.turns[0].owner_at(1030) == ("mc-out", 1)
     assert is_mooncake(_line()) and not is_mooncake('{"client": "c0"}')
+
+
+def test_sim_serve_reads_a_mooncake_trace_as_it_is(capsys, tmp_path) -> None:
+    from cli_support import cli
+
+    trace = tmp_path / "m.jsonl"
+    # r1 repeats r0's first block two seconds later: a prefix-cache hit of 512 tokens; at speed 2
+    # it arrives after one second
+    trace.write_text(_line(timestamp=0, input_length=600, output_length=4, hash_ids=[1, 2]) + "\n"
+                     + _line(timestamp=2000, input_length=700, output_length=4, hash_ids=[1, 3]) + "\n")
+    code, out, _ = cli(capsys, "sim", "serve", "--workload", "trace", "--trace", str(trace), "--model", "llama-3-8b",
+                       "--offload", "none", "--speed", "2", "--json")
+    (row,) = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and (row["concurrency"], row["requests"], row["prefix_hit_tokens"]) == (2, 2, 512)
+    trace.write_text(_line(timestamp=0) + "\n" + _line(hash_ids=[]) + "\n")
+    code, _, err = cli(capsys, "sim", "serve", "--workload", "trace", "--trace", str(trace))
+    assert code == 2 and err == (f"cxlemu: error: trace {trace}: line 2: 1100 prompt tokens are 3 blocks of 512, "
+                                 "but hash_ids has 0\n")
