@@ -186,6 +186,11 @@ class Fleet:
 
 
 # --- metrics -------------------------------------------------------------------------------------
+def _within_slos(r: FleetRequest, cfg: FleetConfig) -> bool:
+    return (r.first_token - r.arrival) <= cfg.slo_ttft_ms * 1e6 and (
+        r.generated <= 1 or (r.finish - r.first_token) / (r.generated - 1) <= cfg.slo_tpot_ms * 1e6)
+
+
 def _metrics(records: list[FleetRequest], rejected: int, cfg: FleetConfig, span_ns: float) -> dict[str, Any]:
     """The metrics of one set of served requests (a fleet's, an instance's)."""
     n = len(records)
@@ -196,11 +201,8 @@ def _metrics(records: list[FleetRequest], rejected: int, cfg: FleetConfig, span_
     hbm = sum(r.hbm_hit for r in records)
     home = sum(r.home_hit for r in records)
     out_tokens = sum(r.generated for r in records)
-    good = sum(1 for r in records if (r.first_token - r.arrival) <= cfg.slo_ttft_ms * 1e6
-               and (r.generated <= 1 or (r.finish - r.first_token) / (r.generated - 1) <= cfg.slo_tpot_ms * 1e6))
-    good_tokens = sum(r.generated for r in records if (r.first_token - r.arrival) <= cfg.slo_ttft_ms * 1e6
-                      and (r.generated <= 1 or (r.finish - r.first_token) / (r.generated - 1)
-                           <= cfg.slo_tpot_ms * 1e6))
+    within = [r for r in records if _within_slos(r, cfg)]
+    good, good_tokens = len(within), sum(r.generated for r in within)
     span_s = span_ns / 1e9 if span_ns > 0 else math.nan
     return {"requests": n, "rejected": rejected,
             "hit_rate": (hbm + home) / prompt if prompt else 0.0,
