@@ -155,6 +155,7 @@ def _print(rows: list[dict[str, Any]], goals: list[dict[str, Any]], even: list[d
                   r["policy"], _f(r["hit_vs_host"]), _f(r["ttft_p99_vs_rdma"]), _f(r["goodput_vs_none_fcfs"]))
     con.print(g)
     for r in even:
-        con.print(f"break-even pool price ({r['speed']:g}x, {r['instances']} instances, {r['router']}, {r['admission']}, "
+        con.print(f"break-even pool price ({r['speed']:g}x, {r['instances']} instances, {r['router']}, "
+                  f"{r['admission']}, "
                   f"{r['cache_tokens'] / 1e6:g}M a host, {r['pool_gb']:,.0f} GB): vs host ${_f(r['vs_host'], 4)}"
                   f"/GB-h, vs none ${_f(r['vs_none'], 4)}/GB-h")

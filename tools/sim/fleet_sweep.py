@@ -98,7 +98,8 @@ def goals(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def break_even(rows: Sequence[Mapping[str, Any]], *, accelerator_hour: float, host_gb_hour: float) -> list[dict[str, Any]]:
+def break_even(rows: Sequence[Mapping[str, Any]], *, accelerator_hour: float,
+               host_gb_hour: float) -> list[dict[str, Any]]:
     """The pool price per GB-hour at which each ``cxl-pool`` row's $/M good tokens equals ``host``'s
     (same home size) and ``none``'s (same admission); None where a row served no good tokens."""
     ok = [r for r in rows if "error" not in r]

@@ -18,58 +18,20 @@ time is the sum of its steps' costs, each step's batch known in closed form (n s
 context grows by one a step), summed over linear stretches of the cost (exact for the roofline
 and linear costs, which are piecewise linear in the context).
 
-The HBM prefix cache holds whole trace blocks (512 tokens = 32 of vLLM's blocks; a prompt's last,
-shorter one its whole 16-token blocks), shared by the requests that hit them, evicted least
-recently freed first once no running request holds them (vLLM's free queue, its lazy eviction,
-a request's last blocks freed first).
+The HBM KV space and its prefix cache of 512-token trace blocks are :mod:`tools.sim.kvspace`'s.
 """
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from tools.sim.hardware import Batch, StepCost
 from tools.sim.kvhome import KvHome, Store
-from tools.sim.mooncake import TRACE_BLOCK_TOKENS, TraceRequest, capped_hit_tokens
-from tools.sim.window import DecodeWindow, decode_step_ns
+from tools.sim.kvspace import DONE, LOADING, RUNNING, WAITING, FleetRequest, KvSpace, blocks_for, trace_block_end
+from tools.sim.mooncake import TraceRequest, capped_hit_tokens
+from tools.sim.window import DecodeWindow
 
 __all__ = ["FleetRequest", "Instance"]
-
-WAITING, LOADING, RUNNING, DONE = range(4)
-
-
-class FleetRequest:
-    __slots__ = ("arrival", "computed", "est_left", "finish", "first_token", "generated", "hbm_hit", "home_hit",
-                 "inst", "load_done", "load_keys", "load_tokens", "num_tokens", "own", "pinned", "pinned_blocks", "preemptions",
-                 "prefill_ns", "rejected", "state", "stored", "tr")
-
-    def __init__(self, tr: TraceRequest) -> None:
-        self.tr = tr
-        self.arrival = tr.arrival_ns
-        self.num_tokens = tr.input_length
-        self.computed = self.generated = self.own = self.pinned_blocks = self.stored = 0
-        self.pinned: list[int] = []
-        self.state = WAITING
-        self.inst = -1
-        self.load_done = 0.0
-        self.load_keys: tuple[int, ...] = ()
-        self.load_tokens = 0
-        self.first_token: float | None = None
-        self.finish: float | None = None
-        self.hbm_hit = self.home_hit = self.preemptions = 0
-        self.prefill_ns = 0.0
-        self.est_left = 0
-        self.rejected = False
-
-
-def _blocks(tokens: int, bt: int) -> int:
-    return -(-tokens // bt)
-
-
-def _trace_block_end(r: TraceRequest, i: int) -> int:
-    return min((i + 1) * TRACE_BLOCK_TOKENS, r.input_length)
-
 
 class Instance:
     """An instance's scheduler, KV space and prefix cache. The fleet calls :meth:`step` when the
@@ -84,9 +46,7 @@ class Instance:
         self.total = kv_blocks - 1  # vLLM's null block
         self.store = home.store_of(index)
         self.on_store = on_store
-        self.entries: dict[int, list[int]] = {}  # trace block id -> [vLLM blocks, requests holding it]
-        self.lru: OrderedDict[int, None] = OrderedDict()  # entries no request holds, evicted first-in first
-        self.cached = self.own_total = self.evictable = 0
+        self.kv = KvSpace(self.total, block_tokens)
         self.running: list[FleetRequest] = []
         self.waiting: deque[FleetRequest] = deque()
         self.queued = 0  # prefill tokens its requests still have to compute (the routers' queued work)
@@ -107,16 +67,9 @@ class Instance:
     def queued_prefill_tokens(self) -> int:
         return self.queued
 
-    def hbm_prefix(self, ids: tuple[int, ...]) -> int:
-        n = 0
-        entries = self.entries
-        while n < len(ids) and ids[n] in entries:
-            n += 1
-        return n
-
     def cached_blocks(self, r: TraceRequest) -> tuple[int, int]:
         """Trace blocks of ``r`` its HBM cache holds, then how many more its home holds."""
-        n = self.hbm_prefix(r.hash_ids)
+        n = self.kv.prefix(r.hash_ids)
         return n, (self.store.prefix(r.hash_ids, n) if self.store is not None else 0)
 
     def cached_tokens(self, r: TraceRequest) -> int:
@@ -125,7 +78,7 @@ class Instance:
 
     def committed_blocks(self) -> int:
         """Blocks its requests will hold at their last token (memory-aware admission)."""
-        return sum(_blocks(q.tr.input_length + q.tr.output_length, self.bt) for q in (*self.running, *self.waiting))
+        return sum(blocks_for(q.tr.input_length + q.tr.output_length, self.bt) for q in (*self.running, *self.waiting))
 
     def _left(self, req: FleetRequest, value: int) -> None:
         self.queued += value - req.est_left
@@ -135,71 +88,6 @@ class Instance:
         req.inst = self.index
         self._left(req, est_uncached)
         self.waiting.append(req)
-
-    # --- the KV space ----------------------------------------------------------------------
-    @property
-    def available(self) -> int:
-        """Blocks an allocation may take: free ones and cached ones no request holds."""
-        return self.total - self.own_total - self.cached + self.evictable
-
-    def _alloc(self, n: int) -> None:
-        while self.total - self.own_total - self.cached < n:
-            h, _ = self.lru.popitem(last=False)
-            blocks = self.entries.pop(h)[0]
-            self.cached -= blocks
-            self.evictable -= blocks
-        self.own_total += n
-
-    def _grow(self, req: FleetRequest, tokens: int) -> bool:
-        need = _blocks(tokens, self.bt) - req.pinned_blocks - req.own
-        if need <= 0:
-            return True
-        if need > self.available:
-            return False
-        self._alloc(need)
-        req.own += need
-        return True
-
-    def _hold(self, req: FleetRequest, h: int) -> None:
-        e = self.entries[h]
-        if e[1] == 0:
-            del self.lru[h]
-            self.evictable -= e[0]
-        e[1] += 1
-        req.pinned.append(h)
-        req.pinned_blocks += e[0]
-
-    def _release(self, req: FleetRequest) -> None:
-        for h in reversed(req.pinned):
-            e = self.entries[h]
-            e[1] -= 1
-            if e[1] == 0:
-                self.lru[h] = None
-                self.evictable += e[0]
-        self.own_total -= req.own
-        req.pinned, req.pinned_blocks, req.own = [], 0, 0
-
-    def _publish(self, req: FleetRequest, tokens: int) -> None:
-        """Publish ``req``'s trace blocks that are whole once it has ``tokens`` computed (vLLM
-        caches full blocks when their step is scheduled): each becomes an entry it holds (one
-        another request published first is shared, its copy freed)."""
-        r = req.tr
-        upto = min(tokens, r.input_length)
-        ids = r.hash_ids
-        while len(req.pinned) < len(ids) and _trace_block_end(r, len(req.pinned)) <= upto:
-            i = len(req.pinned)
-            h = ids[i]
-            if h in self.entries:
-                self._hold(req, h)
-                blocks = self.entries[h][0]
-            else:
-                blocks = r.block_tokens(i) // self.bt
-                self.entries[h] = [blocks, 1]
-                self.cached += blocks
-                req.pinned.append(h)
-                req.pinned_blocks += blocks
-            req.own -= blocks
-            self.own_total -= blocks
 
     # --- admission -------------------------------------------------------------------------
     def _admit(self, req: FleetRequest, budget: int, now: float) -> tuple[str, int]:
@@ -212,16 +100,16 @@ class Instance:
         ext = all_tok - hbm_tok
         new = 0 if ext else min(req.num_tokens - all_tok, budget)
         held = r.hash_ids[:hbm]
-        held_blocks = sum(self.entries[h][0] for h in held)
-        unfreed = sum(self.entries[h][0] for h in held if self.entries[h][1] == 0)
+        held_blocks = sum(self.kv.entries[h][0] for h in held)
+        unfreed = sum(self.kv.entries[h][0] for h in held if self.kv.entries[h][1] == 0)
         # a request whose hits load first takes the blocks of its whole prompt now (vLLM takes the
         # hits' only): loaded requests holding just their hits can fill the KV space and never grow
-        need = max(0, _blocks(req.num_tokens if ext else all_tok + new, bt) - held_blocks)
-        if need + unfreed > self.available:
+        need = max(0, blocks_for(req.num_tokens if ext else all_tok + new, bt) - held_blocks)
+        if need + unfreed > self.kv.available:
             return "full", 0
         for h in held:
-            self._hold(req, h)
-        self._alloc(need)
+            self.kv.hold(req, h)
+        self.kv.alloc(need)
         req.own = need
         req.computed = all_tok
         if req.preemptions == 0:  # hits count once, at the first admission
@@ -256,7 +144,7 @@ class Instance:
         return self._per_token
 
     def _preempt(self, req: FleetRequest) -> None:
-        self._release(req)
+        self.kv.release(req)
         req.computed = 0
         req.state = WAITING
         req.preemptions += 1
@@ -272,7 +160,7 @@ class Instance:
         while i < len(running) and budget > 0:
             req = running[i]
             new = min(req.num_tokens - req.computed, budget)
-            while not self._grow(req, req.computed + new):
+            while not self.kv.grow(req, req.computed + new):
                 victim = running.pop()
                 self._preempt(victim)
                 preempted = True
@@ -280,7 +168,7 @@ class Instance:
                     break
             else:
                 batch.append((req, new))
-                self._publish(req, req.computed + new)
+                self.kv.publish(req, req.computed + new)
                 budget -= new
                 i += 1
                 continue
@@ -329,7 +217,7 @@ class Instance:
     def _landed(self, req: FleetRequest, budget: int) -> int:
         """A request whose load landed: its tokens this step (its blocks were taken at admission)."""
         new = min(req.num_tokens - req.computed, budget)
-        if not self._grow(req, req.computed + new):
+        if not self.kv.grow(req, req.computed + new):
             raise AssertionError("a landed load holds its prompt's blocks")
         self.store.unpin(req.load_keys)  # type: ignore[union-attr]
         req.load_keys = ()
@@ -340,7 +228,7 @@ class Instance:
         req.state = RUNNING
         self.running.append(req)
         batch.append((req, new))
-        self._publish(req, req.computed + new)
+        self.kv.publish(req, req.computed + new)
         return budget - new
 
     # --- steps and windows -----------------------------------------------------------------
@@ -351,12 +239,12 @@ class Instance:
         bt = self.bt
 
         def need(steps: int) -> int:
-            return sum(max(0, _blocks(req.computed + steps, bt) - req.pinned_blocks - req.own) for req, _ in batch)
-        if k > 1 and need(k) > self.available:
+            return sum(max(0, blocks_for(req.computed + steps, bt) - req.pinned_blocks - req.own) for req, _ in batch)
+        if k > 1 and need(k) > self.kv.available:
             lo, hi = 1, k  # the most steps whose blocks fit
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if need(mid) <= self.available else (lo, mid - 1)
+                lo, hi = (mid, hi) if need(mid) <= self.kv.available else (lo, mid - 1)
             k = lo
         dw = DecodeWindow(self.cost, len(batch), s0, k)
         land = min((q.load_done for q in self.loading), default=float("inf"))
@@ -380,7 +268,7 @@ class Instance:
             s0 = sum(req.computed + 1 for req, _ in batch)
             k, dw = (1, DecodeWindow(self.cost, n, s0, 1)) if changed else self._window_steps(batch, s0, now)
             for req, _ in batch:
-                self._grow(req, req.computed + k)
+                self.kv.grow(req, req.computed + k)
             self.window = (now, batch, k, dw)
             end = now + dw.total(k)
         else:
@@ -446,7 +334,7 @@ class Instance:
         self.running = [r for r in self.running if id(r) not in gone]
         for req in done:
             req.state, req.finish = DONE, now
-            self._release(req)
+            self.kv.release(req)
             self._left(req, 0)
             self.records.append(req)
 
@@ -458,7 +346,7 @@ class Instance:
         r = req.tr
         whole = req.stored
         upto = min(req.computed, r.input_length)
-        while whole < len(r.hash_ids) and _trace_block_end(r, whole) <= upto:
+        while whole < len(r.hash_ids) and trace_block_end(r, whole) <= upto:
             whole += 1
         if whole > req.stored:
             keys = store.missing(r.hash_ids[req.stored:whole])

@@ -150,3 +150,18 @@ def test_the_cli_json_has_the_fleet_and_its_instances(capsys, tmp_path) -> None:
     # the pool, r2 and r3 from their instance's HBM
     f = doc["fleet"]
     assert (f["hit_rate"], f["hit_rate_home"]) == (pytest.approx(3 * 512 / 2400), pytest.approx(512 / 2400))
+
+
+def test_the_rdma_store_pays_its_latency_and_nic_bandwidth() -> None:
+    fleet, m = _run(TRACE, router="rr", kv="rdma", cache_tokens=10_000)
+    # r4's 1,024,000 bytes: 25 us + 11,770 ns at 87 GB/s (11,494 fs a byte, rounded half up)
+    assert _by_request(fleet)[4][1] == pytest.approx(0.036770 + 1.376, abs=1e-9)
+    assert m["fleet"]["hit_rate_home"] == pytest.approx(1024 / PROMPT)
+
+
+def test_least_loaded_breaks_a_tie_by_queued_prefill() -> None:
+    trace = [_req(0, 0, 1024, 2, (1, 2)), _req(1, 0, 600, 2, (3, 4)), _req(2, 0, 100, 2, (9,))]
+    got = {i: g[0] for i, g in _by_request(_run(trace, router="least-loaded")[0]).items()}
+    # r2: one request on each; instance 0 has 1023 prefill tokens queued, instance 1 599
+    assert got == {0: 0, 1: 1, 2: 1}
+    assert {i: g[0] for i, g in _by_request(_run(trace, router="rr")[0]).items()} == {0: 0, 1: 1, 2: 0}
