@@ -22,7 +22,9 @@ Close the pool before its MemDev (it holds views of the MemDev's media mapping).
 from __future__ import annotations
 
 import os
+import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,8 +40,12 @@ if TYPE_CHECKING:
 
 __all__ = ["Fingerprint", "KvPool", "NoPool", "PinnedBlock", "PoolError", "PoolRevoked"]
 
-JOIN_TIMEOUT_S = 2.0  # the firmware admits a joining host within one 20 ms pass; a loaded machine is slower
+JOIN_TIMEOUT_S = 5.0  # the firmware admits a joining host within one 20 ms pass; a loaded machine is slower
 _TAG = K.INDEX_TAG.ljust(16, b"\0")
+# the pools open in this process, by (device directory, host): a LIVE record naming this process
+# with no open pool behind it is an earlier handle's (e.g. from before a firmware restart)
+_OPEN: weakref.WeakValueDictionary[tuple[str, int], "KvPool"] = weakref.WeakValueDictionary()
+_OPEN_LOCK = threading.Lock()
 
 
 class PoolError(CxlemuError):
@@ -115,11 +121,18 @@ class KvPool:
         """The pool in the extent tagged kv-index that ``md``'s host accepted (a pending offer of
         one is accepted here); ``NoPool`` when there is none."""
         pool = cls(md, cls._find_extent(md))
-        try:
-            pool._join(join_timeout_s)
-        except BaseException:
-            pool._cas.release()
-            raise
+        slot = (str(md.files.path), md.host)
+        with _OPEN_LOCK:
+            other = _OPEN.get(slot)
+            if other is not None and other._cas is not None and other.md._gone_reason(False) is None:
+                pool._cas.release()
+                raise PoolError(f"{md.name}: this process has the pool open on host {md.host} already")
+            try:
+                pool._join(join_timeout_s)
+            except BaseException:
+                pool._cas.release()
+                raise
+            _OPEN[slot] = pool
         return pool
 
     @staticmethod
@@ -141,8 +154,13 @@ class KvPool:
         while True:
             word = idx.host_field(h, K.HS_STATE)
             phase, gen = word >> 32, word & 0xFFFF_FFFF
-            if phase == K.LIVE and idx.host_field(h, K.HS_PID) == os.getpid():
-                raise PoolError(f"{self.md.name}: this process has the pool open on host {h} already")
+            pid, started = idx.host_field(h, K.HS_PID), idx.host_field(h, K.HS_START)
+            if phase == K.LIVE and pid == os.getpid():
+                idx.cas_host_state(h, word, K.host_word(gen, K.IDLE))  # an earlier handle's: left
+                continue
+            if phase == K.LIVE and liveness.process_alive(pid, started if started < 1 << 62 else -1):
+                raise PoolError(f"{self.md.name}: pid {pid} uses the pool as host {h}: each process needs a "
+                                "host port of its own (`cxlemu serve --hosts N`, MemDev.open(name, host=h))")
             if phase == K.IDLE:
                 idx.set_host_field(h, K.HS_PID, os.getpid())
                 idx.set_host_field(h, K.HS_START, liveness.start_time(os.getpid()) % (1 << 64))
@@ -241,6 +259,10 @@ class KvPool:
             return False
         self.index.touch(block.slot, self.host, time.monotonic_ns())
         self._stats["hits"] += 1
+        # counted in the host table too, where the firmware reads them for the telemetry page
+        self.index.add_host_field(self.host, K.HS_HITS)
+        if K.owner_of(block.word)[0] != self.host:  # a block another host published: a cross-host hit
+            self.index.add_host_field(self.host, K.HS_CROSS_HITS)
         return True
 
     # reporting and closing -------------------------------------------------------------------------------

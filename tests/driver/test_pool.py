@@ -60,6 +60,23 @@ def test_published_by_one_host_loaded_by_the_other(two: tuple[KvPool, HostProces
     assert child.ask("stats")["hits"] == 1
 
 
+def test_loads_count_hits_and_cross_host_hits_in_the_host_table(two: tuple[KvPool, HostProcess]) -> None:
+    """Every hit adds to the loader's record in the index's host table (the firmware publishes it);
+    a hit on a block another host published adds to its cross-host hits too."""
+    pool, child = two
+    idx = pool.index
+
+    def counts() -> list[tuple[int, int]]:
+        return [(idx.host_field(h, K.HS_HITS), idx.host_field(h, K.HS_CROSS_HITS)) for h in (0, 1)]
+
+    before = counts()
+    assert child.ask("publish", 60) is True and pool.publish(FPR, block_hash(61), payload(61))
+    out = np.zeros(SLOT, np.uint8)
+    assert pool.load(FPR, block_hash(60), out) and pool.load(FPR, block_hash(61), out)
+    assert child.ask("load", 61) is True and child.ask("load", 60) is True
+    assert [(h - h0, c - c0) for (h, c), (h0, c0) in zip(counts(), before)] == [(2, 1), (2, 1)]
+
+
 def test_a_torn_block_is_refused_and_counted(two: tuple[KvPool, HostProcess]) -> None:
     pool, child = two
     assert child.ask("publish", 3)
@@ -125,3 +142,70 @@ def test_a_released_extent_revokes_the_host(device_name: str) -> None:
             assert p0.load(FPR, block_hash(5), bytearray(SLOT))  # host 0 goes on
             p1.close()
             p0.close()
+
+
+def test_a_pinned_block_outlives_eviction_around_it(device_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The least recently used block is being read (pinned) when the pool passes its high mark:
+    the firmware evicts the blocks after it in LRU order, never the pinned one, and the load
+    verifies."""
+    with serve(DeviceConfig(name=device_name, capacity=256 << 20, hosts=2, dc_regions=(256 << 20,))):
+        with MemDev.open(device_name, host=0) as md:
+            md.fm_create_pool(2 << 20, hosts=[0], slot_bytes=SLOT, quota=1 << 30)
+            pool = KvPool.open(md)
+            try:
+                first, slots = 100, pool.index.slots  # 494: the high mark 432, the low 370
+                assert pool.publish(FPR, block_hash(first), payload(first))
+                keys = iter(range(1000, 10_000))
+                published = 1
+                while published < 420:
+                    published += pool.publish(FPR, block_hash(next(keys)), payload(0))
+                real = md.read_into
+
+                def slow(dpa: int, out: object) -> int:
+                    nonlocal published
+                    while published < slots * 7 // 8 + 20:  # past the high mark while pinned
+                        published += pool.publish(FPR, block_hash(next(keys)), payload(0))
+                    time.sleep(0.1)  # five firmware passes
+                    return real(dpa, out)
+                monkeypatch.setattr(md, "read_into", slow)
+                out = bytearray(SLOT)
+                assert pool.load(FPR, block_hash(first), out) and bytes(out) == payload(first)
+                assert int(pool.index.words[K.H_EVICTIONS]) >= published - int(slots * 3 / 4) - 1
+            finally:
+                pool.close()
+
+
+def test_the_pool_survives_a_firmware_restart(device_name: str) -> None:
+    """Sealed blocks live in the media: a restarted firmware serves them again, and the same
+    process opens the pool again over its earlier (now stale) handle."""
+    cfg = DeviceConfig(name=device_name, capacity=256 << 20, hosts=2, dc_regions=(256 << 20,))
+    with serve(cfg, keep=True):
+        md = MemDev.open(device_name, host=1)
+        md.fm_create_pool(2 << 20, slot_bytes=SLOT)
+        stale = KvPool.open(md)
+        assert stale.publish(FPR, block_hash(7), payload(7))
+        with pytest.raises(PoolError, match="open on host 1 already"):
+            KvPool.open(md)
+    with serve(cfg):
+        with MemDev.open(device_name, host=1) as md2:
+            pool = KvPool.open(md2)  # the stale handle, never closed, belongs to the last boot
+            out = bytearray(SLOT)
+            assert pool.load(FPR, block_hash(7), out) and bytes(out) == payload(7)
+            assert pool.gen == 2
+            pool.close()
+        stale.close()
+        md.close()
+
+
+def test_a_second_process_on_one_port_is_refused(device_name: str) -> None:
+    """A one-port device is open to every process; its pool's host record is not: the second
+    process is told which pid holds it."""
+    with serve(DeviceConfig(name=device_name, capacity=256 << 20, dc_regions=(256 << 20,))):
+        with MemDev.open(device_name) as md:
+            md.fm_create_pool(2 << 20, slot_bytes=SLOT)
+            child = HostProcess(device_name, 0)
+            try:
+                with pytest.raises(PoolError, match=f"pid {child.proc.pid} uses the pool as host 0"):
+                    KvPool.open(md)
+            finally:
+                child.close()

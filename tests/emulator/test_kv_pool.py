@@ -35,9 +35,9 @@ def fw2(device_name: str) -> Iterator[Firmware]:
 
 
 def _create(fw: Firmware, *, hosts: int = 0b11, length: int = MB2, slot: int = SLOT, quota: int = 0,
-            offset: int = 0) -> RetCode:
+            offset: int = 0, policy: bytes = b"") -> RetCode:
     payload = D.FM_KV_POOL.pack(region=0, hosts=hosts, offset=offset, len=length, slot_bytes=slot, quota=quota)
-    return dispatch(fw, Opcode.FM_CREATE_KV_POOL, payload)[0]
+    return dispatch(fw, Opcode.FM_CREATE_KV_POOL, payload + policy)[0]
 
 
 def _accept(fw: Firmware, host: int) -> None:
@@ -113,7 +113,7 @@ def test_join_is_admitted_and_a_dead_host_is_reaped(fw2: Firmware) -> None:
         assert idx.host_field(0, K.HS_STATE) == K.host_word(1, K.LIVE)
         assert idx.host_field(1, K.HS_STATE) == K.host_word(1, K.IDLE)  # its process is gone
         assert idx.word(slot, K.E_PINS) == 1  # host 1's pin byte cleared, host 0's kept
-        assert K.kind_of(idx.word(aslot)) == K.TOMB
+        assert K.kind_of(idx.word(aslot)) == K.FREE  # reaped to TOMB, then swept: the slot after it is FREE
         assert (int(idx.words[K.H_REAPED_ALLOCS]), int(idx.words[K.H_CLEARED_PINS])) == (1, 1)
     finally:
         del idx
@@ -204,3 +204,118 @@ def test_a_restarted_firmware_finds_the_index(device_name: str) -> None:
         finally:
             fw2.close()
         assert isinstance(fw.kv_pool, KvPoolService) and INTERVAL_NS == 20_000_000
+
+
+def test_an_erased_index_is_let_go(fw2: Firmware) -> None:
+    _create(fw2)
+    _accept(fw2, 0)
+    _pass(fw2)
+    assert fw2.kv_pool.index is not None
+    fw2.media[BASE:BASE + 8] = 0  # sanitize wiped the media
+    _pass(fw2)
+    assert fw2.kv_pool.index is None
+
+
+# the eviction policy, chosen at create and kept in the index's header -------------------------------
+def test_the_policy_is_kept_in_the_header(fw2: Firmware) -> None:
+    assert _create(fw2, policy=b"lfu") == RetCode.SUCCESS
+    assert bytes(fw2.media[BASE + 128:BASE + 132]) == b"lfu\0" and not fw2.media[BASE + 131:BASE + 384].any()
+    idx, cas = _index(fw2)
+    assert idx.policy == "lfu"
+    del idx
+    cas.release()
+
+
+@pytest.mark.parametrize(("policy", "rc"), [
+    (b"opt", RetCode.INVALID_INPUT),                 # offline: needs the future
+    (b"nosuch", RetCode.INVALID_INPUT),
+    (b"os:getcwd", RetCode.INVALID_INPUT),           # imports, but is no policy
+    (b"\xff\xfe", RetCode.INVALID_INPUT),            # not UTF-8
+    (b"l" * 257, RetCode.INVALID_PAYLOAD_LENGTH),    # past the header's 256 bytes
+])
+def test_a_policy_the_firmware_cannot_run_is_refused(fw2: Firmware, policy: bytes, rc: RetCode) -> None:
+    assert _create(fw2, policy=policy) == rc
+    assert fw2.dcd.ports[0].pending == [] and bytes(fw2.media[BASE:BASE + 8]) == bytes(8)
+
+
+@pytest.mark.parametrize(("policy", "victims"), [
+    # by recency: the 70 touched longest ago are 0..69 (their last touch came first)
+    (b"lru", list(range(70))),
+    # by count: the 40 just published (1 use each), then the oldest of the twice-used 70..399
+    (b"lfu", list(range(70, 100)) + list(range(400, 440))),
+])
+def test_the_chosen_policy_picks_the_victims(fw2: Firmware, policy: bytes, victims: list[int]) -> None:
+    _create(fw2, quota=1 << 40, policy=policy)
+    _accept(fw2, 0)
+    idx, cas = _index(fw2)
+    try:
+        _join(idx, 0, os.getpid())
+        _pass(fw2)
+        slots = [_seal(idx, n) for n in range(400)]
+        for keys, at in ((range(400), 1000), (range(70), 2000), (range(70), 2500), (range(70, 400), 3000)):
+            for n in keys:
+                idx.touch(slots[n], 0, at + n)
+            _pass(fw2)  # one pass each: 0..69 are used 3 times, 70..399 twice; nothing evicted yet
+        slots += [_seal(idx, n) for n in range(400, 440)]  # past 7/8 of 494 slots: 70 go (down to 370)
+        for n in range(400, 440):
+            idx.touch(slots[n], 0, 4000 + n)
+        _pass(fw2)
+        kinds = [K.kind_of(idx.word(s)) for s in slots]  # evicted: TOMB, or FREE once swept (a chain's end)
+        assert [n for n, k in enumerate(kinds) if k != K.SEALED] == victims
+        assert fw2.kv_pool.policy is not None and fw2.kv_pool.policy.name == policy.decode()
+    finally:
+        del idx
+        cas.release()
+
+
+def test_a_restarted_firmware_evicts_by_the_pools_policy(device_name: str) -> None:
+    from emulator.device_dir import DeviceFiles
+    with firmware(capacity=M256, name=device_name, hosts=2, dc_regions=(M256,)) as fw:
+        assert _create(fw, policy=b"firmware_model.policies.arc:ARCPolicy") == RetCode.SUCCESS
+        _accept(fw, 0)
+        fw.persist.save()
+        fw2 = Firmware(DeviceFiles.open(device_name))
+        try:
+            _pass(fw2)
+            assert fw2.kv_pool.policy is not None and fw2.kv_pool.policy.name == "arc"
+        finally:
+            fw2.close()
+
+
+def test_the_telemetry_page_publishes_hosts_extents_and_the_pool_census(fw2: Firmware) -> None:
+    """Layout 1.3's pool section in every port's BAR: per port its claimer and DC extents, per
+    host what it holds in the index (sealed, shared, pins, allocations, quota, hits), and the
+    firmware's totals."""
+    from emulator.telemetry import PoolHost, TelemetryReader
+
+    _create(fw2, quota=64 * SLOT)
+    _accept(fw2, 0)
+    idx, cas = _index(fw2)
+    try:
+        _join(idx, 0, os.getpid())
+        _pass(fw2)
+        a, b = _seal(idx, 1, host=0), _seal(idx, 2, host=0)
+        c = _seal(idx, 3, host=1)
+        idx.touch(a, 1, 5)  # read by host 1: shared
+        assert idx.pin(a, idx.word(a), 1) and idx.pin(a, idx.word(a), 1) and idx.pin(c, idx.word(c), 0)
+        assert idx.reserve(bytes(16) + (9).to_bytes(8, "little") + bytes(24), 0, 1)[0] == "ok"  # in flight
+        idx.add_host_field(1, K.HS_HITS, 3)
+        idx.add_host_field(1, K.HS_CROSS_HITS, 2)
+        _pass(fw2)
+        fw2.telemetry.publish(fw2.clock.now_ns())
+        pools = [TelemetryReader(p.bar).snapshot().pool for p in fw2.ports]
+    finally:
+        del idx
+        cas.release()
+    pool = pools[1]
+    assert pool is not None and pools[0] is not None and pools[0].host_rows == pool.host_rows
+    assert (pool.hosts, pool.pool_hosts, pool.pool_slots, pool.pool_slot_bytes) == (2, 2, 494, SLOT)
+    assert (pool.pool_used, pool.pool_sealed, pool.pool_shared, pool.pool_evictions) == (4, 3, 1, 0)
+    assert pool.pool_cleared_pins == 1  # host 1 is not in the pool: the pass cleared its pin byte
+    quota = 64 * SLOT
+    assert pool.host_rows == [
+        PoolHost(pid=0, pool_phase=K.LIVE, pool_pid=os.getpid(), extents=1, pending_extents=0, extent_bytes=MB2,
+                 shared_extent_bytes=MB2, sealed=2, shared=1, unshared_bytes=SLOT, quota_bytes=quota, pins=1,
+                 allocations=1),
+        PoolHost(pending_extents=1, sealed=1, unshared_bytes=SLOT, quota_bytes=quota, pins=0, pool_hits=3,
+                 cross_hits=2)]

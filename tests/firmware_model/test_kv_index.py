@@ -6,10 +6,11 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from firmware_model import kv_index as K
+from firmware_model.kv_census import HostCensus, census
 
 SLOT = 256
 TOTAL = 64 * 1024
@@ -177,3 +178,119 @@ def test_interleavings_never_evict_a_pinned_entry(ops: list[tuple[str, int]]) ->
         alive = idx.word(s) == sealed
         assert alive or not any(held)
         assert idx.word(s, K.E_PINS) == held[0] | held[1] << 8
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(["reserve", "reserve", "seal", "seal", "abort", "pin", "unpin", "evict",
+                                           "reap", "sweep"]),
+                          st.integers(0, 1), st.integers(0, 5)), max_size=60)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_OPS)
+@example([("reserve", 0, 0), ("seal", 0, 0), ("reserve", 0, 1), ("seal", 0, 0), ("evict", 0, 0), ("sweep", 0, 0)])
+def test_any_sequence_keeps_the_invariants(ops: list[tuple[str, int, int]]) -> None:
+    """Two hosts publishing, pinning and unpinning six keys that share one home, the firmware
+    evicting, reaping and sweeping, in any order: a lookup finds only a SEALED entry of its own key
+    and finds every one, every key is in at most one SEALED entry, no ALLOC outlives its publisher,
+    pins equal what is held."""
+    _, idx = _index()
+    keys = [bytes([n + 1]) + bytes(7) + bytes(8) + (n + 1).to_bytes(8, "little") + bytes(24) for n in range(6)]
+    allocs: dict[int, tuple[int, int, int]] = {}  # slot -> (host, key, alloc word)
+    held: dict[tuple[int, int], int] = {}  # (slot, host) -> pins
+    for op, host, k in ops:
+        if op == "reserve":
+            status, slot, alloc = idx.reserve(keys[k], host, 1)
+            if status == "ok":
+                idx.fill(slot, keys[k], 64, k)
+                allocs[slot] = (host, k, alloc)
+        elif op in ("seal", "abort") and allocs:
+            slot = sorted(allocs)[k % len(allocs)]
+            _, _, alloc = allocs.pop(slot)
+            assert (idx.seal(slot, alloc) is not None) if op == "seal" else idx.abort(slot, alloc)
+        elif op == "pin":
+            found = idx.lookup(keys[k])
+            if found and idx.pin(found[0], found[1], host):
+                held[found[0], host] = held.get((found[0], host), 0) + 1
+        elif op == "unpin":
+            mine = sorted(s for (s, h), n in held.items() if h == host and n)
+            if mine:
+                slot = mine[k % len(mine)]
+                assert idx.unpin(slot, host)
+                held[slot, host] -= 1
+        elif op == "evict":
+            slot = (idx.home(keys[k]) + k) % idx.slots
+            word = idx.word(slot)
+            if K.kind_of(word) == K.SEALED:
+                gone = idx.try_evict(slot, word)
+                assert not (gone and any(n for (s, _), n in held.items() if s == slot))
+        elif op == "sweep":
+            idx.sweep()
+        elif op == "reap":  # host died: the firmware drops its allocations and pins
+            idx.reap(host)
+            allocs = {s: a for s, a in allocs.items() if a[0] != host}
+            held = {key: n for key, n in held.items() if key[1] != host}
+        sealed = [s for s in range(idx.slots) if K.kind_of(idx.word(s)) == K.SEALED]
+        assert len({idx.key_of(s) for s in sealed}) == len(sealed)  # one sealed entry per key
+        assert all(idx.lookup(idx.key_of(s)) == (s, idx.word(s)) for s in sealed)  # none hidden by a sweep
+        for n, key in enumerate(keys):
+            found = idx.lookup(key)
+            assert found is None or (idx.key_of(found[0]) == key and K.kind_of(found[1]) == K.SEALED
+                                     and idx.word(found[0], K.E_CRC) == n)
+        assert {s for s in range(idx.slots) if K.kind_of(idx.word(s)) == K.ALLOC} == set(allocs)
+        for s in {s for s, _ in held} | set(sealed):
+            assert idx.word(s, K.E_PINS) == held.get((s, 0), 0) | held.get((s, 1), 0) << 8
+
+
+def test_sweep_frees_the_tombstones_that_end_a_chain() -> None:
+    _, idx = _index()
+    words = {}
+    for n in (5, 6, 7, 9):  # 5, 6, 7 one run, then 9 alone
+        _, s, a = idx.reserve(_key(n), 0, 1)
+        idx.fill(s, _key(n), 64, n)
+        words[s] = idx.seal(s, a)
+    assert idx.try_evict(7, words[7]) and idx.try_evict(6, words[6]) and idx.try_evict(9, words[9])
+    _, s, a = idx.reserve(_key(12), 0, 1)
+    idx.seal(s, a)
+    assert idx.abort(*idx.reserve(_key(11), 0, 1)[1:])  # 11: TOMB before SEALED 12
+    assert idx.sweep() == 3  # 6 and 7 (8 is FREE), and 9 (10 is FREE); 11 stays: 12 is sealed
+    assert [K.kind_of(idx.word(s)) for s in range(5, 13)] == [K.SEALED, K.FREE, K.FREE, K.FREE, K.FREE,
+                                                               K.FREE, K.TOMB, K.SEALED]
+    assert K.seq_of(idx.word(7)) == 1  # the sequence goes on from the freed slot's last life
+    assert idx.lookup(_key(5)) == (5, words[5])
+
+
+# the census (firmware_model/kv_census.py): what the telemetry page's pool section publishes
+def _sealed(idx: K.KvIndex, n: int, host: int) -> tuple[int, int]:
+    key = _key(n)
+    _, slot, alloc = idx.reserve(key, host, 1)
+    idx.fill(slot, key, SLOT, 0)
+    sealed = idx.seal(slot, alloc)
+    assert sealed is not None
+    return slot, sealed
+
+
+def test_census_counts_each_hosts_entries_pins_and_hits() -> None:
+    """Host 0 publishes 3 blocks (one read by host 2, one evicted), host 1 holds an allocation in
+    flight and pins one of host 0's twice; evicting leaves a TOMB, which is not used."""
+    _, idx = _index(hosts=3, quota=1000)
+    (a, wa), (b, wb), (c, wc) = (_sealed(idx, n, 0) for n in (1, 2, 3))
+    idx.touch(a, 2, 7)
+    assert idx.pin(b, wb, 1) and idx.pin(b, wb, 1) and idx.pin(a, wa, 2)
+    assert idx.reserve(_key(9), 1, 1)[0] == "ok"
+    assert idx.try_evict(c, wc)
+    idx.bump(K.H_EVICTIONS)
+    idx.set_host_field(0, K.HS_EVICTED, 1)
+    idx.add_host_field(2, K.HS_HITS, 5)
+    idx.add_host_field(2, K.HS_CROSS_HITS, 4)
+    assert idx.cas_host_state(2, 0, K.host_word(3, K.LIVE))
+    idx.set_host_field(2, K.HS_PID, 4242)
+    got = census(idx)
+    assert (got.slots, got.slot_bytes, got.used, got.sealed, got.shared, got.evictions) == (
+        idx.slots, SLOT, 3, 2, 1, 1)
+    assert got.hosts == (
+        HostCensus(phase=K.IDLE, pid=0, sealed=2, shared=1, pins=0, allocations=0, unshared_bytes=0,
+                   quota_bytes=1000, hits=0, cross_hits=0, evicted=1),
+        HostCensus(phase=K.IDLE, pid=0, sealed=0, shared=0, pins=2, allocations=1, unshared_bytes=0,
+                   quota_bytes=1000, hits=0, cross_hits=0, evicted=0),
+        HostCensus(phase=K.LIVE, pid=4242, sealed=0, shared=0, pins=1, allocations=0, unshared_bytes=0,
+                   quota_bytes=1000, hits=5, cross_hits=4, evicted=0))
