@@ -47,3 +47,19 @@ def test_break_even_prices() -> None:
 def test_a_failed_point_is_a_row_with_its_error() -> None:
     row = fleet_row(FleetPoint(trace="/nonexistent.jsonl", tp=1, model="llama-3-8b"))
     assert row["kv"] == "none" and row["error"].startswith("FileNotFoundError")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--speeds", "1,0"], "--speeds: must be > 0, got '0'"),
+    (["--kv", "host,nvme"], "--kv: unknown 'nvme': choose from none, host, rdma, cxl-pool"),
+    (["--cache-tokens", "3Q"], "--cache-tokens: malformed token count '3Q'"),
+    (["--routers", ""], "--routers: give at least one value"),
+])
+def test_fleet_sweep_bad_lists_are_one_line_exit_2(capsys, tmp_path, argv, message) -> None:
+    from cli_support import cli
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 20, "output_length": 2, "hash_ids": [1]}\n')
+    code, out, err = cli(capsys, "sim", "fleet-sweep", "--trace", str(trace), *argv)
+    assert code == 2 and out == ""
+    assert err.startswith(f"cxlemu: error: {message}") and err.count("\n") == 1
