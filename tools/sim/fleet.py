@@ -57,6 +57,7 @@ class FleetConfig:
     cxl_link: str = "beluga-switch"
     rdma_gbps: float = 87.0
     rdma_latency_us: float = 25.0
+    decode_windows: bool = True  # False: every decode step on its own (the windows' reference)
 
     def __post_init__(self) -> None:
         for k in ("instances", "block_tokens", "max_num_seqs", "max_num_batched_tokens", "kv_bytes_per_token"):
@@ -118,7 +119,7 @@ class Fleet:
         self.router = make_router(cfg.router)
         self.instances = [Instance(i, cost, kv_blocks=cfg.kv_blocks, home=self.home, block_tokens=cfg.block_tokens,
                                    max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-                                   on_store=self._stored) for i in range(cfg.instances)]
+                                   on_store=self._stored, windows=cfg.decode_windows) for i in range(cfg.instances)]
         longest = max((r.input_length + r.output_length for r in self.trace), default=0)
         if -(-longest // cfg.block_tokens) > cfg.kv_blocks - 1:
             raise ValueError(f"a request of {longest} tokens needs {-(-longest // cfg.block_tokens)} KV blocks; an "

@@ -40,12 +40,14 @@ class Instance:
 
     def __init__(self, index: int, cost: StepCost, *, kv_blocks: int, home: KvHome, block_tokens: int = 16,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                 on_store: Callable[[Store, list[int], float], None] | None = None) -> None:
+                 on_store: Callable[[Store, list[int], float], None] | None = None, windows: bool = True) -> None:
+        """``windows=False`` runs every decode step on its own (what the windows must equal)."""
         self.index, self.cost, self.home = index, cost, home
         self.bt, self.max_num_seqs, self.budget = block_tokens, max_num_seqs, max_num_batched_tokens
         self.total = kv_blocks - 1  # vLLM's null block
         self.store = home.store_of(index)
         self.on_store = on_store
+        self.windows = windows
         self.kv = KvSpace(self.total, block_tokens)
         self.running: list[FleetRequest] = []
         self.waiting: deque[FleetRequest] = deque()
@@ -266,7 +268,10 @@ class Instance:
         n = len(batch)
         if all(new == 1 and req.computed + 1 >= req.num_tokens for req, new in batch):
             s0 = sum(req.computed + 1 for req, _ in batch)
-            k, dw = (1, DecodeWindow(self.cost, n, s0, 1)) if changed else self._window_steps(batch, s0, now)
+            if changed or not self.windows:
+                k, dw = 1, DecodeWindow(self.cost, n, s0, 1)
+            else:
+                k, dw = self._window_steps(batch, s0, now)
             for req, _ in batch:
                 self.kv.grow(req, req.computed + k)
             self.window = (now, batch, k, dw)

@@ -165,3 +165,35 @@ def test_least_loaded_breaks_a_tie_by_queued_prefill() -> None:
     # r2: one request on each; instance 0 has 1023 prefill tokens queued, instance 1 599
     assert got == {0: 0, 1: 1, 2: 1}
     assert {i: g[0] for i, g in _by_request(_run(trace, router="rr")[0]).items()} == {0: 0, 1: 1, 2: 0}
+
+
+def test_decode_windows_equal_step_by_step_on_a_random_trace() -> None:
+    import random
+
+    from tools.sim.hardware import MODELS, Roofline
+    from tools.sim.profile import step_cost
+
+    rng = random.Random(7)
+    trace, t = [], 0.0
+    for i in range(60):  # conversations of up to 3 turns sharing prefixes, arriving at random
+        t += rng.expovariate(1 / 150)
+        base = rng.randrange(8) * 100
+        n = rng.randint(1, 4)
+        trace.append(_req(i, t, n * 512 - rng.randrange(300), rng.randint(2, 60), tuple(base + j for j in range(n))))
+    cost = step_cost("roofline", "llama-3-8b", MODELS["llama-3-8b"], "h100")
+    assert isinstance(cost, Roofline)
+    runs = []
+    for windows in (True, False):
+        cfg = FleetConfig(instances=2, kv_blocks=4000, kv_bytes_per_token=1000, router="prefix", kv="cxl-pool",
+                          cache_tokens=2048, decode_windows=windows)
+        fleet = Fleet(trace, cfg, cost)
+        m = fleet.run()
+        runs.append((fleet, m))
+    (fw, mw), (fs, ms) = runs
+    assert mw["fleet"]["steps"] == ms["fleet"]["steps"] and mw["fleet"]["hit_rate"] == ms["fleet"]["hit_rate"]
+    a, b = _by_request(fw), _by_request(fs)
+    assert a.keys() == b.keys() == set(range(60))
+    for i in a:
+        assert a[i][0] == b[i][0] and a[i][1] == pytest.approx(b[i][1], rel=1e-9)
+        assert a[i][2] == (None if b[i][2] is None else pytest.approx(b[i][2], rel=1e-9))
+    assert fw.instances[0].steps > 0 and sum(i.version for i in fw.instances) < sum(i.version for i in fs.instances)
