@@ -259,6 +259,10 @@ class KvPool:
             return False
         self.index.touch(block.slot, self.host, time.monotonic_ns())
         self._stats["hits"] += 1
+        # counted in the host table too, where the firmware reads them for the telemetry page
+        self.index.add_host_field(self.host, K.HS_HITS)
+        if K.owner_of(block.word)[0] != self.host:  # a block another host published: a cross-host hit
+            self.index.add_host_field(self.host, K.HS_CROSS_HITS)
         return True
 
     # reporting and closing -------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ test a plain one. Fields that only the owner of an ALLOC entry writes are plain 
 
     byte 0      header (HEADER_BYTES): magic, version, slots, slot bytes, offsets, counters,
     byte 512      the host table: per host a state word (generation, phase), pid, start time,
-                  quota, the unshared bytes it holds and its evictions (firmware-written)
+                  quota, the unshared bytes it holds and its evictions (firmware-written), its
+                  loads that hit and those of them another host published (the host's, atomic adds)
     byte 4096   the slot table: ``slots`` entries of ENTRY_BYTES, open addressing, linear probing
     data_offset the data area: slot i's block at data_offset + i * slot_bytes (fixed per slot)
 
@@ -58,7 +59,7 @@ HEADER = struct.Struct("<8s15Q")
 H_MAGIC, H_VERSION, H_SLOTS, H_SLOT_BYTES, H_TABLE, H_DATA, H_TOTAL, H_BASE_DPA, H_PROBE, H_HOSTS = range(10)
 H_EVICTIONS, H_REAPED_ALLOCS, H_CLEARED_PINS, H_PASSES, H_LIVE_ENTRIES, H_QUOTA_EVICTIONS = range(10, 16)
 HOST = struct.Struct("<8Q")
-HS_STATE, HS_PID, HS_START, HS_QUOTA, HS_UNSHARED, HS_EVICTED = range(6)
+HS_STATE, HS_PID, HS_START, HS_QUOTA, HS_UNSHARED, HS_EVICTED, HS_HITS, HS_CROSS_HITS = range(8)
 # an entry: u64 words
 ENTRY = struct.Struct("<2Q16s32s6Q")
 E_STATE, E_PINS, E_DPA, E_LENGTH, E_CRC, E_LAST_USE, E_READERS = 0, 1, 8, 9, 10, 11, 12
@@ -195,6 +196,15 @@ class KvIndex:
     def set_host_field(self, host: int, field: int, value: int) -> None:
         """A plain store of a field one party alone writes (pid and start: the host; the usage: the firmware)."""
         self.words[self._hw(host, field)] = value
+
+    def add_host_field(self, host: int, field: int, by: int = 1) -> None:
+        """Add to a counter of the host record by CAS (the host's hit counts: the firmware and
+        monitors read them while the host adds)."""
+        at = self._hw(host, field)
+        while True:
+            v = int(self.words[at])
+            if self.cas(at, v, (v + by) & (1 << 64) - 1):
+                return
 
     def cas_host_state(self, host: int, expect: int, value: int) -> bool:
         return self.cas(self._hw(host, HS_STATE), expect, value)

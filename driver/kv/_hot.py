@@ -45,13 +45,12 @@ from driver.kv._store import BlockStore, Transfer
 from driver.kv.selectors import PageSelector, resolve_selector
 from emulator.timing.clock import WallClock
 from firmware_model.clock import Clock
+from firmware_model.hot_pages import SINK_PAGES, WINDOW_PAGES
 from firmware_model.hotness import HotnessConfig, HotnessUnit
 from firmware_model.prefetch import PrefetchQueue
 
 __all__ = ["SINK_PAGES", "WINDOW_PAGES", "HotBudgetTooSmall", "HotEngine"]
 
-SINK_PAGES = 1  # attention sinks: the first page stays resident
-WINDOW_PAGES = 2  # recent complete pages that stay resident (beside the partial one)
 
 
 class HotBudgetTooSmall(BudgetTooSmall):

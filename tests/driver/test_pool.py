@@ -60,6 +60,23 @@ def test_published_by_one_host_loaded_by_the_other(two: tuple[KvPool, HostProces
     assert child.ask("stats")["hits"] == 1
 
 
+def test_loads_count_hits_and_cross_host_hits_in_the_host_table(two: tuple[KvPool, HostProcess]) -> None:
+    """Every hit adds to the loader's record in the index's host table (the firmware publishes it);
+    a hit on a block another host published adds to its cross-host hits too."""
+    pool, child = two
+    idx = pool.index
+
+    def counts() -> list[tuple[int, int]]:
+        return [(idx.host_field(h, K.HS_HITS), idx.host_field(h, K.HS_CROSS_HITS)) for h in (0, 1)]
+
+    before = counts()
+    assert child.ask("publish", 60) is True and pool.publish(FPR, block_hash(61), payload(61))
+    out = np.zeros(SLOT, np.uint8)
+    assert pool.load(FPR, block_hash(60), out) and pool.load(FPR, block_hash(61), out)
+    assert child.ask("load", 61) is True and child.ask("load", 60) is True
+    assert [(h - h0, c - c0) for (h, c), (h0, c0) in zip(counts(), before)] == [(2, 1), (2, 1)]
+
+
 def test_a_torn_block_is_refused_and_counted(two: tuple[KvPool, HostProcess]) -> None:
     pool, child = two
     assert child.ask("publish", 3)

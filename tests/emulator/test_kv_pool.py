@@ -214,3 +214,42 @@ def test_an_erased_index_is_let_go(fw2: Firmware) -> None:
     fw2.media[BASE:BASE + 8] = 0  # sanitize wiped the media
     _pass(fw2)
     assert fw2.kv_pool.index is None
+
+
+def test_the_telemetry_page_publishes_hosts_extents_and_the_pool_census(fw2: Firmware) -> None:
+    """Layout 1.3's pool section in every port's BAR: per port its claimer and DC extents, per
+    host what it holds in the index (sealed, shared, pins, allocations, quota, hits), and the
+    firmware's totals."""
+    from emulator.telemetry import PoolHost, TelemetryReader
+
+    _create(fw2, quota=64 * SLOT)
+    _accept(fw2, 0)
+    idx, cas = _index(fw2)
+    try:
+        _join(idx, 0, os.getpid())
+        _pass(fw2)
+        a, b = _seal(idx, 1, host=0), _seal(idx, 2, host=0)
+        c = _seal(idx, 3, host=1)
+        idx.touch(a, 1, 5)  # read by host 1: shared
+        assert idx.pin(a, idx.word(a), 1) and idx.pin(a, idx.word(a), 1) and idx.pin(c, idx.word(c), 0)
+        assert idx.reserve(bytes(16) + (9).to_bytes(8, "little") + bytes(24), 0, 1)[0] == "ok"  # in flight
+        idx.add_host_field(1, K.HS_HITS, 3)
+        idx.add_host_field(1, K.HS_CROSS_HITS, 2)
+        _pass(fw2)
+        fw2.telemetry.publish(fw2.clock.now_ns())
+        pools = [TelemetryReader(p.bar).snapshot().pool for p in fw2.ports]
+    finally:
+        del idx
+        cas.release()
+    pool = pools[1]
+    assert pool is not None and pools[0] is not None and pools[0].host_rows == pool.host_rows
+    assert (pool.hosts, pool.pool_hosts, pool.pool_slots, pool.pool_slot_bytes) == (2, 2, 494, SLOT)
+    assert (pool.pool_used, pool.pool_sealed, pool.pool_shared, pool.pool_evictions) == (4, 3, 1, 0)
+    assert pool.pool_cleared_pins == 1  # host 1 is not in the pool: the pass cleared its pin byte
+    quota = 64 * SLOT
+    assert pool.host_rows == [
+        PoolHost(pid=0, pool_phase=K.LIVE, pool_pid=os.getpid(), extents=1, pending_extents=0, extent_bytes=MB2,
+                 shared_extent_bytes=MB2, sealed=2, shared=1, unshared_bytes=SLOT, quota_bytes=quota, pins=1,
+                 allocations=1),
+        PoolHost(pending_extents=1, sealed=1, unshared_bytes=SLOT, quota_bytes=quota, pins=0, pool_hits=3,
+                 cross_hits=2)]

@@ -10,6 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from firmware_model import kv_index as K
+from firmware_model.kv_census import HostCensus, census
 
 SLOT = 256
 TOTAL = 64 * 1024
@@ -256,3 +257,40 @@ def test_sweep_frees_the_tombstones_that_end_a_chain() -> None:
                                                                K.FREE, K.TOMB, K.SEALED]
     assert K.seq_of(idx.word(7)) == 1  # the sequence goes on from the freed slot's last life
     assert idx.lookup(_key(5)) == (5, words[5])
+
+
+# the census (firmware_model/kv_census.py): what the telemetry page's pool section publishes
+def _sealed(idx: K.KvIndex, n: int, host: int) -> tuple[int, int]:
+    key = _key(n)
+    _, slot, alloc = idx.reserve(key, host, 1)
+    idx.fill(slot, key, SLOT, 0)
+    sealed = idx.seal(slot, alloc)
+    assert sealed is not None
+    return slot, sealed
+
+
+def test_census_counts_each_hosts_entries_pins_and_hits() -> None:
+    """Host 0 publishes 3 blocks (one read by host 2, one evicted), host 1 holds an allocation in
+    flight and pins one of host 0's twice; evicting leaves a TOMB, which is not used."""
+    _, idx = _index(hosts=3, quota=1000)
+    (a, wa), (b, wb), (c, wc) = (_sealed(idx, n, 0) for n in (1, 2, 3))
+    idx.touch(a, 2, 7)
+    assert idx.pin(b, wb, 1) and idx.pin(b, wb, 1) and idx.pin(a, wa, 2)
+    assert idx.reserve(_key(9), 1, 1)[0] == "ok"
+    assert idx.try_evict(c, wc)
+    idx.bump(K.H_EVICTIONS)
+    idx.set_host_field(0, K.HS_EVICTED, 1)
+    idx.add_host_field(2, K.HS_HITS, 5)
+    idx.add_host_field(2, K.HS_CROSS_HITS, 4)
+    assert idx.cas_host_state(2, 0, K.host_word(3, K.LIVE))
+    idx.set_host_field(2, K.HS_PID, 4242)
+    got = census(idx)
+    assert (got.slots, got.slot_bytes, got.used, got.sealed, got.shared, got.evictions) == (
+        idx.slots, SLOT, 3, 2, 1, 1)
+    assert got.hosts == (
+        HostCensus(phase=K.IDLE, pid=0, sealed=2, shared=1, pins=0, allocations=0, unshared_bytes=0,
+                   quota_bytes=1000, hits=0, cross_hits=0, evicted=1),
+        HostCensus(phase=K.IDLE, pid=0, sealed=0, shared=0, pins=2, allocations=1, unshared_bytes=0,
+                   quota_bytes=1000, hits=0, cross_hits=0, evicted=0),
+        HostCensus(phase=K.LIVE, pid=4242, sealed=0, shared=0, pins=1, allocations=0, unshared_bytes=0,
+                   quota_bytes=1000, hits=5, cross_hits=4, evicted=0))

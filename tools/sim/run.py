@@ -6,6 +6,8 @@ of :func:`summarize` (the same definitions as ``cxlemu bench serve``'s).
 
 Modes: :mod:`tools.sim.modes` (``none``, ``host-lru``, ``cxl-lru``, ``cxl-smart``; a point also takes
 ``cxlemu bench serve``'s ``all-resident`` and ``cxl-arc-forward``, which ``cxlemu sim validate`` runs).
+``attention="hot"`` (mode ``none``): hot-page attention, the KV in the CXL pool behind ``cxl_link``
+in ``kv_format``, the KV space holding each decoding request's working set (:mod:`tools.sim.hot`).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 from tools.sim import hardware as hw
 from tools.sim import modes
 from tools.sim.engine import EngineConfig, SimEngine, TierConfig
+from tools.sim.hot import ATTENTIONS, HOT_WHEN, KV_FORMATS, HotAttention, HotConfig
 from tools.sim.metrics import summarize
 from tools.sim.profile import COST_MODELS, step_cost
 from tools.sim.workload import ClientScript, WorkloadConfig
@@ -69,6 +72,10 @@ class Point:
     cost_model: str = "roofline"  # or "profile": Vidur's measured operators where profiled (tools.sim.profile)
     step_cost: dict[str, float] | None = None  # a fitted LinearCost instead of either
     model_shape: dict[str, Any] | None = None  # a shape of one's own instead of ``model``'s
+    attention: str = "dense"  # or "hot": hot-page attention over the CXL pool (tools.sim.hot)
+    page_budget: float = 0.1  # hot: the share of a sequence's pages each decode step attends to
+    kv_format: str = "native"  # hot: the device's KV format (native, int8, int4)
+    hot_when: str = "always"  # hot: "always" once the prompt is computed, or "full": when the KV space is full
 
     def __post_init__(self) -> None:
         if self.mode not in modes.MODES:
@@ -86,10 +93,43 @@ class Point:
                 raise ValueError(f"{k} must be > 0, got {getattr(self, k)}")
         if self.cost_model not in COST_MODELS:
             raise ValueError(f"unknown cost model {self.cost_model!r}: choose from {', '.join(COST_MODELS)}")
+        self._check_attention()
         if self.tp != 1:
             self.shape().check_tp(self.tp)
             if self.step_cost is None:
                 hw.allreduce_ns(hw.ACCELERATORS[self.accelerator], self.tp, 0)  # no NVLink: refused
+
+    def _check_attention(self) -> None:
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {self.attention!r}: choose from {', '.join(ATTENTIONS)}")
+        if self.hot_when not in HOT_WHEN:
+            raise ValueError(f"unknown hot_when {self.hot_when!r}: choose from {', '.join(HOT_WHEN)}")
+        if self.kv_format not in KV_FORMATS:
+            raise ValueError(f"unknown kv_format {self.kv_format!r}: choose from {', '.join(KV_FORMATS)}")
+        if self.attention == "dense":
+            if self.kv_format != "native":
+                raise ValueError("kv_format is the device's format under hot-page attention: dense attention "
+                                 "keeps its KV in HBM (native)")
+            return
+        if modes.MODES[self.mode].tier is not None or self.preemption != "recompute":
+            raise ValueError(f"hot-page attention keeps the KV in the CXL pool itself: it runs in mode 'none' with "
+                             f"recompute preemption, not {self.mode!r} with {self.preemption}")
+        self.hot()  # a page_budget out of (0, 1] or a shape int4 cannot pack: refused here
+
+    def hot(self) -> HotAttention | None:
+        """Hot-page attention's arithmetic for this point, or None (dense)."""
+        if self.attention == "dense":
+            return None
+        return HotAttention.for_shape(self.shape(), page_budget=self.page_budget, kv_format=self.kv_format,
+                                      block_tokens=self.block_tokens)
+
+    @property
+    def label(self) -> str:
+        """The mode and how it attends: ``none``, or ``none hot 0.1 int4``."""
+        if self.attention == "dense":
+            return self.mode
+        when = "" if self.hot_when == "always" else f" when {self.hot_when}"
+        return f"{self.mode} hot {self.page_budget:g} {self.kv_format}{when}"
 
     @property
     def instance(self) -> str:
@@ -220,13 +260,18 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
         p.check_concurrency()
         scripts = build_scripts(p.workload, p.concurrency, p)
     tier = tier_config(p, shape)
+    attention = p.hot()
+    hot = None if attention is None else HotConfig(attention=attention, link=hw.link_params(p.cxl_link, p.time_scale),
+                                                   capacity_bytes=int(p.pool_gb * GB), when=p.hot_when)
     t0 = time.perf_counter()
     cost = p.cost()
-    engine = SimEngine(scripts, cost, cfg, tier=tier)
+    engine = SimEngine(scripts, cost, cfg, tier=tier, hot=hot)
     records = engine.run()
     wall = time.perf_counter() - t0
     out = summarize(records)
-    out.update(mode=p.mode, concurrency=p.concurrency, model=shape.name, accelerator=p.accelerator, tp=p.tp,
+    out.update(mode=p.mode, label=p.label, attention=p.attention, page_budget=p.page_budget if hot else None,
+               kv_format=p.kv_format, hot_when=p.hot_when if hot else None, concurrency=p.concurrency,
+               model=shape.name, accelerator=p.accelerator, tp=p.tp,
                cost=cost.describe()["kind"],
                max_concurrency=engine.stats.max_running, steps=engine.stats.steps,
                kv_blocks=kv_blocks, kv_tokens=kv_blocks * p.block_tokens,
@@ -235,6 +280,8 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
         c = engine.tier.counters()
         out.update(tier_blocks=engine.tier.cfg.capacity_blocks, bytes_loaded=c["bytes_loaded"],
                    bytes_stored=c["bytes_stored"], tier_evictions=c["evictions"], stall_s=c["stall_ns"] / 1e9)
+    elif engine.hot is not None:
+        out.update(tier_blocks=0, bytes_loaded=0, bytes_stored=0, tier_evictions=0, **engine.hot.counters())
     else:
         out.update(tier_blocks=0, bytes_loaded=0, bytes_stored=0, tier_evictions=0, stall_s=0.0)
     return out
