@@ -3,13 +3,14 @@
 Per attention layer of a decode step::
 
     update(l, k, v) ──► append to the window; a page that completes is written to the device
-         │              and its key min / max kept (``_pages.LayerPages``); progress to the
-         │              firmware's prefetch queue, which issues layer l+1's predicted pages
+         │              and its key min / max kept (``_pages.LayerPages``)
          ▼
     attention (through driver.kv's attention function, with the query):
          candidates = pages off the window and the sink; k = what the budget leaves
          selector(query, kmin, kmax, candidates, k, CHMU counts) ──► pages (B, Hkv, k)
          the predicted pages already read (prefetch) + the rest read now (a stall)
+         layer l+1's pages chosen for its guessed query; progress to the firmware's prefetch
+         queue, which issues their read
          sdpa over  sink | chosen pages | window  (their mask columns), in token order
 
 The budget: a step of a layer attends to ``max(resident, ceil(page_budget * pages))`` pages of
@@ -19,11 +20,13 @@ layer), and ``page_budget=1.0`` reads every page: the same keys in the same orde
 dense attention. A prefill (no KV on the device yet) is dense attention itself; a later forward
 of several tokens reads every page.
 
-Prediction (InfiniGen's idea, with the cheapest predictor): layer l+1 of this step will want the
-pages it chose at the last step. The prefetch queue (``firmware_model.prefetch``, one block per
-layer as the residency engine uses it) issues that read when layer l begins, so it crosses the link
-while layer l computes; the pages chosen but not predicted are read on demand. Counted: pages
-predicted, predicted and used, read on demand, and the queue's useful / late prefetches.
+Prediction (InfiniGen, OSDI'24): layer l+1's query is guessed from layer l's input
+(``_speculate.Speculator``: layer l+1's own ``q_proj`` and rotary embedding) and its pages chosen
+for it; for layer 0 of the next step, the pages it chose at this one. The prefetch queue
+(``firmware_model.prefetch``, one block per layer as the residency engine uses it) issues that read
+during layer l's attention, so it crosses the link while layer l computes; the pages chosen but not
+predicted are read on demand. Counted: pages predicted, predicted and used, read on demand, and the
+queue's useful / late / wasted prefetches. The CHMU counts (``_page_heat``) are the device's.
 """
 from __future__ import annotations
 
