@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.spec.errors import ConfigError
+from firmware_model.kv_codec import FORMATS
 from firmware_model.policies import POLICY_NAMES, resolve_policy
 
 __all__ = ["PREFETCH_MODES", "TierConfig", "chunk_of_dpa", "hotlist_unit", "kv_transfer_config", "parse_extra_config"]
@@ -20,7 +21,8 @@ PREFETCH_MODES = ("forward", "layer")
 
 _KNOWN = {"spec_name", "spec_module_path", "device", "policy", "cxl_bytes_to_use", "prefetch",
           "channels", "block_size", "offload_prompt_only", "self_describing_kv_events",
-          "store_threshold", "max_tracker_size", "hotlist_every", "window", "staging", "staging_bytes"}
+          "store_threshold", "max_tracker_size", "hotlist_every", "window", "staging", "staging_bytes",
+          "kv_format"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class TierConfig:
     window: str = "auto"  # layer-wise: layers issued ahead, firmware_model.prefetch.resolve_window
     staging: bool | None = None  # KV through a host bounce buffer; None: where the KV is not on the CPU
     staging_bytes: int = 2 << 30  # the bounce buffer: whole blocks (>= 1); a 7B's 4096-token context at fp16
+    kv_format: str = "native"  # blocks on the device: the KV's bytes, or firmware_model.kv_codec's int8 / int4
 
 
 def _int(extra: Mapping[str, Any], key: str, default: int | None, low: int) -> int:
@@ -82,10 +85,17 @@ def parse_extra_config(extra: Mapping[str, Any]) -> TierConfig:
     if staging is not None and not isinstance(staging, bool):
         raise ConfigError(f"kv_connector_extra_config['staging'] must be true, false or absent (staged where "
                           f"the KV is not in host memory: CUDA), got {staging!r}")
+    kv_format = extra.get("kv_format", "native")
+    if kv_format not in FORMATS:
+        raise ConfigError(f"kv_connector_extra_config['kv_format'] must be one of {', '.join(map(repr, FORMATS))} "
+                          f"(native: the KV's own bytes; int8, int4: quantized on the device), got {kv_format!r}")
+    if kv_format != "native" and staging:
+        raise ConfigError(f"kv_connector_extra_config['kv_format']={kv_format!r} encodes KV in host memory (CPU); "
+                          "staged KV (CUDA) is moved native: leave kv_format out or staging false")
     return TierConfig(device=device, policy=policy, cxl_bytes_to_use=_int(extra, "cxl_bytes_to_use", None, 1),
                       prefetch=prefetch, channels=_int(extra, "channels", 2, 1),
                       hotlist_every=_int(extra, "hotlist_every", 64, 1), window=window, staging=staging,
-                      staging_bytes=_int(extra, "staging_bytes", 2 << 30, 1))
+                      staging_bytes=_int(extra, "staging_bytes", 2 << 30, 1), kv_format=kv_format)
 
 
 def kv_transfer_config(*, device: str | None = None, policy: str = "lru", prefetch: str = "forward",

@@ -38,6 +38,7 @@ from driver.vllm._compat import (
     init_logger,
     order_request_keys,
 )
+from driver.vllm._codec import PageCodec, piece_codec
 from driver.vllm._config import TierConfig, chunk_of_dpa, hotlist_unit, parse_extra_config
 from driver.vllm._counters import ManagerCounters
 from driver.vllm._stats import TierStats, register_manager, tier_stats, unregister_manager
@@ -362,7 +363,13 @@ class CxlOffloadingSpec(OffloadingSpec):
             self.device_name = private_device_name(config.engine_id)
             capacity = private_capacity(self.tier.cxl_bytes_to_use)
         self.device_capacity = capacity
-        self.num_chunks = self.tier.cxl_bytes_to_use // self.chunk_bytes if self.chunk_bytes else 0
+        #: the codec of a compressed kv_format (None: native); a chunk then takes its encoded size
+        self.codec = None if self.tier.kv_format == "native" or not self.chunk_bytes else piece_codec(
+            self.tier.kv_format, model=config.model.name, dtype=config.model.dtype,
+            block_size=config.groups[0].tokens_per_block)
+        stored = self.chunk_bytes if self.codec is None else PageCodec.block_bytes(self.codec, self.chunk_bytes)
+        self.stored_chunk_bytes = stored  # a block of every layer on the device
+        self.num_chunks = self.tier.cxl_bytes_to_use // stored if stored else 0
         if self.chunk_bytes and self.num_chunks < 1:
             raise ConfigError(f"cxl_bytes_to_use {self.tier.cxl_bytes_to_use} holds no KV block of "
                               f"{self.chunk_bytes} bytes: raise it")
@@ -376,7 +383,7 @@ class CxlOffloadingSpec(OffloadingSpec):
         if self._manager is None:
             hotlist = None
             if self.tier.policy == "hotness" and self.tier.device is not None and self.chunk_bytes:
-                hotlist = DeviceHotlist(self.tier.device, self.chunk_bytes // self.layers, self.num_chunks)
+                hotlist = DeviceHotlist(self.tier.device, self.stored_chunk_bytes // self.layers, self.num_chunks)
             self._manager = CxlOffloadingManager(self.num_chunks, self.tier, self.stats, self.device_name,
                                                  enable_events=self.kv_events_config.enable_kv_cache_events,
                                                  hotlist=hotlist)

@@ -21,6 +21,8 @@ class TierStats:
     blocks_stored: int = 0  # blocks moved KV space -> device
     bytes_loaded: int = 0
     bytes_stored: int = 0
+    link_bytes_loaded: int = 0  # bytes the link moved for them: encoded where kv_format compresses
+    link_bytes_stored: int = 0
     load_jobs: int = 0
     store_jobs: int = 0
     failed_loads: int = 0  # load jobs that failed (poison, DMA error, device gone)

@@ -20,6 +20,10 @@ a forward has been measured, every layer is issued at once.
 KV tensors the DMA engine cannot address (CUDA) are staged through a host bounce buffer
 (``driver.vllm._staging``): the engine's descriptors then move the buffer's slots, and the copies
 between the slots and the KV tensors run on a side stream (a layer-wise load's, on the forward's).
+
+A compressed ``kv_format`` (``driver.vllm._codec``): each layer's page takes its encoded size on
+the device; a job's descriptors move an encoded staging array, encoded at a store's submission
+and decoded into the KV blocks when a load is waited for (layer by layer) or reported.
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ from driver.vllm._compat import (
     TransferResult,
     init_logger,
 )
+from driver.vllm._codec import CodedJob, PageCodec
 from driver.vllm._counters import ManagerCounters
 from driver.vllm._stats import TierStats, live_manager
 from driver.vllm._staging import Pump, Staging
@@ -78,7 +83,7 @@ def _host_bytes(tensor: torch.Tensor) -> tuple[np.ndarray, int]:
 class _Job:
     """One transfer job: its handles, and for a layer-wise load the layers still to issue."""
 
-    __slots__ = ("blocks", "error", "handles", "is_load", "job_id", "layer_handles", "nbytes",
+    __slots__ = ("blocks", "coded", "error", "handles", "is_load", "job_id", "layer_handles", "nbytes",
                  "pending_layers", "pieces", "start")
 
     def __init__(self, job_id: int, is_load: bool, blocks: int, nbytes: int, start: float) -> None:
@@ -88,6 +93,7 @@ class _Job:
         self.layer_handles: dict[int, DmaHandle] = {}
         self.error: str | None = None
         self.pieces: list[Any] | None = None  # a staged job's pieces (driver.vllm._staging)
+        self.coded: CodedJob | None = None  # a compressed kv_format's staging (driver.vllm._codec)
 
 
 def _link_done(job: _Job, now: float, link_now_ns: int) -> float | None:
@@ -163,13 +169,17 @@ class CxlOffloadingWorker(OffloadingWorker):
         self.hosts: list[np.ndarray] = []
         self.strides: list[int] = []
         self.offsets: list[int] = []
+        # a compressed kv_format: each layer's page takes its encoded size on the device
+        self.codec = None if self.spec.codec is None else PageCodec(self.spec.codec, self.pages)
+        device_pages = self.pages if self.codec is None else self.codec.device_pages
         off = 0
-        for t, page in zip(buffers, self.pages):
+        for t, page in zip(buffers, device_pages):
             host, stride = _host_bytes(t)
             self.hosts.append(host)
             self.strides.append(stride)
             self.offsets.append(off)
             off += self.num_chunks * page
+        self.device_pages = device_pages
         self._pinned = PinnedHosts(self.hosts, writable=True)  # pinned once, as a driver registers buffers
         self._planner = BlockRuns(self._pinned, self.num_chunks, self.strides, self.offsets, self.pages)
         self._pump = None if self.staging is None else Pump(
@@ -182,7 +192,13 @@ class CxlOffloadingWorker(OffloadingWorker):
 
     def chunk_dpa(self, chunk: int, layer: int = 0) -> int:
         """Where layer ``layer`` of chunk ``chunk`` lies on the device (tests poison it)."""
-        return self.offsets[layer] + chunk * self.pages[layer]
+        return self.offsets[layer] + chunk * self.device_pages[layer]
+
+    def blocks(self, layer: int) -> np.ndarray:
+        """Layer ``layer``'s KV tensor as a writable (num_blocks, page) uint8 view (what a
+        compressed job gathers from and decodes into)."""
+        return np.lib.stride_tricks.as_strided(self.hosts[layer], (len(self.tensors[layer]), self.pages[layer]),
+                                               (self.strides[layer], 1), writeable=True)
 
     # -- jobs ---------------------------------------------------------------------------------
     def _descriptors(self, direction: str, kv: np.ndarray, chunks: np.ndarray,
@@ -222,6 +238,8 @@ class CxlOffloadingWorker(OffloadingWorker):
         self._open_jobs[job_id] = job
         if self._lost:
             job.error = "device gone"
+        elif self.codec is not None and len(kv):
+            self._submit_coded(job, np.asarray(kv, np.int64), np.asarray(chunks, np.int64), layerwise)
         elif self._pump is not None:
             self._pump.add(job, np.asarray(kv, np.int64), np.asarray(chunks, np.int64), layerwise)
             if job.pending_layers:
@@ -241,6 +259,28 @@ class CxlOffloadingWorker(OffloadingWorker):
         self.stats.add(host_ns=time.perf_counter_ns() - t0, host_blocks=len(kv),
                        **({"load_jobs": 1} if is_load else {"store_jobs": 1}))
         return True
+
+    def _submit_coded(self, job: _Job, kv: np.ndarray, chunks: np.ndarray, layerwise: bool) -> None:
+        """A job of a compressed kv_format: a store's pages encoded now, its staging DMA'd; a
+        load's staging DMA'd, decoded into the KV when waited for or reported (``CodedJob``)."""
+        assert self.codec is not None
+        coded = CodedJob(self.codec, self.blocks, self.offsets, kv, chunks, job.is_load)
+        job.coded = coded
+        feed = self.memdev.access_feed  # the CHMU counts what the tier touches
+        if feed.enabled:
+            for _, descs in coded.descriptors:
+                for d in descs:
+                    feed.note(d.dpa, d.length, not job.is_load)
+        try:
+            if layerwise:
+                job.pending_layers.extend(coded.descriptors)
+                self._issue_layers(job, self._window(job))
+            else:
+                descs = [d for _, layer_descs in coded.descriptors for d in layer_descs]
+                job.handles.append(self.dma.submit(descs, channel=LOAD_CHANNEL if job.is_load else STORE_CHANNEL))
+        except DeviceGone as exc:
+            self._device_lost(exc)
+            job.error = str(exc)
 
     def _window(self, job: _Job) -> int:
         """Layers to issue ahead of the one the forward needs (see the module doc)."""
@@ -298,6 +338,8 @@ class CxlOffloadingWorker(OffloadingWorker):
                     handles = [job.layer_handles[layer]] if layer in job.layer_handles else []
                 for h in handles:
                     h.wait()
+                if job.coded is not None and not any(h.errors for h in handles):
+                    job.coded.land(layer)  # the forward reads these pages next
                 if job.pieces is not None and layer is not None:
                     self._pump.layer_arrived(job, layer)  # type: ignore[union-attr]
             except DeviceGone as exc:
@@ -344,10 +386,14 @@ class CxlOffloadingWorker(OffloadingWorker):
             if not self._lost:  # a lost device was reported once, as an error
                 logger.warning("cxlemu tier: %s job %d of %d blocks failed: %s",
                                "load" if job.is_load else "store", job.job_id, job.blocks, failed)
-        elif job.is_load:
-            self.stats.add(blocks_loaded=job.blocks, bytes_loaded=job.nbytes)
         else:
-            self.stats.add(blocks_stored=job.blocks, bytes_stored=job.nbytes)
+            link = job.nbytes if job.coded is None else job.coded.link_bytes
+            if job.is_load:
+                if job.coded is not None:
+                    job.coded.land()  # what no wait decoded yet, before vLLM may read it
+                self.stats.add(blocks_loaded=job.blocks, bytes_loaded=job.nbytes, link_bytes_loaded=link)
+            else:
+                self.stats.add(blocks_stored=job.blocks, bytes_stored=job.nbytes, link_bytes_stored=link)
         return TransferResult(job.job_id, failed is None, job.nbytes, elapsed)
 
     def _finished(self, job: _Job) -> bool:

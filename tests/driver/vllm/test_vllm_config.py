@@ -94,3 +94,34 @@ def test_the_chmu_unit_is_the_largest_power_of_two_dividing_a_page() -> None:
     for bad in (0, -4096, 1.5, True):
         with pytest.raises(ValueError, match="page must be an int > 0 bytes"):
             hotlist_unit(bad)  # type: ignore[arg-type]
+
+
+def test_kv_format_is_checked_naming_the_allowed_values() -> None:
+    with pytest.raises(ConfigError, match=r"\['kv_format'\] must be one of 'native', 'int8', 'int4'.*got 'fp8'"):
+        kv_transfer_config(cxl_bytes_to_use=1 << 20, kv_format="fp8")
+    with pytest.raises(ConfigError, match="staged KV .CUDA. is moved native"):
+        parse_extra_config({"cxl_bytes_to_use": 1, "kv_format": "int4", "staging": True})
+    cfg = kv_transfer_config(cxl_bytes_to_use=1 << 20, kv_format="int8")
+    assert cfg["kv_connector_extra_config"]["kv_format"] == "int8"
+    assert parse_extra_config(cfg["kv_connector_extra_config"]).kv_format == "int8"
+    assert parse_extra_config({"cxl_bytes_to_use": 1}).kv_format == "native"
+
+
+def test_a_vllm_cpu_page_is_coded_as_key_and_value_pieces_per_head() -> None:
+    """[kv_heads][2 x block][head]: piece 2h the keys of head h (per channel), 2h+1 its values."""
+    import numpy as np
+
+    from driver.vllm._codec import PageCodec
+    from firmware_model.kv_codec import PieceCodec, encode_elements
+
+    codec = PieceCodec("int4", 4, 8, "f32")
+    pages = PageCodec(codec, [2 * 2 * codec.native_bytes])  # 2 kv heads
+    assert pages.pieces == [4] and pages.device_pages == [4 * codec.encoded_bytes]
+    assert PageCodec.block_bytes(codec, 3 * 4 * codec.native_bytes) == 12 * codec.encoded_bytes
+    raw = encode_elements(np.arange(3 * 4 * 32, dtype=np.float32).reshape(3, -1) % 7, "f32").view(np.uint8)
+    enc = pages.encode(0, raw).reshape(3, 4, codec.encoded_bytes)
+    modes = enc[:, :, 2:4].copy().view(np.uint16)[:, :, 0]
+    assert modes.tolist() == [[1, 0, 1, 0]] * 3  # keys per channel, values per token
+    assert pages.decode(0, enc.reshape(3, -1)).shape == (3, 4 * codec.native_bytes)
+    with pytest.raises(ConfigError, match="not a whole number of .key, value. pieces"):
+        PageCodec(codec, [3 * codec.native_bytes])
