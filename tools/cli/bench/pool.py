@@ -1,6 +1,7 @@
 """`cxlemu bench pool --races`: hosts racing on the shared KV pool, every load checked
 (``tools.bench.pool``); without ``--races``, vLLM engines sharing the pool against private tiers
-(``tools.cli.bench.pool_serve``)."""
+(``tools.cli.bench.pool_serve``); with ``--sim``, the fleet simulator on that
+workload (``tools.cli.bench.pool_sim``)."""
 from __future__ import annotations
 
 import signal
@@ -32,10 +33,21 @@ def register_pool(bench: Any) -> None:
     serve.add_argument("--trace", help="the Mooncake conversation trace (default: ../shared/traces/ beside the checkout)")
     serve.add_argument("--plot", default="pool.png", help="PNG path (default pool.png); '' for none")
     serve.add_argument("--save", metavar="PATH", help="also write the whole report (every request) to PATH")
+    sim = p.add_argument_group("--sim: no engines; the fleet simulator (cxlemu sim fleet) on the same workload, its hit "
+                               "rates against the bench's measured ones (goal: within 10 %%)")
+    sim.add_argument("--sim", action="store_true", help="the check (the engine flags above set the workload)")
+    sim.add_argument("--measured", metavar="PATH", help="a --save report to compare with (default: the figures in "
+                     "BENCHMARKS.md)")
+    sim.add_argument("--export", metavar="PATH", help="also write the workload as a Mooncake trace (cxlemu sim fleet "
+                     "--trace)")
     p.set_defaults(func=cmd_pool)
 
 
 def cmd_pool(args: Any) -> int:
+    if args.sim and not args.races:
+        from tools.cli.bench.pool_sim import cmd_pool_sim
+
+        return cmd_pool_sim(args)
     if not args.races:
         from tools.cli.bench.pool_serve import cmd_pool_serve
 

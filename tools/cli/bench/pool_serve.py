@@ -13,9 +13,8 @@ from tools.bench.pool_serve import MiB
 from tools.cli._common import VLLM_MODULE, CliError, need_extra, print_json
 
 
-def cmd_pool_serve(args: Any) -> int:
-    from rich.console import Console
-
+def bench_config(args: Any) -> Any:
+    """The bench's PoolBenchConfig from the flags (also ``--sim``'s); a bad one a CliError."""
     from tools.bench import pool_serve
 
     for flag, value, low in (("--engines", args.engines, 2), ("--requests", args.requests, 2),
@@ -28,12 +27,20 @@ def cmd_pool_serve(args: Any) -> int:
     trace = args.trace or pool_serve.default_trace()
     if trace is None or not os.path.isfile(trace):
         raise CliError(f"--trace: no Mooncake trace at {trace or '../shared/traces/mooncake-conversation.jsonl'}")
+    return pool_serve.PoolBenchConfig(engines=args.engines, requests=args.requests, window=args.window,
+                                      max_blocks=args.max_blocks, tier_blocks=args.tier_blocks,
+                                      staging_blocks=args.staging_blocks, trace=str(trace))
+
+
+def cmd_pool_serve(args: Any) -> int:
+    from rich.console import Console
+
+    from tools.bench import pool_serve
+
+    cfg = bench_config(args)
     if args.plot:
         need_extra("matplotlib", "bench", "bench pool")
     need_extra(VLLM_MODULE, "vllm", "bench pool")
-    cfg = pool_serve.PoolBenchConfig(engines=args.engines, requests=args.requests, window=args.window,
-                                     max_blocks=args.max_blocks, tier_blocks=args.tier_blocks,
-                                     staging_blocks=args.staging_blocks, trace=str(trace))
     t0 = time.perf_counter()
     try:
         with Console(stderr=True).status("bench pool") as status:
