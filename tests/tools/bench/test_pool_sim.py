@@ -9,7 +9,7 @@ import pytest
 from cli_support import cli
 
 from tools.bench import pool_sim
-from tools.bench.pool_serve import PoolBenchConfig, default_trace, trace_workload
+from tools.bench.pool_serve import PoolBenchConfig, default_trace, load_trace, trace_workload
 from tools.sim.mooncake import read
 
 LINES = [{"hash_ids": ids} for ids in ([0, 1, 2], [0, 3], [0, 1, 2, 4], [0, 3, 5], [0, 6], [0, 1, 7])]
@@ -67,3 +67,21 @@ def test_the_cli_table_the_trace_and_bad_arguments(capsys: pytest.CaptureFixture
                            f"--measured: cannot read {tmp_path / 'no.json'}: No such file or directory")):
         assert cli(capsys, "bench", "pool", "--sim", *argv) == (2, "", f"cxlemu: error: {message}\n")
 
+
+
+@needs_trace
+def test_a_saved_report_it_misses_fails_the_check(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``--measured`` reads a `bench pool --save` report (here: engines that hit nothing): exit 1."""
+    cfg = PoolBenchConfig()
+    workload = trace_workload(load_trace(str(default_trace()), cfg.window), cfg)
+    results = [{"cached": 0, "ttft_s": 0.1, "tokens": [1]} for _ in workload]
+    report = {"config": {"engines": 2, "tokens_per_hash": 128},
+              "workload": [{"hash_ids": list(r.hash_ids), "parent": r.parent} for r in workload],
+              "modes": {m: {"results": results, "tier": [{}, {}]} for m in ("alone", "private", "shared")}}
+    (tmp_path / "pool.json").write_text(json.dumps(report))
+    rc, doc, err = cli(capsys, "bench", "pool", "--sim", "--json", "--measured", str(tmp_path / "pool.json")).parsed
+    assert (rc, err) == (1, "")
+    assert [(r["measured"], r["ratio"], r["within_goal"]) for r in doc["rows"]] == [(0.0, None, False)] * 3
+    (tmp_path / "bad.json").write_text("[]")
+    rc, out, err = cli(capsys, "bench", "pool", "--sim", "--measured", str(tmp_path / "bad.json"))
+    assert (rc, out) == (2, "") and err.startswith(f"cxlemu: error: --measured: {tmp_path / 'bad.json'} is not a ")
