@@ -34,7 +34,7 @@ def register_pool(bench: Any) -> None:
     serve.add_argument("--plot", default="pool.png", help="PNG path (default pool.png); '' for none")
     serve.add_argument("--save", metavar="PATH", help="also write the whole report (every request) to PATH")
     sim = p.add_argument_group("--sim: no engines; the fleet simulator (cxlemu sim fleet) on the same workload, its hit "
-                               "rates against the bench's measured ones (goal: within 10 %%)")
+                               "rates against the bench's measured ones (goal: within 10 %)")
     sim.add_argument("--sim", action="store_true", help="the check (the engine flags above set the workload)")
     sim.add_argument("--measured", metavar="PATH", help="a --save report to compare with (default: the figures in "
                      "BENCHMARKS.md)")
