@@ -1,5 +1,8 @@
 """A seeded random Llama that vLLM loads offline (no hub), for tests, the bench and examples.
 
+``bare_worker(...)`` builds the tier's worker over given KV tensors without a vLLM engine (the
+tier bench, the staging tests): the one place that says what the worker reads of its spec.
+
 ``model_dir(path)`` saves ``driver.kv.testing.tiny_llama`` with ``save_pretrained`` and a
 tokenizer built locally (a byte-level BPE trained on a few sentences), so ``LLM(model=path)``
 runs on a machine with no network. Prompts are token ids (``vllm.inputs.TokensPrompt``).
@@ -9,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["model_dir", "random_prompts"]
+__all__ = ["bare_worker", "model_dir", "random_prompts"]
 
 _CORPUS = ["the device holds the blocks the accelerator cannot", "a memory expander with a smart controller",
            "prefetch what attention needs next and move it by DMA", "hot blocks stay, cold blocks go"]
@@ -57,3 +60,26 @@ def random_prompts(n: int, length: int, *, vocab: int = 512, seed: int = 1, pref
     rng = random.Random(seed)
     common = [rng.randrange(4, vocab) for _ in range(prefix)]
     return [common + [rng.randrange(4, vocab) for _ in range(length - prefix)] for _ in range(n)]
+
+
+def bare_worker(name: str, tensors: list[Any], page: int, num_chunks: int, **tier: Any) -> Any:
+    """A ``CxlOffloadingWorker`` on device ``name`` (served already, or None in ``tier``'s
+    ``device`` for a private one) over ``tensors`` (one per layer, pages of ``page`` bytes), with a
+    tier of ``num_chunks`` chunks; ``tier``: more ``TierConfig`` fields. What it reads of its spec
+    is what ``CxlOffloadingSpec`` gives it: the tier, its stats, the chunk count, the device, and
+    the codec of a compressed ``kv_format`` (None: native, the only one without an engine)."""
+    import types
+
+    from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
+
+    from driver.vllm._config import TierConfig
+    from driver.vllm._stats import tier_stats
+    from driver.vllm._worker import CxlOffloadingWorker
+
+    kv = CanonicalKVCaches([CanonicalKVCacheTensor(t, page) for t in tensors],
+                           [[CanonicalKVCacheRef(i, page) for i in range(len(tensors))]])
+    config = TierConfig(**({"device": name, "policy": "lru", "cxl_bytes_to_use": num_chunks * len(tensors) * page}
+                           | tier))
+    spec = types.SimpleNamespace(tier=config, stats=tier_stats(name), num_chunks=num_chunks, device_name=name,
+                                 device_capacity=None, codec=None)
+    return CxlOffloadingWorker(spec, kv)

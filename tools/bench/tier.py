@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import time
-import types
 from typing import Any
 
 TARGET_US = 2.0
@@ -35,22 +34,13 @@ EVICT_BYTES = 64 << 20  # above the last-level cache of the hosts this runs on
 
 def _worker(name: str, chunks: int, layers: int, page: int, blocks: int) -> tuple[Any, Any]:
     import torch
-    from vllm.v1.kv_offload.base import (
-        CanonicalKVCacheRef,
-        CanonicalKVCaches,
-        CanonicalKVCacheTensor,
-    )
 
-    from driver.vllm import CxlOffloadingWorker, TierConfig, reset_tier_stats, tier_stats
+    from driver.vllm import reset_tier_stats
+    from driver.vllm.testing import bare_worker
 
     reset_tier_stats(name)
     tensors = [torch.zeros((blocks, page), dtype=torch.int8) for _ in range(layers)]
-    kv = CanonicalKVCaches([CanonicalKVCacheTensor(t, page) for t in tensors],
-                           [[CanonicalKVCacheRef(i, page) for i in range(layers)]])
-    spec = types.SimpleNamespace(tier=TierConfig(device=name, policy="lru", cxl_bytes_to_use=chunks * layers * page),
-                                 stats=tier_stats(name), num_chunks=chunks, device_name=name,
-                                 device_capacity=None)
-    return CxlOffloadingWorker(spec, kv), tensors
+    return bare_worker(name, tensors, page, chunks), tensors
 
 
 def _measure(worker: Any, jobs: list[tuple[list[int], list[int]]], load: bool) -> tuple[float, float]:

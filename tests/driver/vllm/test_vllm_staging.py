@@ -3,7 +3,6 @@ buffer: on the CPU with ``staging=True`` (the same code but the copies), and on 
 from __future__ import annotations
 
 import os
-import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,22 +44,9 @@ def device() -> Iterator[Any]:
 
 
 def _worker(name: str, tensors: list[Any], **tier: Any) -> Any:
-    from vllm.v1.kv_offload.base import (
-        CanonicalKVCacheRef,
-        CanonicalKVCaches,
-        CanonicalKVCacheTensor,
-    )
+    from driver.vllm.testing import bare_worker
 
-    from driver.vllm._config import TierConfig
-    from driver.vllm._stats import tier_stats
-    from driver.vllm._worker import CxlOffloadingWorker
-
-    kv = CanonicalKVCaches([CanonicalKVCacheTensor(t, PAGE) for t in tensors],
-                           [[CanonicalKVCacheRef(i, PAGE) for i in range(L)]])
-    spec = types.SimpleNamespace(tier=TierConfig(device=name, policy="lru", cxl_bytes_to_use=64 * L * PAGE, **tier),
-                                 stats=tier_stats(name), num_chunks=64, device_name=name, device_capacity=None,
-                                 codec=None)  # CxlOffloadingSpec.codec: native KV
-    return CxlOffloadingWorker(spec, kv)
+    return bare_worker(name, tensors, PAGE, 64, **tier)
 
 
 def _specs(kv: list[int], chunks: list[int]) -> tuple[Any, Any]:
