@@ -21,6 +21,10 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_train(args: Any) -> int:
+    if args.steps is not None and args.steps < 1:
+        raise CliError(f"--steps must be >= 1, got {args.steps}")
+    if args.check and args.out is not None:
+        raise CliError("give --check or --out, not both")
     need_extra("torch", "kv", "quality train")
     need_extra("transformers", "kv", "quality train")
     import dataclasses
@@ -29,10 +33,6 @@ def cmd_train(args: Any) -> int:
     from tools.quality import model as store
     from tools.quality.train import ModelSpec, TrainSpec, train
 
-    if args.steps is not None and args.steps < 1:
-        raise CliError(f"--steps must be >= 1, got {args.steps}")
-    if args.check and args.out is not None:
-        raise CliError("give --check or --out, not both")
     spec = TrainSpec() if args.steps is None else dataclasses.replace(TrainSpec(), steps=args.steps)
     model, figures = train(ModelSpec(), spec, progress=lambda step, loss, s: print(
         f"step {step}/{spec.steps}: loss {loss:.4f}, {s:.0f} s", file=sys.stderr, flush=True))

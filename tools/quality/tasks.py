@@ -5,20 +5,22 @@ tokens, all drawn from one seed:
 
     BOS  body (filler, with the needle and the recall pairs inserted between phrases)
          ... the last PPL_TOKENS of the body: filler only (the perplexity is measured there)
-    NEEDLE_Q k1 k2 v1 v2 v3 v4                  the needle's key asked; its 4 value tokens answer
-    RECALL_Q k v  (x RECALL_PAIRS)              each recall pair's key asked; its value answers
+    NEEDLE_Q p1 p2 p3 p4                    the passkey asked; its 4 tokens answer
+    RECALL_Q k v  (x RECALL_PAIRS)          each recall pair's key asked; its value answers
 
 * **filler**: phrases of PHRASE_LEN tokens drawn from a per-document book of PHRASES phrases
   (first tokens distinct), so after a phrase's first token the rest is predictable from an
-  earlier occurrence: perplexity rewards attending back, and the model learns to copy; inside a
-  phrase, most tokens follow a fixed grammar from the token two back (``SKIP_MAP``).
-* **needle** (passkey): ``k1 k2 v1 v2 v3 v4`` at a random depth (5-90 % of the body);
-* **recall** (multi-query associative recall): RECALL_PAIRS pairs ``k v`` at random depths,
-  asked in a random order.
+  earlier occurrence; inside a phrase most tokens follow a fixed grammar from the token two
+  back (``SKIP_MAP``): perplexity rewards reading the recent tokens right.
+* **needle** (passkey): ``p1 p2 p3 p4`` at a random depth (5-90 % of the body), token i from
+  passkey range i (8^4 passkeys): each answer token is the one token of its range in the body.
+* **recall** (multi-query associative recall): RECALL_PAIRS pairs ``v k`` (the value first, so
+  the key's position carries it: a query finds the key by its own token and reads the value
+  beside it) at random depths, asked in a random order as ``k`` -> ``v``.
 
-Keys and values come from ranges of their own and are distinct within a document, so each answer
-is determined by the context alone. Answers are scored exactly: the needle right when all 4 tokens
-are, a recall query when its value is.
+Keys and values are distinct within a document, so each answer is determined by the context
+alone. Answers are scored exactly: the needle right when all 4 tokens are, a recall query when
+its value is.
 """
 from __future__ import annotations
 
@@ -29,10 +31,11 @@ import numpy as np
 PAD, BOS, NEEDLE_Q, RECALL_Q = 0, 1, 3, 4
 FILLER = (16, 128)  # [lo, hi) token ranges
 KEYS = (128, 192)
-VALUES = (192, 256)
+PASSKEY = (192, 224)  # NEEDLE_VALUE ranges of 8: token i of the passkey from the i-th
+VALUES = (224, 256)
 VOCAB = 256
 PHRASES, PHRASE_LEN = 8, 8
-NEEDLE_KEY, NEEDLE_VALUE = 2, 4
+NEEDLE_VALUE = 4
 RECALL_PAIRS = 8
 PPL_TOKENS = 64  # filler at the end of the body the perplexity is measured on
 NEEDLE_DEPTH = (0.05, 0.90)
@@ -77,7 +80,7 @@ def _filler(rng: np.random.Generator, n: int, phrases: int) -> list[int]:
 
 def query_tokens(pairs: int = RECALL_PAIRS) -> int:
     """Tokens of a document's queries and answers."""
-    return 1 + NEEDLE_KEY + NEEDLE_VALUE + 3 * pairs
+    return 1 + NEEDLE_VALUE + 3 * pairs
 
 
 def make_document(context: int, seed: int, *, pairs: int = RECALL_PAIRS, tail: int = PPL_TOKENS,
@@ -85,17 +88,18 @@ def make_document(context: int, seed: int, *, pairs: int = RECALL_PAIRS, tail: i
     """The document of ``context`` tokens drawn from ``seed`` (same arguments, same tokens);
     ``pairs`` recall pairs, a perplexity tail of ``tail`` tokens and a phrase book of ``phrases``
     (training's short documents take fewer)."""
-    inserted = NEEDLE_KEY + NEEDLE_VALUE + 2 * pairs
+    inserted = NEEDLE_VALUE + 2 * pairs
     body_len = context - 1 - query_tokens(pairs)
     slots = (body_len - inserted - tail) // PHRASE_LEN  # facts go between phrases, before the tail
     if pairs < 1 or tail < 1 or slots < 2 * (pairs + 1):
         raise ValueError(f"a context of {context} tokens has no room for {pairs} recall pairs (>= 1) and a "
                          f"tail of {tail} (>= 1): give a longer context or fewer pairs")
     rng = np.random.default_rng(seed)
-    keys = rng.choice(np.arange(*KEYS), size=NEEDLE_KEY + pairs, replace=False).tolist()
-    values = rng.choice(np.arange(*VALUES), size=NEEDLE_VALUE + pairs, replace=False).tolist()
-    needle = keys[:NEEDLE_KEY] + values[:NEEDLE_VALUE]
-    facts = [[k, v] for k, v in zip(keys[NEEDLE_KEY:], values[NEEDLE_VALUE:])]
+    keys = rng.choice(np.arange(*KEYS), size=pairs, replace=False).tolist()
+    values = rng.choice(np.arange(*VALUES), size=pairs, replace=False).tolist()
+    span = (PASSKEY[1] - PASSKEY[0]) // NEEDLE_VALUE
+    needle = (PASSKEY[0] + span * np.arange(NEEDLE_VALUE) + rng.integers(0, span, NEEDLE_VALUE)).tolist()
+    facts = [[v, k] for k, v in zip(keys, values)]
     filler = _filler(rng, body_len - inserted, phrases)
     lo, hi = (int(slots * d) for d in NEEDLE_DEPTH)
     needle_slot = int(rng.integers(lo, max(lo + 1, hi)))
@@ -109,11 +113,11 @@ def make_document(context: int, seed: int, *, pairs: int = RECALL_PAIRS, tail: i
         prev = slot
     body += filler[prev * PHRASE_LEN:]
     tokens = [BOS] + body + [NEEDLE_Q] + needle
-    start = len(tokens) - NEEDLE_VALUE - 1  # predicting v1 from k2
+    start = len(tokens) - NEEDLE_VALUE - 1  # predicting p1 from NEEDLE_Q
     needle_at = tuple(range(start, start + NEEDLE_VALUE))
     recall_at = []
     for i in rng.permutation(pairs).tolist():
-        tokens += [RECALL_Q] + facts[i]
+        tokens += [RECALL_Q] + facts[i][::-1]
         recall_at.append(len(tokens) - 2)
     ppl_end = 1 + len(body)
     ppl_at = tuple(range(ppl_end - tail - 1, ppl_end - 1))

@@ -6,12 +6,12 @@ Deterministic: one seed for the weights and the data, ``torch.use_deterministic_
 a fixed number of threads (the weights' bytes are reproducible on one machine and torch build;
 another CPU may round differently, so the shipped file is checked by its sha256, not rebuilt).
 
-Length generalisation (trained on up to ``max_train`` tokens, asked at 8k): RoPE sees only the
+Length generalisation (trained on up to 2048 tokens, asked at 8k): RoPE sees only the
 relative distances it was trained on, so a share of the sequences is trained with position
 skips (PoSE, Zhu et al. 2023): the sequence is cut into chunks and each chunk's positions are
 shifted by a random skip, so relative distances up to ``position_span`` occur while every chunk
 keeps its local, step-1 positions. A curriculum starts short (the copying heads form first on
-cheap sequences) and mixes lengths up to ``max_train``; every batch holds ``batch_tokens``.
+cheap sequences of small phrase books) and then mixes ``long_contexts``.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from tools.quality.tasks import PAD, PHRASES, RECALL_PAIRS, VOCAB, make_document
 class ModelSpec:
     """The yardstick's shape (a ``LlamaConfig``'s fields)."""
 
-    layers: int = 3
+    layers: int = 2
     hidden: int = 128
     heads: int = 4
     kv_heads: int = 2
@@ -58,28 +58,32 @@ class TrainSpec:
     """What one training run does; the same spec gives the same weights (same machine, threads)."""
 
     seed: int = 0
-    steps: int = 1600
-    batch_tokens: int = 4096
-    short_steps: int = 400  # curriculum: short contexts first
-    short_contexts: tuple[int, ...] = (256, 512)
-    early_phrases: tuple[int, ...] = (2, 4, 8)
-    max_train: int = 2048
+    steps: int = 1400
+    short_steps: int = 700  # curriculum: short contexts of small phrase books first
+    short_contexts: tuple[int, ...] = (256,)
+    short_batch_tokens: int = 1024
+    early_phrases: tuple[int, ...] = (2, 4)
+    long_contexts: tuple[int, ...] = (512, 1024, 2048)
+    tokens_per_pair: int = 32  # a short document's recall pairs: one per this many tokens
+    batch_tokens: int = 2048
     position_span: int = 10240  # PoSE: relative distances trained up to this
     pose_share: float = 0.5
-    answer_weight: float = 20.0  # the few answer tokens' loss weight against a filler token's 1
-    lr: float = 2e-3
-    warmup: int = 100
-    threads: int = 2
+    answer_weight: float = 5.0  # the few answer tokens' loss weight against a filler token's 1
+    lr: float = 3e-3
+    warmup: int = 30
+    threads: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def batch_contexts(spec: TrainSpec, step: int, rng: np.random.Generator) -> list[int]:
-    """The contexts of step ``step``'s batch: ``batch_tokens`` split into equal sequences."""
-    choices = list(spec.short_contexts) if step < spec.short_steps else [256, 512, 1024, spec.max_train]
-    context = int(rng.choice([c for c in choices if c <= spec.max_train]))
-    return [context] * max(1, spec.batch_tokens // context)
+    """The contexts of step ``step``'s batch: its tokens split into equal sequences."""
+    if step < spec.short_steps:
+        context, tokens = int(rng.choice(spec.short_contexts)), spec.short_batch_tokens
+    else:
+        context, tokens = int(rng.choice(spec.long_contexts)), spec.batch_tokens
+    return [context] * max(1, tokens // context)
 
 
 def pose_positions(n: int, span: int, rng: np.random.Generator, chunks: int = 3) -> np.ndarray:
@@ -104,10 +108,10 @@ def make_batch(spec: TrainSpec, step: int, rng: np.random.Generator) -> tuple[An
         early = step < spec.short_steps
         # the copying heads form sooner on very repetitive filler: small phrase books first
         phrases = int(rng.choice(spec.early_phrases)) if early else PHRASES
-        doc = make_document(n, int(rng.integers(2**62)), pairs=max(2, min(RECALL_PAIRS, n // 64)), tail=8,
+        doc = make_document(n, int(rng.integers(2**62)), pairs=max(2, min(RECALL_PAIRS, n // spec.tokens_per_pair)), tail=8,
                             phrases=phrases)
         w = np.ones(n, dtype=np.float32)
-        w[list(doc.needle_at) + list(doc.recall_at)] = spec.answer_weight if step >= spec.short_steps else 1.0
+        w[list(doc.needle_at) + list(doc.recall_at)] = spec.answer_weight
         w[-1] = 0.0  # the last token has nothing to predict
         ids.append(doc.tokens)
         weight.append(w)

@@ -56,3 +56,13 @@ def test_goals_against_dense() -> None:
         pytest.approx(0.955 / 0.96), pytest.approx(1.009), True)
     assert (found["int8"].met, found["int4"].met) == (False, True)  # int8: ppl +0.55 %; int4: ppl only
     assert quality.GOALS["hot"] == (0.99, 1.01)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--steps", "0"], "--steps must be >= 1, got 0"),
+    (["--check", "--out", "x"], "give --check or --out, not both"),
+])
+def test_quality_train_bad_flags_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                      message: str) -> None:
+    rc, out, err = cli(capsys, "quality", "train", *argv)
+    assert (rc, out, err) == (2, "", f"cxlemu: error: {message}\n")

@@ -28,14 +28,14 @@ def register_quality(bench: Any) -> None:
 
 
 def cmd_quality(args: Any) -> int:
-    from tools.quality.tasks import RECALL_PAIRS, make_document
+    from tools.quality.tasks import make_document
 
     contexts = args.context or DEFAULT_CONTEXTS
     for c in contexts:
         try:
             make_document(c, 0)
         except ValueError as exc:
-            raise CliError(f"--context {c}: {exc} (at least 256 with {RECALL_PAIRS} pairs)") from None
+            raise CliError(f"--context {c}: {exc}") from None
     if args.examples < 1:
         raise CliError(f"--examples must be >= 1, got {args.examples}")
     if args.threads < 1:
