@@ -163,3 +163,27 @@ class DcdCommands(CommandMixin):
                 for i in range(D.FM_LIST_OUT.unpack(out)["count"]))
         return [DcExtent(r["start_dpa"], r["len"], r["tag"], r["shared_seq"], r["host"], bool(r["pending"]))
                 for r in rows]
+
+    def fm_create_pool(self, size: int, *, hosts: list[int] | None = None, region: int = 0, offset: int = 0,
+                       slot_bytes: int = 256 << 10, quota: int = 0) -> int:
+        """Create the shared KV pool (vendor C003h): an extent of ``size`` bytes at ``offset`` into
+        ``region``, tagged kv-index, offered to ``hosts`` (default all) and formatted with slots of
+        ``slot_bytes`` and a per-host ``quota`` of unshared bytes (0: the data area / hosts). Each
+        host accepts it when it opens the pool (``driver.pool.KvPool.open``). Returns its DPA."""
+        from firmware_model.kv_index import MAX_HOSTS
+
+        hosts = list(range(self.config.hosts)) if hosts is None else hosts
+        if self.config.hosts > MAX_HOSTS:
+            raise ValueError(f"a KV pool serves devices of at most {MAX_HOSTS} host ports; this one has {self.config.hosts}")
+        if not hosts or any(not 0 <= h < self.config.hosts for h in hosts):
+            raise ValueError(f"hosts must be among 0..{self.config.hosts - 1}, got {hosts}")
+        bases = D.region_bases(self.config.capacity, self.config.dc_regions) if self.config.dc_regions else []
+        if not 0 <= region < len(bases):
+            raise ValueError(f"{self.config.name} has no DC region {region} (serve it with --dc-region SIZE)")
+        (dpa, length), = _ranges([(bases[region] + offset, size)])
+        if slot_bytes <= 0 or slot_bytes % 64:
+            raise ValueError(f"slot bytes must be a positive multiple of 64, got {slot_bytes}")
+        self.call(Opcode.FM_CREATE_KV_POOL, D.FM_KV_POOL.pack(
+            region=region, hosts=sum(1 << h for h in hosts), offset=offset, len=length, slot_bytes=slot_bytes,
+            quota=quota))
+        return dpa

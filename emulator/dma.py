@@ -61,7 +61,7 @@ from emulator._dma_types import (
     _PyChannelState,
     handle_base_is_c,
 )
-from emulator.spec.errors import DmaError, NoExtent, PoisonError
+from emulator.spec.errors import DeviceGone, DmaError, MediaDisabled, NoExtent, PoisonError
 from emulator.timing import DataPath, host_view
 
 __all__ = ["BlockRuns", "Descriptor", "DescriptorArray", "Direction", "DmaEngine", "DmaHandle", "PinnedHosts"]
@@ -436,7 +436,7 @@ class DmaEngine:
             except DmaError as exc:
                 results.append(DmaError(i, exc.reason))
                 continue
-            except (PoisonError, NoExtent, ValueError) as exc:
+            except (PoisonError, NoExtent, DeviceGone, MediaDisabled, ValueError) as exc:
                 err = DmaError(i, str(exc))
                 err.__cause__ = exc  # typed, as the C path's _error gives it
                 results.append(err)

@@ -39,10 +39,11 @@ from emulator.commands.scan import ScanState
 from emulator.dcd import DcState
 from emulator.events import EventLogs, share_records
 from emulator.fw_telemetry import FirmwarePublisher
+from emulator.kv_pool import KvPoolService
 from emulator.fwslots import FwSlots
 from emulator.health import HealthState
 from emulator.mailbox import COMMANDS, BackgroundJob, dispatch
-from emulator.persist import PERSISTENT_OPCODES, UNSAVED, PersistentState
+from emulator.persist import UNSAVED, PersistentState
 from emulator.poison import PoisonList
 from emulator.regfile import RegisterFile, init_device_registers
 from emulator.spec import registers as R
@@ -127,9 +128,11 @@ class Firmware:
         self.poison = PoisonList(self)
         self.scan_media = ScanState()
         self.dcd = DcState(self)  # Dynamic Capacity: each port's offer and extents, the access bitmaps
+        self.kv_pool = KvPoolService(self)  # the shared KV index in the extent tagged kv-index
         self.persist = PersistentState(self)  # poison list and firmware slots of the last boot
         self.persist.restore()
         self.services.append(self.persist.service)
+        self.services.append(self.kv_pool)
         self.telemetry = FirmwarePublisher(self)
         self.services.append(self.telemetry.service)
         for p in self.ports:
@@ -234,7 +237,7 @@ class Firmware:
 
     def _finish_background(self, rc: RetCode, percent: int = 100) -> None:
         self._bg = None
-        if not self._save_state() and rc == RetCode.SUCCESS and self._bg_opcode in PERSISTENT_OPCODES:
+        if not self._save_state() and rc == RetCode.SUCCESS and COMMANDS[self._bg_opcode].persistent:
             rc = UNSAVED  # what it changed is not saved: the host is not told it succeeded
         self._bg_port.regs.set_fields(R.MB_BG_STATUS, PERCENT=percent, RETCODE=int(rc))
         self._bg_port.regs.set_field(R.MB_STATUS, "BG_OP", 0)
@@ -281,7 +284,7 @@ class Firmware:
             cmd = COMMANDS.get(opcode)
             if cmd is not None and cmd.effects and rc == RetCode.SUCCESS:
                 # before the answer: what the host was told survives a kill, or it is not told
-                if not self._save_state() and opcode in PERSISTENT_OPCODES:
+                if not self._save_state() and cmd.persistent:
                     rc, out = UNSAVED, b""
         regs.region(R.MB_PAYLOAD_OFFSET, len(out))[:] = out
         regs.set_fields(R.MB_CMD, OPCODE=opcode, LENGTH=len(out))
@@ -296,6 +299,7 @@ class Firmware:
             p.state.release()
             p.regs.set_field(R.MEMDEV_STATUS, "MBOX_READY", 0)
         self.telemetry.close()
+        self.kv_pool.detach()  # its views of the media and its CAS's export
         # drop the views so the mmaps can close
         self.media, self.lsa, self.poison_bits = (np.zeros(0, np.uint8) for _ in range(3))
         for p in self.ports:

@@ -74,6 +74,9 @@ class Command:
     min_len: int = 0
     effects: Effect = Effect(0)
     needs_media: bool = False  # refused with Media Disabled while media is disabled
+    # changes what state.json keeps (emulator/persist.py): refused with Internal Error, changing
+    # nothing, when the state cannot be written before it runs; not acknowledged if unsaved after
+    persistent: bool = False
 
     @property
     def background(self) -> bool:
@@ -84,7 +87,8 @@ COMMANDS: dict[int, Command] = {}
 
 
 def command(opcode: int, name: str, *, in_len: int | None, min_len: int = 0,
-            effects: Effect = Effect(0), needs_media: bool = False) -> Callable[[Handler], Handler]:
+            effects: Effect = Effect(0), needs_media: bool = False,
+            persistent: bool = False) -> Callable[[Handler], Handler]:
     """Register a handler in the command table (one opcode, one handler)."""
 
     def register(handler: Handler) -> Handler:
@@ -92,7 +96,7 @@ def command(opcode: int, name: str, *, in_len: int | None, min_len: int = 0,
             raise RuntimeError(f"opcode {opcode:#06x} registered twice ({COMMANDS[opcode].name}, {name})")
         if in_len is not None and in_len > MAILBOX_PAYLOAD_SIZE:
             raise RuntimeError(f"{name}: input length {in_len} exceeds the mailbox payload")
-        COMMANDS[opcode] = Command(opcode, name, handler, in_len, min_len, effects, needs_media)
+        COMMANDS[opcode] = Command(opcode, name, handler, in_len, min_len, effects, needs_media, persistent)
         return handler
 
     return register
@@ -110,7 +114,7 @@ def check(fw: "Firmware", cmd: Command | None, length: int) -> RetCode | None:
         return RetCode.BUSY
     if cmd.needs_media and fw.media_disabled:
         return RetCode.MEDIA_DISABLED
-    return fw.persist.refusal(cmd.opcode)  # it would change saved state that cannot be saved
+    return fw.persist.refusal(cmd.persistent)  # it would change saved state that cannot be saved
 
 
 def dispatch(fw: "Firmware", opcode: int, payload: bytes | memoryview) -> tuple[RetCode, bytes]:

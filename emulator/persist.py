@@ -54,12 +54,6 @@ STATE_FILE = "state.json"
 VERSION = 1
 SAVE_INTERVAL_NS = 200_000_000  # the timer's period for changes no command announced
 RETRY_MAX_NS = 10_000_000_000   # a failing save is retried after 0.4 s, 0.8 s, ... then every 10 s
-# The commands that change what state.json holds: the poison list (inject, clear, a scan's
-# findings, sanitize's wipe) and the firmware slots (a package stored, a slot activated).
-PERSISTENT_OPCODES = frozenset({Opcode.INJECT_POISON, Opcode.CLEAR_POISON, Opcode.SCAN_MEDIA,
-                                Opcode.SANITIZE, Opcode.SECURE_ERASE, Opcode.TRANSFER_FW,
-                                Opcode.ACTIVATE_FW, Opcode.ADD_DC_RESPONSE, Opcode.RELEASE_DC,
-                                Opcode.FM_ADD_DC, Opcode.FM_RELEASE_DC})
 # Internal Error (§8.2.8.4.5.1: "not completed because of an internal device error"): the
 # device's own non-volatile store failed. Not Retry Required (a retry fails the same until an
 # operator fixes the folder), not Media Disabled or Permanent Media Failure (the media is fine).
@@ -213,11 +207,11 @@ class PersistentState:
         self.error = f"{exc.strerror or exc}: {exc.filename or self.dir}"
         self.fw.health.state_unsaved = True
 
-    def refusal(self, opcode: int) -> RetCode | None:
+    def refusal(self, persistent: bool) -> RetCode | None:
         """The dispatcher's check before a command runs: UNSAVED for one that would change the
         saved state when the state cannot be written now (a forced save: a store that broke since
         the last save is found before the command changes anything, a fixed one at once)."""
-        if opcode in PERSISTENT_OPCODES and not self.save(force=True):
+        if persistent and not self.save(force=True):
             return UNSAVED
         return None
 
@@ -232,4 +226,4 @@ class PersistentState:
         return False  # saving is not work a host is waiting on: the runner may nap
 
 
-__all__ = ["PERSISTENT_OPCODES", "PersistentState", "STATE_FILE", "StateError", "UNSAVED", "check_state"]
+__all__ = ["PersistentState", "STATE_FILE", "StateError", "UNSAVED", "check_state"]

@@ -8,6 +8,7 @@ an argparse ``type=`` that must say ``argument --x: ...`` raises ``tools.cli._co
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from typing import Any
@@ -86,7 +87,20 @@ def parse_hex(text: str, what: str = "hex payload") -> bytes:
         raise CliError(f"malformed {what} {text!r}: use pairs of hex digits, e.g. 0a1b") from None
 
 
+def _finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float as None: JSON has no NaN, and a reader (jq,
+    JSON.parse) refuses the ``NaN`` that ``json`` writes by default. A figure with no samples
+    (a percentile of nothing, a ratio over zero) is null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def print_json(obj: Any) -> None:
-    """Print JSON the way `cxl list` does: indented, one document."""
-    json.dump(obj, sys.stdout, indent=2, default=str)
+    """Print JSON the way `cxl list` does: indented, one document; NaN and infinities as null."""
+    json.dump(_finite(obj), sys.stdout, indent=2, default=str, allow_nan=False)
     sys.stdout.write("\n")

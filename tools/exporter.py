@@ -26,9 +26,9 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGI
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from emulator.telemetry import LOG_NAMES
+from emulator.telemetry import LOG_NAMES, POOL_PHASES, PoolTelemetry
 from emulator.timing import linkstate
-from tools.monitor.source import STATES, DeviceSet, DeviceView
+from tools.monitor.source import STATES, DeviceSet, DeviceView, timed_transfers
 
 #: What a scrape without an Accept header gets (OpenMetrics when asked for).
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
@@ -86,9 +86,48 @@ _SHARING_METRICS = {
     "kv_device_saved_bytes": ("gauge", ("Device bytes prefix sharing saves now: (references - chunks "
                                         "used) x chunk size."), "device_saved_bytes"),
 }
+# Several hosts and the shared KV pool (the pool section, layout 1.3 on). Per host port, labelled
+# `host`: name: (type, help, field of PoolHost); the pool's rows only where the device has a pool.
+_HOST_PORT_METRICS = {
+    "host_claimed": ("gauge", "1 while a live process holds the host port (host.<h>.pid).", "pid"),
+    "dc_extents": ("gauge", "Dynamic Capacity extents the host port accepted.", "extents"),
+    "dc_extents_pending": ("gauge", "Dynamic Capacity extents offered to the host port, not yet accepted.",
+                           "pending_extents"),
+    "dc_extent_bytes": ("gauge", "Bytes of the Dynamic Capacity extents the host port accepted.", "extent_bytes"),
+    "dc_shared_extent_bytes": ("gauge", "Bytes of those extents that are tagged (shared capacity).",
+                               "shared_extent_bytes"),
+}
+_POOL_HOST_METRICS = {
+    "pool_sealed_entries": ("gauge", "Sealed KV pool entries the host published.", "sealed"),
+    "pool_shared_entries": ("gauge", "Sealed KV pool entries the host published that another host loaded.",
+                            "shared"),
+    "pool_hits_total": ("counter", "KV pool loads by the host that hit (verified).", "pool_hits"),
+    "pool_cross_host_hits_total": ("counter", "KV pool loads by the host of a block another host published.",
+                                   "cross_hits"),
+    "pool_pins": ("gauge", "KV pool pins the host holds now.", "pins"),
+    "pool_allocations_in_flight": ("gauge", "KV pool allocations of the host not yet sealed.", "allocations"),
+    "pool_unshared_bytes": ("gauge", "Bytes of the host's KV pool entries no other host loaded.", "unshared_bytes"),
+    "pool_quota_bytes": ("gauge", "Unshared KV pool bytes the host may hold.", "quota_bytes"),
+    "pool_host_evictions_total": ("counter", "The host's KV pool entries the firmware evicted.", "evicted"),
+}
+# Device-wide, when the device has a pool: name: (type, help, field of PoolTelemetry). Sealed and
+# shared entries are the per-host series' sums (an entry has one publisher), so they are not here.
+_POOL_METRICS = {
+    "pool_slots": ("gauge", "Slots of the KV pool's index (one block each).", "pool_slots"),
+    "pool_slot_bytes": ("gauge", "Bytes per KV pool slot.", "pool_slot_bytes"),
+    "pool_used_slots": ("gauge", "KV pool slots holding an entry (allocated, sealed or being evicted).",
+                        "pool_used"),
+    "pool_evictions_total": ("counter", "KV pool entries the firmware evicted.", "pool_evictions"),
+    "pool_quota_evictions_total": ("counter", "KV pool entries evicted to bring a host under its quota.",
+                                   "pool_quota_evictions"),
+    "pool_reaped_allocations_total": ("counter", "KV pool allocations of dead or dropped hosts the firmware dropped.",
+                                      "pool_reaped_allocations"),
+    "pool_cleared_pins_total": ("counter", "KV pool pin bytes of dead or dropped hosts the firmware cleared.",
+                                "pool_cleared_pins"),
+}
 _LINK_COUNTERS = {
     "link_bytes_total": ("Bytes moved over the link.", "bytes", 1.0),
-    "link_transfers_total": ("Timed transfers over the link.", "transfers", 1.0),
+    "link_transfers_total": ("Transfers over the link, timed or not (the latency histogram counts the timed).", "transfers", 1.0),
     "link_busy_seconds_total": ("Time the link was occupied.", "busy_ns", 1e-9),
     "link_errors_total": ("Transfers refused (range or poison).", "errors", 1.0),
 }
@@ -153,8 +192,34 @@ def _device_metrics(fam: _Families, view: DeviceView) -> None:
         queues = (("dma_sq", "dma_sq_depth"), ("dma_cq", "dma_cq_depth"), ("prefetch", "prefetch_queue_depth"))
         for queue, fld in queues:
             fam.add("queue_depth", "gauge", "Entries waiting in each queue.", getattr(host, fld), device=d, queue=queue)
+    if snap.pool is not None:
+        _pool_metrics(fam, d, snap.pool)
     if view.link is not None:
         _link_metrics(fam, d, view.link)
+
+
+def _pool_metrics(fam: _Families, d: str, pool: PoolTelemetry) -> None:
+    """Per host port (label ``host``) its claim and extents; with a pool, the pool's totals and
+    each host's state and share of it."""
+    fam.add("host_ports", "gauge", "Host ports of the device.", pool.hosts, device=d)
+    in_pool = pool.pool_hosts > 0
+    if in_pool:
+        for name, (kind, help_text, fld) in _POOL_METRICS.items():
+            fam.add(name, kind, help_text, getattr(pool, fld), device=d)
+    for h, row in enumerate(pool.host_rows):
+        host = str(h)
+        for name, (kind, help_text, fld) in _HOST_PORT_METRICS.items():
+            value = int(row.pid != 0) if fld == "pid" else getattr(row, fld)
+            fam.add(name, kind, help_text, value, device=d, host=host)
+        if not in_pool or h >= pool.pool_hosts:
+            continue
+        phase = POOL_PHASES[row.pool_phase] if row.pool_phase < len(POOL_PHASES) else None
+        for state in POOL_PHASES:
+            fam.add("pool_host_state", "gauge",
+                    "The host in the KV pool (one series per state, 1 for the current one).",
+                    int(phase == state), device=d, host=host, state=state)
+        for name, (kind, help_text, fld) in _POOL_HOST_METRICS.items():
+            fam.add(name, kind, help_text, getattr(row, fld), device=d, host=host)
 
 
 def _link_metrics(fam: _Families, d: str, link: dict[str, int]) -> None:
@@ -167,11 +232,13 @@ def _link_metrics(fam: _Families, d: str, link: dict[str, int]) -> None:
             cumulative += link[f"{direction}_hist_{k:02d}"]
             fam.add("link_latency_seconds", "histogram", help_text, cumulative, "_bucket",
                     device=d, direction=direction, le=repr((1 << (k + 1)) * 1e-9))
-        fam.add("link_latency_seconds", "histogram", help_text, link[f"{direction}_transfers"], "_bucket",
+        # the histogram's own total: an untimed transfer counts in link_transfers_total but has no latency
+        timed = timed_transfers(link, direction)
+        fam.add("link_latency_seconds", "histogram", help_text, timed, "_bucket",
                 device=d, direction=direction, le="+Inf")
         fam.add("link_latency_seconds", "histogram", help_text, link[f"{direction}_latency_ns"] * 1e-9, "_sum",
                 device=d, direction=direction)
-        fam.add("link_latency_seconds", "histogram", help_text, link[f"{direction}_transfers"], "_count",
+        fam.add("link_latency_seconds", "histogram", help_text, timed, "_count",
                 device=d, direction=direction)
     fam.add("copy_bytes_total", "counter", "Bytes copied inside the device.", link["copy_bytes"], device=d)
 

@@ -66,6 +66,8 @@ class ChunkTables:
 
     def configure(self, layout: KVLayout, pool: ChunkPool | None) -> None:
         self.layout, self.pool = layout, pool
+        # (1, pieces, 1): whether each piece of a block table is a value piece (the pool's map)
+        self._is_value = (np.arange(layout.pieces) >= layout.kv_heads)[None, :, None]
 
     def valid(self, j: int, seq_len: int) -> int:
         """Valid bytes of block ``j`` of a piece holding ``seq_len`` tokens."""
@@ -122,6 +124,7 @@ class ChunkTables:
         missing = ids < 0
         if missing.any():
             ids[missing] = pool.alloc(int(missing.sum()))
+            pool.values[ids[missing]] = np.broadcast_to(self._is_value, ids.shape)[missing]
             chunks.version += 1
         cb = lay.chunk_bytes
         runs: list[tuple[int, int, int]] = []
@@ -163,6 +166,7 @@ class ChunkTables:
             cur = -1
         if cur < 0:
             cur = pool.alloc(1)[0]
+            pool.values[cur] = p >= chunks.pieces // 2
             chunks.ids[b, p, j] = cur
             chunks.version += 1
         if self.prefix_sharing:

@@ -11,6 +11,8 @@ move as one DMA extent.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from emulator.spec.errors import CxlemuError
 from firmware_model.block_pool import BlockHash, BlockPool, NoFreeBlocksError
 
@@ -29,6 +31,9 @@ class ChunkPool:
             raise DeviceFull("the device holds no KV chunk: chunk larger than its capacity")
         self.pool = BlockPool(capacity)
         self.capacity = capacity
+        #: chunk i holds a value piece (else a key piece): set by the chunk tables when they place
+        #: a block, read by a compressing store (int4 quantizes keys and values differently)
+        self.values = np.zeros(capacity, bool)
 
     def alloc(self, n: int) -> list[int]:
         """``n`` fresh chunks with one reference each."""

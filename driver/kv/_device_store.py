@@ -26,7 +26,7 @@ import numpy as np
 from driver.kv._chunks import ChunkPool
 from driver.kv._store import Extent, configure_chunks
 from emulator import liveness
-from emulator.dma import Descriptor, DmaEngine, DmaHandle
+from emulator.dma import Descriptor, DescriptorArray, DmaEngine, DmaHandle
 from emulator.spec import registers as R
 from emulator.spec.errors import ConfigError, CxlemuError, DmaError
 from emulator.timing import DataPath
@@ -159,6 +159,22 @@ class DeviceBlockStore:
 
     def write(self, extents: Sequence[Extent], host: np.ndarray) -> _DmaTransfer:
         return self._submit(self._descs("write", extents, host))
+
+    def read_runs(self, chunks: np.ndarray, host_offsets: np.ndarray, nbytes: np.ndarray,
+                  host: np.ndarray) -> _DmaTransfer:
+        """``read`` of many extents given as arrays (first chunk, host offset, bytes): one
+        ``DescriptorArray``, no Python object per extent. Hot-page attention reads scattered
+        pages, a new list every step, where a frame's load repeats the same few extents."""
+        dpas = self.base + chunks.astype(np.int64) * self.chunk_bytes
+        feed = self.memdev.access_feed  # the device's CHMU counts what the KV cache touches
+        if feed.enabled:
+            for dpa, n in zip(dpas.tolist(), nbytes.tolist(), strict=True):
+                feed.note(dpa, n, False)
+        if self._batch.descs is not None:  # inside batched(): as a list, with the others
+            return self.read([Extent(*e) for e in zip(chunks.tolist(), nbytes.tolist(), host_offsets.tolist(),
+                                                        strict=True)], host)
+        arr = DescriptorArray("read", [host], np.zeros(dpas.size, np.int64), dpas, host_offsets, nbytes)
+        return _DmaTransfer(self.dma.submit(arr))
 
     def _submit(self, descs: list[Descriptor]) -> _DmaTransfer:
         batch = self._batch

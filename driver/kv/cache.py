@@ -23,6 +23,8 @@ from typing import Any, cast
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from driver.kv import _attention
+from driver.kv._codec_store import check_kv_format, compressed, link_stats
 from driver.kv._engine import ResidencyEngine
 from driver.kv._recompute import ForwardRecorder
 from driver.kv._store import BlockStore
@@ -121,6 +123,19 @@ class CxlCache(Cache):
     * ``store``: any ``BlockStore`` instead of a device (tests).
     * ``clock``: what the engine measures compute on (default the wall clock; tests pass a
       simulated one, so the ``"auto"`` prefetch window is deterministic).
+    * ``kv_format``: how KV is kept on the device: ``"native"`` (its own bytes, tokens exactly
+      as ``DynamicCache``), ``"int8"`` or ``"int4"`` (quantized by the device side on write,
+      decoded on load, the link moving the encoded bytes: ``firmware_model.kv_codec``); stats
+      then report ``link_bytes_loaded`` / ``link_bytes_offloaded`` and ``device_bytes_used``.
+    * ``attention``: ``"dense"`` (every token, as above), ``"hot"`` (hot-page attention: the KV
+      lives on the device and each decode query reads only the pages its ``selector`` chooses
+      within ``page_budget``, a fraction of the sequence's pages; ``driver.kv._hot``) or
+      ``"h2o"`` (H2O heavy-hitter eviction keeping ``page_budget`` of the tokens, which drops
+      the rest: for comparison; ``driver.kv._h2o``). Both need ``model=``, whose attention they
+      route through ``driver.kv``'s attention function until :meth:`close`.
+      ``page_budget=1.0`` with ``"hot"`` reads every page: the tokens of dense attention.
+    * ``selector``: hot attention's page selector: ``"quest"`` (``driver.kv.selectors``), your
+      own class as ``"package.module:Class"`` or the class (``resolve_selector`` checks it).
     """
 
     def __init__(self, hbm_budget_bytes: int, policy: str | type = "reuse", block_tokens: int = 16,
@@ -128,8 +143,12 @@ class CxlCache(Cache):
                  store: BlockStore | None = None, max_seq_len: int | None = None,
                  prefix_sharing: bool = True, max_retries: int = 2,
                  device_capacity: int = DEFAULT_DEVICE_CAPACITY, full_writeback: bool = False,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, kv_format: str = "native", attention: str = "dense",
+                 page_budget: float = 1.0, selector: str | type = "quest") -> None:
         super().__init__(layers=[])
+        check_kv_format(kv_format, prefix_sharing)
+        _check_attention(attention, page_budget, selector, model)
+        self._kv_format = kv_format
         if isinstance(hbm_budget_bytes, bool) or not isinstance(hbm_budget_bytes, int) or hbm_budget_bytes <= 0:
             raise ConfigError(f"hbm_budget_bytes must be a positive int, got {hbm_budget_bytes!r}")
         if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
@@ -159,6 +178,7 @@ class CxlCache(Cache):
                         prefetch_depth=prefetch_depth, prefix_sharing=prefix_sharing,
                         max_retries=max_retries, max_seq_len=max_seq_len, full_writeback=full_writeback,
                         clock=clock)
+        self._attention = (attention, page_budget, selector)
         self._closed = True  # until constructed: __del__ has nothing to release
         self._backing = _Backing(device, store, device_capacity)
         if device is not None:
@@ -169,11 +189,14 @@ class CxlCache(Cache):
             load_config(device)
             self._backing.store()
         try:
-            self._recorder = ForwardRecorder(model, self) if model is not None else None
+            self._recorder = ForwardRecorder(model, self) if model is not None and attention == "dense" else None
+            self._routed = model if attention != "dense" else None
+            if self._routed is not None:
+                _attention.route(self._routed)
         except BaseException:
             self._backing.close()
             raise
-        self._engine: ResidencyEngine | None = None
+        self._engine: Any = None  # a ResidencyEngine, or hot attention's / H2O's engine
         self._telemetry: Any = None  # the device's HostPublisher (none for a store passed in)
         self._closed = False
 
@@ -192,11 +215,14 @@ class CxlCache(Cache):
             self._telemetry.publish()
         return out
 
-    def _engine_for(self, key_states: torch.Tensor) -> ResidencyEngine:
+    def _engine_for(self, key_states: torch.Tensor) -> Any:
         if self._closed:
             raise RuntimeError("CxlCache is closed: make a new one")
+        if self._engine is None and self._attention[0] != "dense":
+            self._engine = _sparse_engine(self, key_states)
         if self._engine is None:
-            store = self._backing.store()
+            store = compressed(self._backing.store(), self._kv_format, block_tokens=self._kw["block_tokens"],
+                               head_dim=key_states.shape[-1], dtype=key_states.dtype)
             timing = getattr(store, "timing", None)  # a device's; a memory store has no link
             self._engine = ResidencyEngine(
                 store=store, device=key_states.device, dtype=key_states.dtype,
@@ -212,7 +238,7 @@ class CxlCache(Cache):
         """Counters: loads, offloads, hits, misses, prefetch_late, stall_ns, hbm_peak_bytes, ..."""
         if self._engine is None:
             return dict.fromkeys(ResidencyEngine.COUNTERS, 0) | {"hbm_peak_bytes": 0}
-        return self._engine.stats()
+        return self._engine.stats() | link_stats(self._engine)
 
     @property
     def device_name(self) -> str | None:
@@ -229,6 +255,8 @@ class CxlCache(Cache):
                 self._telemetry.detach(self._engine)
         if self._recorder is not None:
             self._recorder.remove()
+        if self._routed is not None:
+            _attention.unroute(self._routed)
         self._backing.close()
 
     def __enter__(self) -> CxlCache:
@@ -243,6 +271,47 @@ class CxlCache(Cache):
                 self.close()
         except Exception:  # interpreter shutdown: nothing left to release to
             pass
+
+
+ATTENTION_MODES = ("dense", "hot", "h2o")
+
+
+def _check_attention(attention: str, page_budget: float, selector: str | type, model: object) -> None:
+    """``attention``, ``page_budget`` and ``selector`` (see :class:`CxlCache`), or ConfigError."""
+    if attention not in ATTENTION_MODES:
+        raise ConfigError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
+    if (isinstance(page_budget, bool) or not isinstance(page_budget, (int, float))
+            or not 0 < page_budget <= 1):
+        raise ConfigError(f"page_budget must be a fraction in (0, 1] of the pages attention reads, got {page_budget!r}")
+    if attention == "dense":
+        if page_budget != 1.0:
+            raise ConfigError("page_budget applies to attention='hot' or 'h2o'; dense attention reads every token")
+        return
+    if model is None:
+        raise ConfigError(f"attention={attention!r} needs model=: the cache routes that model's attention "
+                          "through driver.kv's attention function (it chooses what the query reads)")
+    if attention == "hot":
+        from driver.kv.selectors import resolve_selector
+
+        resolve_selector(selector)  # unknown names, and a class that lacks the protocol, fail here
+
+
+def _sparse_engine(cache: CxlCache, key_states: torch.Tensor) -> Any:
+    """Hot attention's engine on the cache's store, or H2O's (which keeps no KV off the accelerator)."""
+    attention, page_budget, selector = cache._attention
+    if attention == "h2o":
+        from driver.kv._h2o import H2OEngine
+
+        return H2OEngine(page_budget=page_budget)
+    from driver.kv._hot import HotEngine
+
+    kw = cache._kw
+    store = compressed(cache._backing.store(), cache._kv_format, block_tokens=kw["block_tokens"],
+                       head_dim=key_states.shape[-1], dtype=key_states.dtype)
+    return HotEngine(budget=kw["budget"], page_budget=page_budget, selector=selector,
+                     block_tokens=kw["block_tokens"], store=store, device=key_states.device,
+                     dtype=key_states.dtype, prefetch=kw["prefetch_depth"] != 0,
+                     max_seq_len=kw["max_seq_len"], clock=kw["clock"], model=cache._routed)
 
 
 class _Backing:

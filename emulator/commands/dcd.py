@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from emulator.dcd import NO_TAG, Extent
+from emulator.kv_pool import INDEX_TAG
+from firmware_model.kv_index import MAX_HOSTS, layout_slots
 from emulator.events import header
 from emulator.mailbox import Effect, command
 from emulator.spec import payloads_dcd as D
@@ -77,13 +79,15 @@ def _ranges(payload: memoryview) -> list[tuple[int, int]] | RetCode:
     return [(e["start_dpa"], e["len"]) for e in entries]
 
 
-@command(Opcode.ADD_DC_RESPONSE, "Add DC Response", in_len=None, min_len=D.DC_RESPONSE.size, effects=_CHANGES)
+@command(Opcode.ADD_DC_RESPONSE, "Add DC Response", in_len=None, min_len=D.DC_RESPONSE.size, effects=_CHANGES,
+         persistent=True)
 def add_dc_response(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     ranges = _ranges(payload)
     return (ranges if isinstance(ranges, RetCode) else fw.dcd.accept(fw.port.host, ranges)), b""
 
 
-@command(Opcode.RELEASE_DC, "Release DC", in_len=None, min_len=D.DC_RESPONSE.size, effects=_CHANGES)
+@command(Opcode.RELEASE_DC, "Release DC", in_len=None, min_len=D.DC_RESPONSE.size, effects=_CHANGES,
+         persistent=True)
 def release_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     ranges = _ranges(payload)  # the bits are cleared before the answer: the next transfer fails
     return (ranges if isinstance(ranges, RetCode) else fw.dcd.release(fw.port.host, ranges)), b""
@@ -126,7 +130,8 @@ def _log(fw: Firmware, kind: D.DcEventType, req: dict, extents: list[Extent]) ->
                                       f"DC {kind.name.lower()} {e.start_dpa:#x}+{e.length:#x}")
 
 
-@command(Opcode.FM_ADD_DC, "FM Add Dynamic Capacity", in_len=None, min_len=D.FM_DC_REQUEST.size, effects=_CHANGES)
+@command(Opcode.FM_ADD_DC, "FM Add Dynamic Capacity", in_len=None, min_len=D.FM_DC_REQUEST.size, effects=_CHANGES,
+         persistent=True)
 def fm_add_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     parsed = _fm_request(fw, payload)
     if isinstance(parsed, RetCode):
@@ -139,7 +144,7 @@ def fm_add_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
 
 
 @command(Opcode.FM_RELEASE_DC, "FM Release Dynamic Capacity", in_len=None, min_len=D.FM_DC_REQUEST.size,
-         effects=_CHANGES)
+         effects=_CHANGES, persistent=True)
 def fm_release_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     parsed = _fm_request(fw, payload)
     if isinstance(parsed, RetCode):
@@ -166,3 +171,36 @@ def fm_list_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
                      for e in extents]
     fits = (D.MAILBOX_PAYLOAD_SIZE - D.FM_LIST_OUT.size) // D.FM_LIST_ENTRY.size
     return RetCode.SUCCESS, D.FM_LIST_OUT.pack(count=min(len(rows), fits)) + b"".join(rows[:fits])
+
+
+@command(Opcode.FM_CREATE_KV_POOL, "FM Create KV Pool", in_len=D.FM_KV_POOL.size, effects=_CHANGES,
+         persistent=True)
+def fm_create_kv_pool(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
+    """Offer one extent tagged kv-index to every host of the mask and format the index in it
+    (emulator/kv_pool.py). Invalid Input: no hosts, a pool already offered or held, a host with an
+    offer pending, or an extent too small for the slots; the extent checks are Add's."""
+    req = D.FM_KV_POOL.unpack(payload)
+    hosts = [h for h in range(len(fw.ports)) if req["hosts"] >> h & 1]
+    if not hosts or req["hosts"] >> len(fw.ports) or len(fw.ports) > MAX_HOSTS or req["region"] >= len(fw.dcd.regions):
+        return RetCode.INVALID_INPUT, b""
+    if fw.kv_pool.find_extent() is not None or any(fw.dcd.ports[h].pending for h in hosts):
+        return RetCode.INVALID_INPUT, b""
+    base, _ = fw.dcd.regions[req["region"]]
+    extent = Extent(base + req["offset"], req["len"], INDEX_TAG, 1)
+    bad = fw.dcd.check_list([(extent.start_dpa, extent.length)])
+    if bad is not None or fw.dcd.region_of(extent.start_dpa) != req["region"]:
+        return bad or RetCode.INVALID_PHYSICAL_ADDRESS, b""
+    try:
+        layout_slots(extent.length, req["slot_bytes"])
+    except ValueError:
+        return RetCode.INVALID_INPUT, b""
+    for h in hosts:
+        rc = fw.dcd.offer(h, [extent])
+        if rc != RetCode.SUCCESS:  # another host's extents overlap it: no offer stays, nothing is formatted
+            for p in hosts:
+                fw.dcd.ports[p].pending = []
+            return rc, b""
+    fw.kv_pool.create(extent.start_dpa, extent.length, req["slot_bytes"], req["quota"])
+    for h in hosts:
+        _log(fw, D.DcEventType.ADD_CAPACITY, {"host": h, "region": req["region"]}, [extent])
+    return RetCode.SUCCESS, b""

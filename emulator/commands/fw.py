@@ -36,7 +36,7 @@ def get_fw_info(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
 
 
 @command(Opcode.TRANSFER_FW, "Transfer FW", in_len=None, min_len=F.TRANSFER_FW.size,
-         effects=_BACKGROUND, needs_media=True)
+         effects=_BACKGROUND, needs_media=True, persistent=True)
 def transfer_fw(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     slots: FwSlots = fw.fwslots
     hdr = F.TRANSFER_FW.unpack(payload)
@@ -78,7 +78,7 @@ def _transfer_job(slots: FwSlots, action: int, slot: int, offset: int,
 
 
 @command(Opcode.ACTIVATE_FW, "Activate FW", in_len=F.ACTIVATE_FW.size, effects=_BACKGROUND,
-         needs_media=True)
+         needs_media=True, persistent=True)
 def activate_fw(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     slots: FwSlots = fw.fwslots
     req = F.ACTIVATE_FW.unpack(payload)

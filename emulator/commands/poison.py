@@ -59,13 +59,13 @@ def get_poison_list(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
 
 
 @command(Opcode.INJECT_POISON, "Inject Poison", in_len=INJECT_POISON.size, needs_media=True,
-         effects=Effect.IMMEDIATE_DATA_CHANGE)
+         effects=Effect.IMMEDIATE_DATA_CHANGE, persistent=True)
 def inject_poison(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     return fw.poison.inject(INJECT_POISON.unpack(payload)["address"]), b""
 
 
 @command(Opcode.CLEAR_POISON, "Clear Poison", in_len=CLEAR_POISON.size, needs_media=True,
-         effects=Effect.IMMEDIATE_DATA_CHANGE)
+         effects=Effect.IMMEDIATE_DATA_CHANGE, persistent=True)
 def clear_poison(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     p = CLEAR_POISON.unpack(payload)
     return fw.poison.clear(p["address"], p["data"]), b""

@@ -64,7 +64,8 @@ _LINES_PER_BITMAP_BYTE = 8
 
 
 @command(Opcode.SANITIZE, "Sanitize", in_len=0, needs_media=True,
-         effects=Effect.IMMEDIATE_DATA_CHANGE | Effect.SECURITY_STATE_CHANGE | Effect.BACKGROUND_OPERATION)
+         effects=Effect.IMMEDIATE_DATA_CHANGE | Effect.SECURITY_STATE_CHANGE | Effect.BACKGROUND_OPERATION,
+         persistent=True)
 def sanitize(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     fw.media_disabled = True
     fw.start_background(Opcode.SANITIZE, _sanitize(fw), abortable=False)
@@ -99,7 +100,8 @@ def _sanitize(fw: Firmware) -> BackgroundJob:
 
 
 @command(Opcode.SECURE_ERASE, "Secure Erase", in_len=0, needs_media=True,
-         effects=Effect.IMMEDIATE_DATA_CHANGE | Effect.SECURITY_STATE_CHANGE | Effect.BACKGROUND_OPERATION)
+         effects=Effect.IMMEDIATE_DATA_CHANGE | Effect.SECURITY_STATE_CHANGE | Effect.BACKGROUND_OPERATION,
+         persistent=True)
 def secure_erase(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     fw.media_disabled = True
     fw.start_background(Opcode.SECURE_ERASE, _secure_erase(fw), abortable=False)

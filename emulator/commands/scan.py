@@ -128,7 +128,7 @@ def get_scan_media_capabilities(fw: Firmware, payload: memoryview) -> tuple[RetC
 
 
 @command(Opcode.SCAN_MEDIA, "Scan Media", in_len=SCAN_MEDIA.size, needs_media=True,
-         effects=Effect.BACKGROUND_OPERATION | Effect.REQUEST_ABORT_SUPPORTED)
+         effects=Effect.BACKGROUND_OPERATION | Effect.REQUEST_ABORT_SUPPORTED, persistent=True)
 def scan_media(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     q = SCAN_MEDIA.unpack(payload)
     refused = check_range(fw, q["address"], q["length"])

@@ -55,6 +55,7 @@ class Opcode(IntEnum):
     FM_ADD_DC = 0xC000
     FM_RELEASE_DC = 0xC001
     FM_LIST_DC = 0xC002
+    FM_CREATE_KV_POOL = 0xC003  # the shared KV index's extent, offered to hosts and formatted
 
 
 def opcode_name(opcode: int) -> str:

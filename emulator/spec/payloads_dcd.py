@@ -102,3 +102,10 @@ FM_LIST_OUT = Layout("cxlemu FM list output", "vendor", 8, [("count", "I"), ("rs
 FM_LIST_ENTRY = Layout("cxlemu FM list entry", "vendor", 48, [
     ("host", "B"), ("pending", "B"), ("rsvd", "2s"), ("generation", "I"),   # pending 1: offered, not accepted
     ("start_dpa", "Q"), ("len", "Q"), ("tag", "16s"), ("shared_seq", "H"), ("rsvd2", "6s")])
+
+# C003h: create the shared KV pool (docs/pool-design.md section 3): the extent [region base +
+# offset, + len) is offered to every host of the mask, tagged "kv-index", and formatted as an
+# empty index of slot_bytes slots (quota 0: the data area divided by the device's hosts).
+FM_KV_POOL = Layout("cxlemu FM create KV pool", "vendor", 40, [
+    ("region", "B"), ("hosts", "B"), ("rsvd", "6s"), ("offset", "Q"), ("len", "Q"), ("slot_bytes", "Q"),
+    ("quota", "Q")])

@@ -5,7 +5,7 @@ a vendor-specific block (CXL r3.1 §8.2.8.2 reserves capability IDs 0x8000-0xFFF
 It holds sections, each with exactly one writer and its own seqlock, so a writer never waits for a
 reader and a reader in another process gets a consistent copy without a lock or a mailbox command.
 
-Layout version 1.2 (offsets in the page; all fields little-endian; `layout_table()` regenerates the
+Layout version 1.3 (offsets in the page; all fields little-endian; `layout_table()` regenerates the
 tables below and a test checks that they match this text):
 
 Page header (0x0000, 64 B; written identically by every writer, see `format_page`):
@@ -14,13 +14,15 @@ Page header (0x0000, 64 B; written identically by every writer, see `format_page
 |---|---|---|---|
 | 0x0000 | 4 | magic | 0x544C5843, "CXLT" |
 | 0x0004 | 2 | version_major | 1; a reader refuses another major |
-| 0x0006 | 2 | version_minor | 2; fields appended to a section bump it (sections never move); old readers ignore them |
+| 0x0006 | 2 | version_minor | 3; fields or sections appended bump it (sections never move); old readers ignore them |
 | 0x0008 | 4 | page_size | bytes of the page this layout uses |
-| 0x000C | 4 | section_count | 2 |
+| 0x000C | 4 | section_count | 3 (2 before 1.3) |
 | 0x0010 | 4 | firmware_offset | 0x0040 |
 | 0x0014 | 4 | firmware_size | bytes of the firmware section |
 | 0x0018 | 4 | host_offset | offset of the host/KV section |
 | 0x001C | 4 | host_size | bytes of the host/KV section |
+| 0x0020 | 4 | pool_offset | offset of the hosts/pool section; since 1.3 |
+| 0x0024 | 4 | pool_size | bytes of the hosts/pool section; since 1.3 |
 
 Firmware section (0x0040; single writer: the firmware runner, ~10 times per second):
 
@@ -33,7 +35,7 @@ Firmware section (0x0040; single writer: the firmware runner, ~10 times per seco
 | 0x0018 | 8 | reserved1 | 0 |
 | 0x0020 | 8 | uptime_ns | ns since the firmware started |
 | 0x0028 | 8 | timestamp_ns | device timestamp (Set/Get Timestamp, §8.2.9.4) |
-| 0x0030 | 8 | capacity_bytes | size of the DPA space |
+| 0x0030 | 8 | capacity_bytes | size of the DPA space: static capacity and the DC regions |
 | 0x0038 | 8 | capacity_used_bytes | bytes of DPA space holding data (allocated blocks) |
 | 0x0040 | 4 | media_status | Memory Device Status MEDIA_STATUS: 0 not ready, 1 ready, 2 error, 3 disabled |
 | 0x0044 | 4 | health_status | Get Health Info health status bits (§8.2.9.9.3.1) |
@@ -102,6 +104,43 @@ Host/KV section (0x1200; single writer: the one KV shim process that claimed it)
 | 0x00D8 | 8 | device_chunks_shared | device chunks referenced by more than one block now; since 1.1 |
 | 0x00E0 | 8 | device_saved_bytes | device bytes saved now: (block references - chunks used) x chunk_bytes; since 1.1 |
 
+Hosts/pool section (0x1300, since 1.3; single writer: the firmware runner, with its own section):
+
+| offset | width | name | meaning |
+|---|---|---|---|
+| 0x0000 | 8 | seq | seqlock: odd while a write is in progress |
+| 0x0008 | 8 | updated_ns | wall clock (CLOCK_REALTIME ns) of the last publish |
+| 0x0010 | 4 | writer_pid | pid of the writing process |
+| 0x0014 | 4 | reserved0 | 0 |
+| 0x0018 | 8 | reserved1 | 0 |
+| 0x0020 | 4 | hosts | host ports of the device; since 1.3 |
+| 0x0024 | 4 | pool_hosts | hosts the KV pool's index serves; 0: no pool; since 1.3 |
+| 0x0028 | 8 | pool_slots | slots of the pool's index (one block each); since 1.3 |
+| 0x0030 | 8 | pool_slot_bytes | bytes per slot; since 1.3 |
+| 0x0038 | 8 | pool_used | slots holding an entry: allocated, sealed or being evicted; since 1.3 |
+| 0x0040 | 8 | pool_sealed | sealed entries (blocks every host of the pool may load); since 1.3 |
+| 0x0048 | 8 | pool_shared | sealed entries loaded by a host other than their publisher; since 1.3 |
+| 0x0050 | 8 | pool_evictions | entries the firmware evicted; since 1.3 |
+| 0x0058 | 8 | pool_quota_evictions | of them, evicted to bring a host under its quota; since 1.3 |
+| 0x0060 | 8 | pool_reaped_allocations | allocations of dead or dropped hosts the firmware dropped; since 1.3 |
+| 0x0068 | 8 | pool_cleared_pins | pin bytes of dead or dropped hosts the firmware cleared; since 1.3 |
+| 0x0070 | 32 | host_pid | u32[8] pid of the process that claimed the port (host.<h>.pid); 0: none; since 1.3 |
+| 0x0090 | 32 | host_pool_phase | u32[8] the host in the pool: 0 out, 1 joining, 2 member; since 1.3 |
+| 0x00B0 | 32 | host_pool_pid | u32[8] pid of the process that joined the pool as this host; since 1.3 |
+| 0x00D0 | 32 | host_extents | u32[8] DC extents the port accepted; since 1.3 |
+| 0x00F0 | 32 | host_pending_extents | u32[8] DC extents offered to the port, not yet accepted; since 1.3 |
+| 0x0110 | 64 | host_extent_bytes | u64[8] bytes of the accepted extents; since 1.3 |
+| 0x0150 | 64 | host_shared_extent_bytes | u64[8] bytes of them that are tagged (shared capacity); since 1.3 |
+| 0x0190 | 64 | host_sealed | u64[8] sealed pool entries the host published; since 1.3 |
+| 0x01D0 | 64 | host_shared | u64[8] of them, entries another host loaded; since 1.3 |
+| 0x0210 | 64 | host_unshared_bytes | u64[8] bytes of the host's entries no other host loaded (its quota's measure); since 1.3 |
+| 0x0250 | 64 | host_quota_bytes | u64[8] unshared bytes the host may hold; since 1.3 |
+| 0x0290 | 64 | host_pins | u64[8] pins the host holds now; since 1.3 |
+| 0x02D0 | 64 | host_allocations | u64[8] the host's allocations in flight (allocated, not sealed); since 1.3 |
+| 0x0310 | 64 | host_pool_hits | u64[8] the host's pool loads that hit (verified); since 1.3 |
+| 0x0350 | 64 | host_cross_hits | u64[8] of them, loads of a block another host published; since 1.3 |
+| 0x0390 | 64 | host_evicted | u64[8] the host's entries the firmware evicted; since 1.3 |
+
 Link counters (bytes and transfers per direction, link_free, latency histogram) are not here: the
 timed data path keeps them with atomic adds in the link-state block at 0x30000 (`emulator.timing`).
 
@@ -111,10 +150,17 @@ chunk referenced by n blocks (sequences of one batch, or caches of one process o
 once in ``device_chunks_used``, once in ``device_chunks_shared`` when n > 1, and saves
 (n - 1) x ``chunk_bytes`` of device memory in ``device_saved_bytes``.
 
+Hosts and the pool (section from 0x1300): the device-wide part is the KV index's (its slots, a
+census of its entries now, the firmware's counters since the index was formatted; all 0 and
+``pool_hosts`` 0 without a pool); one column element per host port, ``hosts`` of them valid. A
+host's DC extents are the port's accepted ones (emulator/dcd.py); its pool row is its record in
+the index's host table (its hits are the host's own atomic adds) and its entries in the slot table.
+
 Versions. Within a major version a section never moves and never shrinks: a minor version only
-appends fields (1.1 appended the prefix-sharing fields of the host section, 1.2
-state_save_failures to the firmware section). A reader refuses
-another major and sections whose header offsets are not these; it reads each section's
+appends fields or sections (1.1 appended the prefix-sharing fields of the host section, 1.2
+state_save_failures to the firmware section, 1.3 the pool section and its header fields). A reader
+refuses another major and sections whose header offsets are not these; a section the page's
+minor lacks reads as None; it reads each section's
 ``*_size`` bytes as the header states them, so a field the page's minor lacks reads 0 and
 `TelemetrySnapshot.has` says it is absent (the monitor and the exporter then show nothing rather
 than a false zero), and the fields of a newer minor it does not know are ignored. A writer finding
@@ -157,6 +203,10 @@ from emulator.telemetry.layout import (  # noqa: F401
     MAGIC,
     PAGE_SIZE,
     POISON_MAX,
+    POOL,
+    POOL_OFFSET,
+    POOL_PHASES,
+    SECTION_SINCE,
     SECTIONS,
     VERSION_MAJOR,
     VERSION_MINOR,
@@ -169,16 +219,21 @@ from emulator.telemetry.snapshot import (
     FirmwareTelemetry,
     HostTelemetry,
     PoisonEntry,
+    PoolHost,
+    PoolTelemetry,
     TelemetrySnapshot,
 )
 from emulator.telemetry.writer import TelemetryWriter
 
 __all__ = [
     "LOG_NAMES",
+    "POOL_PHASES",
     "EventEntry",
     "FirmwareTelemetry",
     "HostTelemetry",
     "PoisonEntry",
+    "PoolHost",
+    "PoolTelemetry",
     "TelemetryClaimed",
     "TelemetryError",
     "TelemetryReader",

@@ -8,15 +8,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from emulator.device_dir import MAX_HOSTS
 from emulator.spec.registers import TELEMETRY_SIZE
+from firmware_model import kv_index
 
 MAGIC = 0x544C5843  # "CXLT" little-endian
-VERSION_MAJOR, VERSION_MINOR = 1, 2
+VERSION_MAJOR, VERSION_MINOR = 1, 3
 HOTLIST_MAX = 256
 EVENTS_MAX = 16
 POISON_MAX = 16
 EVENT_TEXT_BYTES = 48
 LOG_NAMES = ("info", "warn", "fail", "fatal", "dcd")  # CXL r3.1 §8.2.9.2.2 event log types 0-4
+POOL_PHASES = ("out", "joining", "member")  # a host in the KV pool: its host record's phase 0-2
+assert (kv_index.IDLE, kv_index.JOINING, kv_index.LIVE) == (0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -73,20 +77,23 @@ _SECTION_HEAD_SIZE = 0x20  # seq, updated_ns, writer_pid, reserved: what every s
 HEADER = _Layout("header", [
     _f("magic", "<u4", '0x544C5843, "CXLT"'),
     _f("version_major", "<u2", "1; a reader refuses another major"),
-    _f("version_minor", "<u2", "2; fields appended to a section bump it (sections never move); "
+    _f("version_minor", "<u2", "3; fields or sections appended bump it (sections never move); "
        "old readers ignore them"),
     _f("page_size", "<u4", "bytes of the page this layout uses"),
-    _f("section_count", "<u4", "2"),
+    _f("section_count", "<u4", "3 (2 before 1.3)"),
     _f("firmware_offset", "<u4", "0x0040"),
     _f("firmware_size", "<u4", "bytes of the firmware section"),
     _f("host_offset", "<u4", "offset of the host/KV section"),
     _f("host_size", "<u4", "bytes of the host/KV section"),
+    # 1.3: the pool section (a page of an older minor has none: these read 0 there)
+    _f("pool_offset", "<u4", "offset of the hosts/pool section", since=3),
+    _f("pool_size", "<u4", "bytes of the hosts/pool section", since=3),
 ])
 
 FIRMWARE = _Layout("firmware", _SECTION_HEAD + [
     _f("uptime_ns", "<u8", "ns since the firmware started"),
     _f("timestamp_ns", "<u8", "device timestamp (Set/Get Timestamp, §8.2.9.4)"),
-    _f("capacity_bytes", "<u8", "size of the DPA space"),
+    _f("capacity_bytes", "<u8", "size of the DPA space: static capacity and the DC regions"),
     _f("capacity_used_bytes", "<u8", "bytes of DPA space holding data (allocated blocks)"),
     _f("media_status", "<u4", "Memory Device Status MEDIA_STATUS: 0 not ready, 1 ready, 2 error, 3 disabled"),
     _f("health_status", "<u4", "Get Health Info health status bits (§8.2.9.9.3.1)"),
@@ -160,22 +167,66 @@ HOST = _Layout("host", _SECTION_HEAD[:2] + [
 ])
 
 
+
+def _per_host(name: str, fmt: str, meaning: str) -> _Field:
+    """A column of the pool section: one element per host port, index = port."""
+    kind = "u32" if fmt == "<u4" else "u64"
+    return _f(name, fmt, f"{kind}[{MAX_HOSTS}] {meaning}", MAX_HOSTS, since=3)
+
+
+# 1.3: several hosts on one device and the shared KV pool (docs/pool-design.md), as the firmware
+# knows them: DC extents per port (emulator/dcd.py), the index's counters and host table
+# (firmware_model/kv_index.py) and a census of its entries (firmware_model/kv_census.py).
+POOL = _Layout("pool", _SECTION_HEAD + [
+    _f("hosts", "<u4", "host ports of the device", since=3),
+    _f("pool_hosts", "<u4", "hosts the KV pool's index serves; 0: no pool", since=3),
+    _f("pool_slots", "<u8", "slots of the pool's index (one block each)", since=3),
+    _f("pool_slot_bytes", "<u8", "bytes per slot", since=3),
+    _f("pool_used", "<u8", "slots holding an entry: allocated, sealed or being evicted", since=3),
+    _f("pool_sealed", "<u8", "sealed entries (blocks every host of the pool may load)", since=3),
+    _f("pool_shared", "<u8", "sealed entries loaded by a host other than their publisher", since=3),
+    _f("pool_evictions", "<u8", "entries the firmware evicted", since=3),
+    _f("pool_quota_evictions", "<u8", "of them, evicted to bring a host under its quota", since=3),
+    _f("pool_reaped_allocations", "<u8", "allocations of dead or dropped hosts the firmware dropped", since=3),
+    _f("pool_cleared_pins", "<u8", "pin bytes of dead or dropped hosts the firmware cleared", since=3),
+    _per_host("host_pid", "<u4", "pid of the process that claimed the port (host.<h>.pid); 0: none"),
+    _per_host("host_pool_phase", "<u4", "the host in the pool: " + ", ".join(
+        f"{i} {name}" for i, name in enumerate(POOL_PHASES))),
+    _per_host("host_pool_pid", "<u4", "pid of the process that joined the pool as this host"),
+    _per_host("host_extents", "<u4", "DC extents the port accepted"),
+    _per_host("host_pending_extents", "<u4", "DC extents offered to the port, not yet accepted"),
+    _per_host("host_extent_bytes", "<u8", "bytes of the accepted extents"),
+    _per_host("host_shared_extent_bytes", "<u8", "bytes of them that are tagged (shared capacity)"),
+    _per_host("host_sealed", "<u8", "sealed pool entries the host published"),
+    _per_host("host_shared", "<u8", "of them, entries another host loaded"),
+    _per_host("host_unshared_bytes", "<u8", "bytes of the host's entries no other host loaded (its quota's measure)"),
+    _per_host("host_quota_bytes", "<u8", "unshared bytes the host may hold"),
+    _per_host("host_pins", "<u8", "pins the host holds now"),
+    _per_host("host_allocations", "<u8", "the host's allocations in flight (allocated, not sealed)"),
+    _per_host("host_pool_hits", "<u8", "the host's pool loads that hit (verified)"),
+    _per_host("host_cross_hits", "<u8", "of them, loads of a block another host published"),
+    _per_host("host_evicted", "<u8", "the host's entries the firmware evicted"),
+])
+
+
 def _align64(n: int) -> int:
     return (n + 63) // 64 * 64
 
 
 FIRMWARE_OFFSET = 0x40
 HOST_OFFSET = _align64(FIRMWARE_OFFSET + FIRMWARE.size)
-PAGE_SIZE = _align64(HOST_OFFSET + HOST.size)
-SECTIONS = {"firmware": (FIRMWARE, FIRMWARE_OFFSET), "host": (HOST, HOST_OFFSET)}
+POOL_OFFSET = _align64(HOST_OFFSET + HOST.size)
+PAGE_SIZE = _align64(POOL_OFFSET + POOL.size)
+SECTIONS = {"firmware": (FIRMWARE, FIRMWARE_OFFSET), "host": (HOST, HOST_OFFSET), "pool": (POOL, POOL_OFFSET)}
+SECTION_SINCE = {"firmware": 0, "host": 0, "pool": 3}  # the minor that added each section
 # Build-time checks, like QEMU_BUILD_BUG_ON: the documented layout is the one packed here.
-assert HEADER.size == 0x20 and FIRMWARE.size == 0x119C and HOST.size == 0xE8
-assert HOST_OFFSET == 0x1200 and PAGE_SIZE == 0x1300 <= TELEMETRY_SIZE
+assert HEADER.size == 0x28 and FIRMWARE.size == 0x119C and HOST.size == 0xE8
+assert HOST_OFFSET == 0x1200 and POOL_OFFSET == 0x1300 and PAGE_SIZE <= TELEMETRY_SIZE
 
 
 def layout_table(name: str) -> str:
-    """The markdown table of layout `name` ("header", "firmware", "host"), as in the module doc."""
-    layout = {"header": HEADER, "firmware": FIRMWARE, "host": HOST}[name]
+    """The markdown table of layout `name` ("header", "firmware", "host", "pool"), as in the module doc."""
+    layout = {"header": HEADER, "firmware": FIRMWARE, "host": HOST, "pool": POOL}[name]
     rows = ["| offset | width | name | meaning |", "|---|---|---|---|"]
     rows += [f"| 0x{layout.offsets[f.name]:04X} | {layout.width(f)} | {f.name} | {f.meaning}"
              f"{f'; since {VERSION_MAJOR}.{f.since}' if f.since else ''} |" for f in layout.fields]

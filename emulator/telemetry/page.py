@@ -17,6 +17,9 @@ from emulator.telemetry.layout import (
     HOST_OFFSET,
     MAGIC,
     PAGE_SIZE,
+    POOL,
+    POOL_OFFSET,
+    SECTION_SINCE,
     SECTIONS,
     VERSION_MAJOR,
     VERSION_MINOR,
@@ -58,19 +61,26 @@ def format_page(region: Any, offset: int = TELEMETRY_OFFSET) -> None:
     head = np.ndarray((), dtype=HEADER.dtype, buffer=region, offset=offset)
     values = {"version_major": VERSION_MAJOR, "version_minor": VERSION_MINOR, "page_size": PAGE_SIZE,
               "section_count": len(SECTIONS), "firmware_offset": FIRMWARE_OFFSET,
-              "firmware_size": FIRMWARE.size, "host_offset": HOST_OFFSET, "host_size": HOST.size}
+              "firmware_size": FIRMWARE.size, "host_offset": HOST_OFFSET, "host_size": HOST.size,
+              "pool_offset": POOL_OFFSET, "pool_size": POOL.size}
     if int(head["magic"]) == MAGIC:
         problem = _header_problem(head)
         if problem is not None:
             raise TelemetryError(f"{problem}: recreate the device")
-        if int(head["version_minor"]) < VERSION_MINOR:  # our sections extend the older ones
-            for name in ("page_size", "firmware_size", "host_size"):
-                head[name] = values[name]
+        if int(head["version_minor"]) < VERSION_MINOR:  # our sections extend (and follow) the older ones
+            for name, value in values.items():
+                head[name] = value
             head["version_minor"] = VERSION_MINOR
         return
     for name, value in values.items():
         head[name] = value
     head["magic"] = MAGIC
+
+
+def page_sections(head: np.ndarray) -> list[str]:
+    """The sections a formatted page of this major has: those its minor had added."""
+    minor = int(head["version_minor"])
+    return [name for name in SECTIONS if SECTION_SINCE[name] <= minor]
 
 
 def _header_problem(head: np.ndarray) -> str | None:
@@ -79,7 +89,8 @@ def _header_problem(head: np.ndarray) -> str | None:
     if major != VERSION_MAJOR:
         return (f"telemetry page has layout version {major}.{int(head['version_minor'])}, this code "
                 f"reads and writes {VERSION_MAJOR}.x")
-    for name, (_, rel) in SECTIONS.items():
+    for name in page_sections(head):
+        rel = SECTIONS[name][1]
         at, size = int(head[f"{name}_offset"]), int(head[f"{name}_size"])
         if at != rel or size < _SECTION_HEAD_SIZE:
             return (f"telemetry page header puts the {name} section at {at:#x} (+{size:#x} B), layout "

@@ -15,6 +15,7 @@ from emulator.telemetry.layout import (
     HEADER,
     HOTLIST_MAX,
     MAGIC,
+    MAX_HOSTS,
     POISON_MAX,
     SECTIONS,
     VERSION_MAJOR,
@@ -25,6 +26,7 @@ from emulator.telemetry.page import (
     _check_region,
     _header_problem,
     _u64_cell,
+    page_sections,
 )
 from emulator.telemetry.snapshot import (
     _COMPOSITE,
@@ -32,6 +34,8 @@ from emulator.telemetry.snapshot import (
     FirmwareTelemetry,
     HostTelemetry,
     PoisonEntry,
+    PoolHost,
+    PoolTelemetry,
     TelemetrySnapshot,
 )
 
@@ -83,30 +87,35 @@ class TelemetryReader:
         if problem is not None:
             snap.notes.append(f"{problem}: cannot read it")
             return snap
-        # An older minor's section is shorter: read what it has, its missing fields read 0.
-        sizes = {name: min(int(head[f"{name}_size"]), layout.size) for name, (layout, _) in SECTIONS.items()}
+        # An older minor's section is shorter: read what it has, its missing fields read 0; a
+        # section it lacks altogether stays None.
+        sizes = {name: min(int(head[f"{name}_size"]), SECTIONS[name][0].size) for name in page_sections(head)}
         snap.firmware = self._section("firmware", sizes["firmware"], snap.notes)  # type: ignore[assignment]
         snap.host = self._section("host", sizes["host"], snap.notes)  # type: ignore[assignment]
+        if "pool" in sizes:
+            snap.pool = self._section("pool", sizes["pool"], snap.notes)  # type: ignore[assignment]
         if self.link_reader is not None:
             snap.link = self.link_reader()
         return snap
 
-    def _section(self, name: str, size: int, notes: list[str]) -> FirmwareTelemetry | HostTelemetry | None:
+    def _section(self, name: str, size: int,
+                 notes: list[str]) -> FirmwareTelemetry | HostTelemetry | PoolTelemetry | None:
         try:
             seq, raw = self._read_raw(name, size)
         except _Unstable as exc:
             notes.append(f"{name} section unreadable: writer {exc.args[0]} stopped mid-update")
             return None
         if seq == 0:
-            notes.append("firmware has not published telemetry yet" if name == "firmware"
-                         else "no KV shim has published telemetry")
+            if name != "pool":  # the firmware publishes it with its own section: one note says it
+                notes.append("firmware has not published telemetry yet" if name == "firmware"
+                             else "no KV shim has published telemetry")
             return None
         dtype = self._layout(name).dtype
         raw += bytes(dtype.itemsize - len(raw))
         # Plain Python ints, lists and bytes: callers get no numpy scalars.
         rec = {key: v.tolist() if isinstance(v, np.ndarray) else v
                for key, v in zip(dtype.names or (), np.frombuffer(raw, dtype).tolist()[0])}
-        return _decode_firmware(rec) if name == "firmware" else _decode_host(rec)
+        return _DECODERS[name](rec)
 
     @staticmethod
     def _layout(name: str) -> _Layout:
@@ -151,3 +160,15 @@ def _decode_firmware(rec: dict[str, Any]) -> FirmwareTelemetry:
 
 def _decode_host(rec: dict[str, Any]) -> HostTelemetry:
     return HostTelemetry(**{name: rec[name] for name in _HOST_SCALARS})
+
+
+def _decode_pool(rec: dict[str, Any]) -> PoolTelemetry:
+    pool = PoolTelemetry(**{name: rec[name] for name in _POOL_SCALARS})
+    n = min(pool.hosts, MAX_HOSTS)  # clamp: a bad page must not crash the reader
+    pool.host_rows = [PoolHost(**{f: rec[f"host_{f}"][h] for f in _POOL_HOST_FIELDS}) for h in range(n)]
+    return pool
+
+
+_POOL_SCALARS = [f.name for f in fields(PoolTelemetry) if f.name not in _COMPOSITE]
+_POOL_HOST_FIELDS = [f.name for f in fields(PoolHost)]
+_DECODERS = {"firmware": _decode_firmware, "host": _decode_host, "pool": _decode_pool}

@@ -95,6 +95,50 @@ class HostTelemetry:
     writer_pid: int = 0
 
 
+@dataclass(frozen=True)
+class PoolHost:
+    """One host port's row of the pool section (its column ``host_<name>`` at this port's index)."""
+
+    pid: int = 0
+    pool_phase: int = 0
+    pool_pid: int = 0
+    extents: int = 0
+    pending_extents: int = 0
+    extent_bytes: int = 0
+    shared_extent_bytes: int = 0
+    sealed: int = 0
+    shared: int = 0
+    unshared_bytes: int = 0
+    quota_bytes: int = 0
+    pins: int = 0
+    allocations: int = 0
+    pool_hits: int = 0
+    cross_hits: int = 0
+    evicted: int = 0
+
+
+@dataclass
+class PoolTelemetry:
+    """Section (c), since layout 1.3: the device's host ports and its shared KV pool, published by
+    the firmware runner. ``host_rows`` has one `PoolHost` per port (``hosts`` of them)."""
+
+    hosts: int = 0
+    pool_hosts: int = 0
+    pool_slots: int = 0
+    pool_slot_bytes: int = 0
+    pool_used: int = 0
+    pool_sealed: int = 0
+    pool_shared: int = 0
+    pool_evictions: int = 0
+    pool_quota_evictions: int = 0
+    pool_reaped_allocations: int = 0
+    pool_cleared_pins: int = 0
+    host_rows: list[PoolHost] = field(default_factory=list)
+    seq: int = 0
+    updated_ns: int = 0
+    writer_pid: int = 0
+
+
 @dataclass
 class TelemetrySnapshot:
     """A consistent copy of each section; None where a section has never been published or could
@@ -105,10 +149,11 @@ class TelemetrySnapshot:
     host: HostTelemetry | None = None
     link: Any = None
     notes: list[str] = field(default_factory=list)
+    pool: PoolTelemetry | None = None  # layout 1.3 on, once the firmware published it
 
     def has(self, section: str, name: str) -> bool:
         """Whether the page's layout version carries field `name` of `section` ("firmware",
-        "host"): a page of an older minor lacks later fields, which then read 0."""
+        "host", "pool"): a page of an older minor lacks later fields, which then read 0."""
         if section not in SECTIONS:
             raise ValueError(f"unknown telemetry section {section!r}: use one of {sorted(SECTIONS)}")
         fld = SECTIONS[section][0].by_name.get(name)
@@ -118,5 +163,5 @@ class TelemetrySnapshot:
                 and self.version[1] >= fld.since)
 
 
-_DATACLASS = {"firmware": FirmwareTelemetry, "host": HostTelemetry}
-_COMPOSITE = {"hotlist", "recent_events", "recent_poison"}
+_DATACLASS = {"firmware": FirmwareTelemetry, "host": HostTelemetry, "pool": PoolTelemetry}
+_COMPOSITE = {"hotlist", "recent_events", "recent_poison", "host_rows"}

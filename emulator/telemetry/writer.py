@@ -20,7 +20,9 @@ from emulator.telemetry.layout import (
     EVENTS_MAX,
     HOTLIST_MAX,
     LOG_NAMES,
+    MAX_HOSTS,
     POISON_MAX,
+    POOL,
     SECTIONS,
 )
 from emulator.telemetry.page import (
@@ -36,6 +38,7 @@ from emulator.telemetry.snapshot import (
     FirmwareTelemetry,
     HostTelemetry,
     PoisonEntry,
+    PoolHost,
 )
 
 
@@ -162,8 +165,8 @@ class TelemetryWriter:
     def _encode(self, values: dict[str, Any]) -> list[tuple[str, Any]]:
         stores: list[tuple[str, Any]] = []
         for name, value in values.items():
-            if name in _COMPOSITE and self.section == "firmware":
-                stores += _ENCODERS[name](value)
+            if name in _COMPOSITE and name in _ENCODERS[self.section]:
+                stores += _ENCODERS[self.section][name](value)
                 continue
             fld = next((f for f in self._layout.fields if f.name == name and not f.count), None)
             if fld is None or name in _HEAD_NAMES or name.startswith("reserved"):
@@ -174,24 +177,25 @@ class TelemetryWriter:
         return stores
 
 
-def _column(name: str, values: list[int], limit: int, fmt: str) -> np.ndarray:
+def _column(name: str, values: list[int], limit: int, fmt: str, section: str = "firmware") -> np.ndarray:
     """`values` checked against `fmt` and zero-padded to the `limit` slots of an array field.
     Checked as one array: a 256-entry hotlist costs microseconds, not a Python loop."""
+    name = f"{section}.{name}"
     if len(values) > limit:
-        raise ValueError(f"telemetry firmware.{name} holds at most {limit} entries, got {len(values)}")
+        raise ValueError(f"telemetry {name} holds at most {limit} entries, got {len(values)}")
     out = np.zeros(limit, dtype=fmt)
     if not values:
         return out
     bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, (int, np.integer))), None)
     if bad is not None:
-        raise TypeError(f"telemetry firmware.{name} entries must be ints, got {type(bad).__name__}")
+        raise TypeError(f"telemetry {name} entries must be ints, got {type(bad).__name__}")
     arr = np.asarray(values)
     if arr.dtype.kind not in "iu":  # ints beyond any numpy integer: compare as Python ints
         arr = np.asarray(values, dtype=object)
     info = _iinfo(fmt)
     lo, hi = int(arr.min()), int(arr.max())
     if lo < info.min or hi > info.max:
-        raise ValueError(f"telemetry firmware.{name} entry {lo if lo < info.min else hi} is outside "
+        raise ValueError(f"telemetry {name} entry {lo if lo < info.min else hi} is outside "
                          f"{info.min}..{info.max}")
     out[:len(values)] = arr
     return out
@@ -226,5 +230,34 @@ def _encode_poison(records: Iterable[PoisonEntry]) -> list[tuple[str, Any]]:
             ("poison_len", len(rows))]
 
 
-_ENCODERS: dict[str, Callable[[Any], list[tuple[str, Any]]]] = {
-    "hotlist": _encode_hotlist, "recent_events": _encode_events, "recent_poison": _encode_poison}
+def _encode_host_rows(rows: Iterable[PoolHost]) -> list[tuple[str, Any]]:
+    """One `PoolHost` per port, as the section's per-host columns (``host_<field>``). At most 8
+    values a column: checked in plain Python, which costs less here than `_column`'s array checks
+    (the firmware publishes this into every port's BAR ~10 times a second)."""
+    rows = list(rows)
+    if len(rows) > MAX_HOSTS:
+        raise ValueError(f"telemetry pool.host_rows holds at most {MAX_HOSTS} entries (one per host port), "
+                         f"got {len(rows)}")
+    if not all(isinstance(r, PoolHost) for r in rows):
+        raise TypeError("telemetry pool.host_rows entries must be PoolHost")
+    stores: list[tuple[str, Any]] = []
+    for name in _POOL_HOST_FIELDS:
+        col = f"host_{name}"
+        fmt = POOL.by_name[col].fmt
+        values = [getattr(r, name) for r in rows]
+        lo, hi = int(_iinfo(fmt).min), int(_iinfo(fmt).max)
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"telemetry pool.{col} entries must be ints, got {type(v).__name__}")
+            if not lo <= v <= hi:
+                raise ValueError(f"telemetry pool.{col} entry {v} is outside {lo}..{hi}")
+        out = np.zeros(MAX_HOSTS, dtype=fmt)
+        out[:len(values)] = values
+        stores.append((col, out))
+    return stores
+
+
+_POOL_HOST_FIELDS = [f.name for f in fields(PoolHost)]
+_ENCODERS: dict[str, dict[str, Callable[[Any], list[tuple[str, Any]]]]] = {
+    "firmware": {"hotlist": _encode_hotlist, "recent_events": _encode_events, "recent_poison": _encode_poison},
+    "host": {}, "pool": {"host_rows": _encode_host_rows}}

@@ -165,6 +165,38 @@ def state_cas(view: memoryview, expect: int, value: int) -> bool:
     return bool(lib.cxl_state_cas(ptr, expect, value))
 
 
+class WordCas:
+    """Compare-and-swap on the u64 words of a shared buffer (a mapped extent of the media), the
+    same atomic operation as ``state_cas``: ``cas(i, expect, value)`` on word ``i``. Holds the
+    buffer exported until ``release``."""
+
+    def __init__(self, buffer: Any) -> None:
+        self._words: memoryview | None = None
+        try:
+            from emulator.timing._cdatapath import ffi, lib  # type: ignore[import-not-found]
+        except ImportError:  # the pure-Python fallback: a plain check-then-store, as state_cas's
+            self._words = memoryview(buffer).cast("B").cast("Q")
+            self._ffi, self._ptr, self._fn = None, None, None
+            return
+        self._ffi, self._fn = ffi, lib.cxl_state_cas
+        self._ptr = ffi.cast("uint64_t *", ffi.from_buffer("uint8_t[]", buffer, require_writable=True))
+
+    def __call__(self, i: int, expect: int, value: int) -> bool:
+        if self._fn is not None:
+            return bool(self._fn(self._ptr + i, expect, value))
+        assert self._words is not None, "WordCas used after release"
+        if self._words[i] != expect:
+            return False
+        self._words[i] = value
+        return True
+
+    def release(self) -> None:
+        """Let go of the buffer (before its mapping closes)."""
+        if self._words is not None:
+            self._words.release()
+        self._ptr = self._fn = self._words = None
+
+
 def gone_reason(word: int, expected: int) -> str | None:
     """Why a handle opened when the word read ``expected`` may no longer use the device, or None."""
     if word & KEY == expected & KEY:

@@ -200,3 +200,14 @@ def test_a_damaged_dcd_entry_is_set_aside_and_the_bitmaps_cleared(device_name: s
         fw.close()
     finally:
         files.destroy()
+
+
+def test_the_telemetry_page_counts_the_dc_regions_in_the_capacity(fw2: Firmware) -> None:
+    """The media file holds the DC regions too and "used" counts its blocks: a capacity of the
+    static part alone put the monitor's bar past 100 %."""
+    from emulator.telemetry import TelemetryReader
+
+    fw2.telemetry.publish(fw2.clock.now_ns())
+    pages = [TelemetryReader(p.bar).snapshot().firmware for p in fw2.ports]
+    assert [page.capacity_bytes for page in pages] == [4 * M256, 4 * M256]
+    assert all(page.capacity_used_bytes <= page.capacity_bytes for page in pages)

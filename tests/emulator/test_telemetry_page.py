@@ -37,7 +37,7 @@ def _seq(bar: bytearray, section: str) -> int:
     return int.from_bytes(bar[base:base + 8], "little")
 
 
-@pytest.mark.parametrize("name", ["header", "firmware", "host"])
+@pytest.mark.parametrize("name", ["header", "firmware", "host", "pool"])
 def test_module_doc_tables_match_packed_layout(name: str) -> None:
     """The tables in the module docstring are exactly the layout the code packs."""
     assert T.layout_table(name) in T.__doc__
@@ -45,8 +45,8 @@ def test_module_doc_tables_match_packed_layout(name: str) -> None:
 
 def test_layout_offsets_are_fixed() -> None:
     """Offsets that other programs may hard-code: 1.0's are unchanged, 1.1 appended to the host
-    section (the page grew from 0x12C0 to 0x1300)."""
-    assert (T.FIRMWARE_OFFSET, T.HOST_OFFSET, T.PAGE_SIZE) == (0x40, 0x1200, 0x1300)
+    section (the page grew from 0x12C0 to 0x1300), 1.3 the pool section after it (to 0x1700)."""
+    assert (T.FIRMWARE_OFFSET, T.HOST_OFFSET, T.POOL_OFFSET, T.PAGE_SIZE) == (0x40, 0x1200, 0x1300, 0x1700)
     assert T.FIRMWARE.offsets["capacity_used_bytes"] == 0x38
     assert T.FIRMWARE.offsets["hot_unit"] == 0x98
     assert T.HOST.offsets["stall_ns"] == 0x68
@@ -58,6 +58,12 @@ def test_layout_offsets_are_fixed() -> None:
     # 1.2 appended one field to the firmware section, where 1.1's ended (0x1198)
     assert [(f.name, T.FIRMWARE.offsets[f.name]) for f in T.FIRMWARE.fields if f.since == 2] == [
         ("state_save_failures", 0x1198)]
+    # 1.3: the header's pool fields where 1.2's header ended, and the pool section's columns
+    assert [(f.name, T.HEADER.offsets[f.name]) for f in T.HEADER.fields if f.since == 3] == [
+        ("pool_offset", 0x20), ("pool_size", 0x24)]
+    assert (T.POOL.offsets["hosts"], T.POOL.offsets["host_pid"], T.POOL.offsets["host_cross_hits"],
+            T.POOL.size) == (0x20, 0x70, 0x350, 0x3D0)
+    assert all(f.since == 3 for f in T.POOL.fields[5:])
 
 
 def test_unformatted_and_unpublished_pages_are_reported() -> None:
@@ -69,7 +75,7 @@ def test_unformatted_and_unpublished_pages_are_reported() -> None:
     assert snap.notes == ["telemetry page not formatted: no firmware has published yet"]
     TelemetryWriter(bar, "firmware")
     snap = reader.snapshot()
-    assert snap.version == (1, 2)
+    assert snap.version == (1, 3) and snap.pool is None
     assert snap.notes == ["firmware has not published telemetry yet", "no KV shim has published telemetry"]
 
 
@@ -132,6 +138,7 @@ def _as_layout_1_0(bar: bytearray) -> None:
     head = _header(bar)
     head["version_minor"], head["page_size"], head["host_size"] = 0, 0x12C0, 0xA8
     head["firmware_size"] = 0x1198
+    head["pool_offset"] = head["pool_size"] = 0  # 1.0's header ended at 0x20
 
 
 def test_page_of_an_older_minor_lacks_the_new_fields() -> None:
@@ -152,20 +159,63 @@ def test_page_of_an_older_minor_lacks_the_new_fields() -> None:
 
 
 def test_writer_raises_an_older_minor_to_its_own() -> None:
-    """A 1.2 writer claiming a page an older firmware formatted as 1.0 raises its header's minor
-    and sizes (offsets stay), so readers see the appended fields it publishes."""
+    """A 1.3 writer claiming a page an older firmware formatted as 1.0 raises its header's minor
+    and sizes (offsets stay, the pool section is added), so readers see what it publishes."""
     bar = _bar()
     TelemetryWriter(bar, "firmware").publish(uptime_ns=1)
     _as_layout_1_0(bar)
     TelemetryWriter(bar, "host").publish(device_chunks_shared=7)
     head = _header(bar)
-    assert (int(head["version_minor"]), int(head["page_size"]), int(head["host_size"])) == (2, 0x1300, 0xE8)
-    assert int(head["firmware_size"]) == 0x119C
+    assert (int(head["version_minor"]), int(head["page_size"]), int(head["host_size"])) == (3, 0x1700, 0xE8)
+    assert (int(head["firmware_size"]), int(head["section_count"])) == (0x119C, 3)
     assert (int(head["firmware_offset"]), int(head["host_offset"])) == (0x40, 0x1200)
+    assert (int(head["pool_offset"]), int(head["pool_size"])) == (0x1300, 0x3D0)
     snap = TelemetryReader(bar).snapshot()
-    assert snap.version == (1, 2) and snap.has("host", "device_chunks_shared")
+    assert snap.version == (1, 3) and snap.has("host", "device_chunks_shared")
     assert snap.host is not None and snap.host.device_chunks_shared == 7
     assert snap.firmware is not None and snap.firmware.uptime_ns == 1
+
+
+def test_pool_section_round_trip_per_host_columns() -> None:
+    """Layout 1.3: the pool section's scalars and one PoolHost per port come back as published;
+    columns past ``hosts`` are not rows."""
+    bar = _bar()
+    rows = [T.PoolHost(pid=41, pool_phase=2, extents=2, extent_bytes=4 << 20, shared_extent_bytes=2 << 20,
+                       sealed=5, shared=2, pins=3, allocations=1, pool_hits=9, cross_hits=4),
+            T.PoolHost(pool_phase=1, quota_bytes=1 << 20, unshared_bytes=4096, evicted=7)]
+    TelemetryWriter(bar, "pool").publish(hosts=2, pool_hosts=2, pool_slots=480, pool_used=6, pool_sealed=5,
+                                         pool_shared=2, pool_cleared_pins=8, host_rows=rows)
+    pool = TelemetryReader(bar).snapshot().pool
+    assert pool is not None
+    assert (pool.hosts, pool.pool_hosts, pool.pool_slots, pool.pool_used, pool.pool_cleared_pins) == (2, 2, 480, 6, 8)
+    assert pool.host_rows == rows
+
+
+def test_pool_section_refuses_bad_rows_before_the_write() -> None:
+    bar = _bar()
+    writer = TelemetryWriter(bar, "pool")
+    with pytest.raises(ValueError, match=r"pool.host_rows holds at most 8 entries \(one per host port\), got 9"):
+        writer.publish(host_rows=[T.PoolHost()] * 9)
+    with pytest.raises(ValueError, match="pool.host_pid entry -1 is outside 0..4294967295"):
+        writer.publish(host_rows=[T.PoolHost(pid=-1)])
+    with pytest.raises(TypeError, match="pool.host_rows entries must be PoolHost"):
+        writer.publish(host_rows=[{"pid": 1}])
+    assert _seq(bar, "pool") == 0
+
+
+def test_page_of_1_2_has_no_pool_section() -> None:
+    """A 1.2 header names no pool section: the reader leaves ``pool`` None and says nothing of it,
+    whatever bytes lie where 1.3 puts it; ``has`` says its fields are absent."""
+    bar = _bar()
+    TelemetryWriter(bar, "firmware").publish(uptime_ns=5)
+    TelemetryWriter(bar, "pool").publish(hosts=2)
+    head = _header(bar)
+    head["version_minor"], head["section_count"], head["page_size"] = 2, 2, 0x1300
+    head["pool_offset"] = head["pool_size"] = 0
+    snap = TelemetryReader(bar).snapshot()
+    assert snap.version == (1, 2) and snap.pool is None and snap.firmware is not None
+    assert snap.notes == ["no KV shim has published telemetry"]
+    assert not snap.has("pool", "host_pins") and snap.has("firmware", "state_save_failures")
 
 
 def test_newer_minor_is_read_as_far_as_known() -> None:
@@ -232,7 +282,7 @@ def test_publish_refuses_wrong_dataclass() -> None:
 
 
 def test_unknown_section_and_small_region() -> None:
-    with pytest.raises(ValueError, match=r"use one of \['firmware', 'host'\]"):
+    with pytest.raises(ValueError, match=r"use one of \['firmware', 'host', 'pool'\]"):
         TelemetryWriter(_bar(), "link")
     with pytest.raises(ValueError, match="pass the whole BAR"):
         TelemetryReader(bytearray(0x1000))

@@ -25,7 +25,9 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tools.sim.serve_workload import Client, ModelSpec, RequestRecord, WorkloadConfig, clients
+from tools.sim.hardware import ModelSpec
+from tools.sim.metrics import RequestRecord
+from tools.sim.workload import Client, WorkloadConfig, clients
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,16 @@ one by one. Modes, on the same device and the same run:
 * ``demand``     — ``CxlCache`` with no prefetch: a layer is fetched when attention needs it;
 * ``layerwise``  — transformers' offloaded cache: two layer frames, every layer offloaded
                    whole after use and the next one prefetched (same DMA engine and link);
-* ``cxlemu:<p>`` — ``CxlCache`` with the firmware policy ``p`` and its prefetch.
+* ``cxlemu:<p>`` — ``CxlCache`` with the firmware policy ``p`` and its prefetch;
+* ``cxlemu:<p>/<fmt>`` — the same with ``kv_format=<fmt>`` (``int8``, ``int4``): the KV kept
+                   quantized on the device, the link moving the encoded bytes (``int4`` rows run
+                   with prefix sharing on, which it needs; no decode step shares a block, so
+                   it only hashes the saved tail).
+
+Per row also the bytes the link carried per generated token (loads and write-backs, as moved:
+encoded for a compressed format) and the device bytes the KV takes at the end. Tokens of the
+native modes are checked against ``resident``; a quantized format changes the KV, so its rows
+report the share of ``resident``'s tokens they reproduce instead.
 
 For each: tokens/s and the decode step time over max(compute time, transfer time of the bytes
 the best residency must move). Compute time is the fastest step that moved no byte (the resident
@@ -43,6 +52,10 @@ class KvBenchRow:
     stall_ms: float
     hit_rate: float
     tokens_equal: bool
+    kv_format: str = "native"
+    link_kb_per_token: float = 0.0  # loads + write-backs as the link moved them, per decoded token
+    device_mb: float = 0.0  # device bytes the KV's chunks take at the end of the run
+    token_agreement: float = 1.0  # share of resident's tokens reproduced
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,7 +128,7 @@ def decode(model: Any, cache: Any, context: list, first_token: int, steps: int,
 
 def run(*, layers: int, hidden: int, heads: int, kv_heads: int, contexts: list[int], budgets: list[int],
         steps: int, block_tokens: int, policies: list[str], timing: Any, prefetch_depth: int | str,
-        repeat: int = 2, progress: Any = None) -> list[KvBenchRow]:
+        repeat: int = 2, progress: Any = None, kv_formats: tuple[str, ...] = ()) -> list[KvBenchRow]:
     """Every mode of every (context, budget), ``repeat`` rounds interleaved; each row keeps the
     round with the lowest median step time (a shared host's noise only ever adds time)."""
     from driver.kv import KVLayout
@@ -140,6 +153,9 @@ def run(*, layers: int, hidden: int, heads: int, kv_heads: int, contexts: list[i
                                                  hbm_budget_bytes=lay.min_budget(final)))]
                 plan += [(f"cxlemu:{p}", pct, dict(policy=p, prefetch_depth=prefetch_depth, hbm_budget_bytes=budget))
                          for p in policies]
+                plan += [(f"cxlemu:{p}/{fmt}", pct, dict(policy=p, prefetch_depth=prefetch_depth, hbm_budget_bytes=budget,
+                                                         kv_format=fmt, prefix_sharing=fmt == "int4"))
+                         for p in policies for fmt in kv_formats]
             best: dict[tuple[str, int], tuple[float, list[int], list[float], dict[str, int]]] = {}
             for rnd in range(repeat):
                 for name, pct, kw in plan:
@@ -159,7 +175,7 @@ def run(*, layers: int, hidden: int, heads: int, kv_heads: int, contexts: list[i
                 frames = stats.get("frames", layers)
                 misses = opt_misses_per_step(layers, frames)
                 bound = transfer_bound_s(timing.link_params(), misses, lay.frame_bytes(ctx + steps // 2))
-                rows.append(_row(ctx, pct, name, frames, times, max(compute, bound), stats, tokens == ref_tokens))
+                rows.append(_row(ctx, pct, name, frames, times, max(compute, bound), stats, tokens, ref_tokens))
     return rows
 
 
@@ -173,7 +189,7 @@ def _measure(model: Any, device: str, context: list, steps: int, final: int, blo
     if kw is None:
         tokens, times = decode(model, DynamicCache(), context, 5, steps)
         return tokens, times, {}
-    cache = CxlCache(block_tokens=block_tokens, device=device, max_seq_len=final, prefix_sharing=False, **kw)
+    cache = CxlCache(block_tokens=block_tokens, device=device, max_seq_len=final, **{"prefix_sharing": False, **kw})
     before: dict[str, int] = {}
     try:
         tokens, times = decode(model, cache, context, 5, steps, mark=lambda: before.update(cache.stats()))
@@ -181,20 +197,57 @@ def _measure(model: Any, device: str, context: list, steps: int, final: int, blo
     finally:
         cache.close()
     delta = {k: v - before.get(k, 0) for k, v in stats.items()}
-    delta["frames"] = stats["frames"]
+    for gauge in ("frames", "device_bytes_used", "device_chunk_bytes"):
+        delta[gauge] = stats[gauge]
     return tokens, times, delta
 
 
 def _row(ctx: int, pct: int, mode: str, frames: int, times: list[float], bound: float,
-         stats: dict[str, int], equal: bool) -> KvBenchRow:
+         stats: dict[str, int], tokens: list[int], ref_tokens: list[int]) -> KvBenchRow:
     timed = times[WARMUP_STEPS:]
     step = statistics.median(timed)
     hits, misses = stats.get("hits", 0), stats.get("misses", 0) + stats.get("prefetch_late", 0)
+    link = stats.get("link_bytes_loaded", 0) + stats.get("link_bytes_offloaded", 0)
     return KvBenchRow(context=ctx, budget_pct=pct, mode=mode, frames=frames, step_ms=step * 1e3,
                       tokens_per_s=len(timed) / sum(timed), ratio=step / bound if bound else 1.0,
                       loads=stats.get("loads", 0), gb_loaded=stats.get("bytes_loaded", 0) / 1e9,
                       stall_ms=stats.get("stall_ns", 0) / 1e6 / max(1, len(timed)),
-                      hit_rate=hits / (hits + misses) if hits + misses else 1.0, tokens_equal=equal)
+                      hit_rate=hits / (hits + misses) if hits + misses else 1.0, tokens_equal=tokens == ref_tokens,
+                      kv_format=mode.partition("/")[2] or "native", link_kb_per_token=link / 1e3 / max(1, len(timed)),
+                      device_mb=stats.get("device_bytes_used", 0) / 1e6,
+                      token_agreement=sum(a == b for a, b in zip(tokens, ref_tokens)) / max(1, len(ref_tokens)))
+
+
+@dataclass(frozen=True)
+class FormatRow:
+    """A compressed format's row against the native row of its policy and budget."""
+
+    context: int
+    budget_pct: int
+    mode: str
+    kv_format: str
+    link_kb_per_token: float
+    link_vs_native: float  # link bytes per token / native's
+    device_mb: float
+    device_vs_native: float  # device bytes / native's
+    step_ms: float
+    step_vs_native: float  # step time / native's
+    token_agreement: float
+
+
+def format_rows(rows: list[KvBenchRow]) -> list[FormatRow]:
+    """Each compressed row beside its native twin (same context, budget and policy; pure)."""
+    native = {(r.context, r.budget_pct, r.mode): r for r in rows if r.kv_format == "native"}
+    out = []
+    for r in rows:
+        base = native.get((r.context, r.budget_pct, r.mode.partition("/")[0]))
+        if r.kv_format == "native" or base is None:
+            continue
+        out.append(FormatRow(r.context, r.budget_pct, r.mode, r.kv_format, r.link_kb_per_token,
+                             r.link_kb_per_token / base.link_kb_per_token if base.link_kb_per_token else 0.0,
+                             r.device_mb, r.device_mb / base.device_mb if base.device_mb else 0.0,
+                             r.step_ms, r.step_ms / base.step_ms, r.token_agreement))
+    return out
 
 
 #: The goals (BENCHMARKS.md) for the best cxlemu policy at a budget below 100 %.
@@ -222,7 +275,7 @@ def goals(rows: list[KvBenchRow]) -> list[KvGoals]:
     its ratio, and how much faster it is than demand fetch and whole-layer offload (pure)."""
     out = []
     for key in dict.fromkeys((r.context, r.budget_pct) for r in rows if r.budget_pct < 100):
-        group = {r.mode: r for r in rows if (r.context, r.budget_pct) == key}
+        group = {r.mode: r for r in rows if (r.context, r.budget_pct) == key and r.kv_format == "native"}
         ours = [r for m, r in group.items() if m.startswith("cxlemu:")]
         if not ours or "demand" not in group or "layerwise" not in group:
             continue

@@ -240,10 +240,11 @@ def _load_body(index: int, name: str, lo: int, hi: int, block: int, seed: int,
 
 
 # --- the server ------------------------------------------------------------------------------
-def server_argv(name: str, capacity: int) -> list[str]:
-    """The server's command line (``CXLEMU_BENCH_SERVER_ARGV`` replaces its prefix)."""
+def server_argv(name: str, capacity: int, extra: tuple[str, ...] = ()) -> list[str]:
+    """The server's command line (``CXLEMU_BENCH_SERVER_ARGV`` replaces its prefix); ``extra``:
+    more ``serve`` arguments (``--hosts 3``)."""
     prefix = shlex.split(os.environ.get(SERVER_ARGV_ENV, "")) or [sys.executable, "-m", "tools.cli.main"]
-    return [*prefix, "serve", "--name", name, "--capacity", f"{capacity >> 20}M"]
+    return [*prefix, "serve", "--name", name, "--capacity", f"{capacity >> 20}M", *extra]
 
 
 def _source_env() -> dict[str, str]:
@@ -256,13 +257,13 @@ def _source_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def served_subprocess(name: str, capacity: int) -> Iterator[list[str]]:
+def served_subprocess(name: str, capacity: int, extra: tuple[str, ...] = ()) -> Iterator[list[str]]:
     """``cxlemu serve`` in a subprocess until its mailbox answers; SIGTERM and destroy on exit
     (whatever happened in between)."""
     from driver import CxlemuError, MemDev
     from emulator.device import destroy, firmware_pid
 
-    argv = server_argv(name, capacity)
+    argv = server_argv(name, capacity, extra)
     log = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_source_env())
     try:

@@ -2,7 +2,7 @@
 
 A seeded random Llama (float32, an init whose greedy output varies) serves closed-loop clients —
 multi-turn sessions that resend their growing conversation and clients asking questions about a
-long document (``tools.sim.serve_workload``) — at rising concurrency. The "accelerator" is
+long document (``tools.sim.workload``) — at rising concurrency. The "accelerator" is
 vLLM's KV space sized for ``C0`` clients' whole context, so above ``C0`` vLLM preempts and the
 prefix cache loses returning sessions' history. Modes, each on its own engine (one process per
 mode, all kept up; each level runs every mode in turn, in rotating order, so a host swing lands on
@@ -18,7 +18,7 @@ all of them; prefix cache and tier reset between levels):
 
 Time scale: this machine's prefill cost per token is measured on the all-resident engine, and the
 link is slowed by k so that link time : compute time for a context is the reference's (a 7B
-model on an H100-class accelerator; ``tools.sim.serve_workload.time_scale`` shows the arithmetic).
+model on an H100-class accelerator; ``tools.sim.hardware.time_scale`` shows the arithmetic).
 
 Measured per mode and level: TTFT p50/p99, time per output token, output tokens/s, prefix-hit
 tokens, tokens served from the tier (blocks loaded x block size), bytes each way, preemptions,
@@ -31,30 +31,22 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from tools.sim.serve_workload import (
+from tools.sim import modes as sim_modes
+from tools.sim.hardware import time_scale
+from tools.sim.metrics import (
     MAX_CONCURRENCY_KEY,
     LevelResult,
     RequestRecord,
-    WorkloadConfig,
-    checks,
     max_concurrency,
     mismatches,
     outputs_vary,
-    time_scale,
 )
+from tools.sim.workload import WorkloadConfig
 
-MODES = ("all-resident", "none", "host-lru", "cxl-lru", "cxl-arc-forward", "cxl-smart")
-#: mode -> (preset, policy, prefetch) of its tier; None: no tier
-TIERS: dict[str, tuple[str, str, str] | None] = {
-    "all-resident": None, "none": None,
-    "host-lru": ("pcie-host", "lru", "forward"),
-    "cxl-lru": ("leo-x16", "lru", "forward"),
-    "cxl-arc-forward": ("leo-x16", "arc", "forward"),
-    "cxl-smart": ("leo-x16", "arc", "layer"),
-}
+MODES = sim_modes.BENCH_MODES  # each one's tier (link, policy, prefetch): tools.sim.modes.MODES
 BLOCK_TOKENS = 128  # vLLM-CPU's block size; each engine reports its own and a mismatch is an error
 TIER_FACTOR = 4  # the tier holds at least this many KV spaces
 MODE_TIMEOUT_S = 1800.0
@@ -80,12 +72,12 @@ def plan_modes(names: list[str], *, c0: int, levels: list[int], blocks_per_clien
     capacity = (-(-tier_bytes // (256 * MiB)) + 1) * 256 * MiB
     specs = []
     for name in names:
-        tier = TIERS[name]
-        if tier is None:
+        mode = sim_modes.MODES[name]
+        if mode.tier is None:
             blocks = (max(levels) * blocks_per_client + 2) if name == "all-resident" else small
             specs.append(ModeSpec(name=name, kv_blocks=blocks))
             continue
-        preset, policy, prefetch = tier
+        preset, policy, prefetch = sim_modes.DEFAULT_LINKS[mode.tier], mode.policy, mode.prefetch
         specs.append(ModeSpec(name=name, kv_blocks=small, preset=preset, policy=policy, prefetch=prefetch,
                               tier_bytes=tier_bytes, device_capacity=capacity, time_scale=time_scale_k))
     return specs
@@ -165,7 +157,7 @@ def run(*, quick: bool = False, levels: list[int] | None = None, c0: int | None 
     rotating), so a shared machine's slow minutes fall on all modes alike. None takes the preset's
     (``QUICK`` or ``DEFAULT``) levels and C0, every mode, the time scale derived from the compute."""
     from tools.bench._serve_engine import build_model
-    from tools.sim.serve_workload import ModelSpec
+    from tools.sim.hardware import ModelSpec
 
     preset = QUICK if quick else DEFAULT
     levels = levels or preset["levels"]
@@ -269,4 +261,95 @@ def plot(analysis: dict[str, Any], path: str) -> None:
                              xticks=sorted({lv for lvs in analysis["summary"].values() for lv in lvs}))
 
 
-__all__ = ["MODES", "analyse", "plan_modes", "plot", "run"]
+
+# --- checks ------------------------------------------------------------------------------------
+#: The goals of the bench (the seed's experiment): cxl-smart against the others.
+CONCURRENCY_GOAL = 1.75  # x none's max concurrency
+THROUGHPUT_GOAL = 0.90  # x all-resident's output tokens/s at cxl-smart's max concurrency
+RETURNING_GOAL = 1 / 3  # x none's returning-session TTFT p50 at the highest level
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool | None  # None: could not be evaluated (a mode did not run)
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def checks(summary: dict[str, dict[int, dict[str, Any]]], mismatched: dict[str, list[str]],
+           errors: dict[str, str] | None = None) -> list[Check]:
+    """The bench's checks from per-mode, per-level summaries (``LevelResult.summary()``) and the
+    request ids whose tokens differ from all-resident's, per mode. Numbers are the measured ones."""
+    errors = errors or {}
+    out: list[Check] = []
+
+    def missing(*modes: str) -> str | None:
+        gone = [m for m in modes if m not in summary or not summary[m]]
+        if not gone:
+            return None
+        return "not run: " + "; ".join(f"{m} ({errors.get(m, 'absent')})" for m in gone)
+
+    mc = {m: max_concurrency({lv: s[MAX_CONCURRENCY_KEY] for lv, s in levels.items()})
+          for m, levels in summary.items() if levels}
+
+    def add(name: str, needs: tuple[str, ...], judge: Any) -> None:
+        why = missing(*needs)
+        out.append(Check(name, None, why) if why else Check(name, *judge()))
+
+    smart, none_, res = "cxl-smart", "none", "all-resident"
+
+    def conc() -> tuple[bool, str]:
+        goal = CONCURRENCY_GOAL * mc[none_]
+        return mc[smart] >= goal, f"cxl-smart {mc[smart]} vs none {mc[none_]} (goal >= {goal:g})"
+
+    def tput() -> tuple[bool, str]:
+        lv = mc[smart]
+        if lv == 0 or lv not in summary[res]:
+            return False, f"cxl-smart's max concurrency {lv} has no all-resident level to compare"
+        a, b = summary[smart][lv]["output_tokens_per_s"], summary[res][lv]["output_tokens_per_s"]
+        return a >= THROUGHPUT_GOAL * b, (f"at c={lv}: cxl-smart {a:.1f} tok/s vs all-resident {b:.1f} "
+                                          f"({a / b:.0%}; goal >= {THROUGHPUT_GOAL:.0%})")
+
+    def ahead(other: str) -> Any:
+        def judge() -> tuple[bool, str]:
+            top = max(summary[smart])
+            a, b = summary[smart][top]["output_tokens_per_s"], summary[other][top]["output_tokens_per_s"]
+            ok = mc[smart] >= mc[other] and a > b
+            return ok, (f"max concurrency {mc[smart]} vs {mc[other]}; at c={top}: {a:.1f} vs {b:.1f} tok/s")
+        return judge
+
+    def returning() -> tuple[bool, str]:
+        top = max(summary[smart])
+        a, b = summary[smart][top]["returning_ttft_p50_s"], summary[none_][top]["returning_ttft_p50_s"]
+        return a <= RETURNING_GOAL * b, (f"at c={top}: cxl-smart {a * 1e3:.0f} ms vs none {b * 1e3:.0f} ms "
+                                         f"({a / b:.2f}x; goal <= {RETURNING_GOAL:.2f}x)")
+
+    def layerwise() -> tuple[bool, str]:
+        top = max(summary[smart])
+        s, f = summary[smart][top], summary["cxl-arc-forward"][top]
+        return s["returning_ttft_p50_s"] <= f["returning_ttft_p50_s"], (
+            f"at c={top}: returning TTFT p50 {s['returning_ttft_p50_s'] * 1e3:.0f} ms (layer) vs "
+            f"{f['returning_ttft_p50_s'] * 1e3:.0f} ms (forward); stall {s['stall_s']:.2f} s vs "
+            f"{f['stall_s']:.2f} s; {s['output_tokens_per_s']:.1f} vs {f['output_tokens_per_s']:.1f} tok/s")
+
+    add(f"cxl-smart max concurrency >= {CONCURRENCY_GOAL}x none's", (smart, none_), conc)
+    add(f"cxl-smart tokens/s at its max concurrency within {1 - THROUGHPUT_GOAL:.0%} of all-resident",
+        (smart, res), tput)
+    add("cxl-smart ahead of host-lru", (smart, "host-lru"), ahead("host-lru"))
+    add("cxl-smart ahead of cxl-lru", (smart, "cxl-lru"), ahead("cxl-lru"))
+    add("returning sessions: cxl-smart TTFT p50 <= 1/3 of none's", (smart, none_), returning)
+    add("layer-wise prefetch (cxl-smart) vs load-before-forward (cxl-arc-forward)",
+        (smart, "cxl-arc-forward"), layerwise)
+    for mode in sorted(m for m in summary if m != res):
+        if res not in summary or not summary[mode]:
+            continue
+        bad = mismatched.get(mode, [])
+        out.append(Check(f"tokens of {mode} equal all-resident's", not bad,
+                         "all equal" if not bad else f"{len(bad)} requests differ, e.g. {', '.join(bad[:3])}"))
+    return out
+
+
+__all__ = ["MODES", "Check", "analyse", "checks", "plan_modes", "plot", "run"]

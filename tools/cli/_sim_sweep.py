@@ -9,16 +9,19 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tools.cli._common import ArgumentError, CliError, need_extra, parse_port
 from tools.sim import hardware as hw
 from tools.sim import sweep
-from tools.sim.run import MODES
-from tools.sim.sweep import (DEFAULT_GRID, WORKLOADS, Prices, SweepError, cost_per_token, expand, json_rows,
-                             print_table, run_sweep, write_csv, write_plots)
+from tools.sim.export import json_rows, write_csv
+from tools.sim.grid import DEFAULT_GRID, NA, WORKLOADS, SweepError, expand
+from tools.sim.modes import SIM_MODES as MODES
+from tools.sim.plots import write_plots
+from tools.sim.pricing import Prices, cost_per_token
+from tools.sim.sweep import run_sweep
 
 MAX_LEVELS = 1024  # concurrency levels one run takes: each is a whole simulation
 _LEVELS_HELP = "a range 1..32, a list 1,2,4, or a range with a step 1..32:4 (items may be mixed: 1,2,4..32:4)"
@@ -103,7 +106,48 @@ def parse_prices(items: Sequence[str] | None) -> dict[str, float]:
     return out
 
 
-_FLAGS = {"models": "--models", "accelerators": "--accelerators", "pool_gb": "--pool-gb",
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None or v == NA:
+        return NA
+    if isinstance(v, float):
+        return NA if not math.isfinite(v) else f"{v:,.{digits}f}"
+    return str(v)
+
+
+def print_table(rows: Sequence[Mapping[str, Any]], console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    priced = any("usd_per_million_tokens" in r for r in rows)
+    failed = any("error" in r for r in rows)
+    t = Table(title=f"cxlemu sim sweep: {len(rows)} points")
+    for name in ("model", "accelerator", "workload", "pool GB", "policy", "mode", "conc"):
+        t.add_column(name)
+    for name in ("TTFT p50 ms", "TTFT p99 ms", "TPOT ms", "out tok/s", "preempt", "max conc"):
+        t.add_column(name, justify="right")
+    if priced:
+        t.add_column("$/Mtok", justify="right")
+    if failed:
+        t.add_column("error", style="red")
+    for r in rows:
+        acc = r.get("accelerator") if r.get("tp", 1) == 1 else f"{r.get('tp')} x {r.get('accelerator')}"
+        acc += "" if r.get("cost_model", "roofline") == "roofline" else f" ({r.get('cost_model')})"
+        cells = [r.get("model"), acc, r.get("workload"), _fmt(r.get("pool_gb"), 0),
+                 r.get("policy"), r.get("mode"), str(r.get("concurrency"))]
+        cells += [_fmt(r.get("ttft_p50_ms")), _fmt(r.get("ttft_p99_ms")), _fmt(r.get("tpot_ms"), 2),
+                  _fmt(r.get("output_tokens_per_s")), _fmt(r.get("preemptions")), _fmt(r.get("max_concurrency"))]
+        if priced:
+            cells.append(_fmt(r.get("usd_per_million_tokens"), 3))
+        if failed:
+            cells.append(r.get("error", ""))
+        t.add_row(*[str(c) for c in cells])
+    if console is None:  # piped: wide enough for every column rather than the 80 of a non-terminal
+        console = Console() if sys.stdout.isatty() else Console(width=200)
+    console.print(t)
+
+
+_FLAGS = {"models": "--models", "accelerators": "--accelerators", "tp": "--tp", "cost": "--cost",
+          "pool_gb": "--pool-gb",
           "policies": "--policies", "workloads": "--workloads", "modes": "--modes",
           "concurrency": "--concurrency", "context": "--context"}
 
@@ -119,9 +163,15 @@ def grid_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if v <= 0:
             raise CliError(f"--pool-gb: pool sizes must be > 0 GB, got {s!r}")
         pools.append(v)
+    tps = []
+    for s in _list(args.tp):
+        if not s.isdigit() or int(s) < 1:
+            raise CliError(f"--tp: malformed tensor parallelism {s!r}: use whole numbers >= 1, e.g. 1,4,8")
+        tps.append(int(s))
     grid: dict[str, Any] = {"models": _list(args.models), "accelerators": _list(args.accelerators),
                             "pool_gb": pools, "policies": _list(args.policies),
-                            "workloads": _list(args.workloads), "modes": _list(args.modes), "concurrency": levels}
+                            "workloads": _list(args.workloads), "modes": _list(args.modes), "concurrency": levels,
+                            "tp": tps, "cost": _list(args.cost)}
     if args.context is not None:
         if args.context < 1:
             raise CliError(f"--context: the fixed workload's context must be >= 1 token, got {args.context}")
@@ -145,6 +195,10 @@ def register_sweep(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=None, help="the fixed workload's context in tokens (4096)")
     p.add_argument("--modes", default=",".join(d["modes"]), help=f"comma list of {', '.join(MODES)}")
     p.add_argument("--concurrency", default="1,2,4,8,16,32", help=_LEVELS_HELP)
+    p.add_argument("--tp", default="1", help="comma list of tensor parallelism degrees: accelerators per instance "
+                                             "(default 1); an instance is priced as that many accelerators")
+    p.add_argument("--cost", default="roofline", help="comma list of step cost models: roofline (default), profile "
+                                                      "(Vidur's measured operators where profiled)")
     p.add_argument("--address", type=parse_address, default=None, help="an existing Dask scheduler, tcp://host:port "
                                                    "(default: a LocalCluster here)")
     p.add_argument("--workers", type=int, default=None, help="LocalCluster worker processes (default: one per core)")

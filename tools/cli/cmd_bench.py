@@ -30,6 +30,7 @@ BENCHES: dict[str, str] = {  # name -> module, in the order `cxlemu bench --help
     "serve": _SERVING,
     "sim": _SERVING,
     "telemetry": _DEVICE,
+    "pool": "tools.cli.bench.pool",
 }
 
 

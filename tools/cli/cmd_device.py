@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 from typing import Any
@@ -190,11 +191,42 @@ def describe(name: str) -> dict[str, Any]:
         "firmware_version": cfg.fw_revision, "numa_node": numa_node(name), "state": device_state(name),
         "host": firmware_pid(name), "preset": cfg.preset, "lsa_size": cfg.lsa_size,
         "timing": cfg.timing.to_dict(), "path": str(device_path(name)),
-        "hosts": host_claims(name),  # each host port and the live process that claimed it (None: free)
+        # each host port, the live process that claimed it (None: free), its DC extents and its pool state
+        "hosts": host_claims(name),
     }
+    _add_port_state(record["hosts"], name if record["state"] == "served" else None)
     if record["state"] == "served":
         record["firmware_version"] = _running_revision(name) or cfg.fw_revision
     return record
+
+
+def _add_port_state(claims: list[dict[str, Any]], served: str | None) -> None:
+    """Add to each port of ``claims`` what the firmware's telemetry page of device ``served``
+    says of it (layout 1.3): its accepted DC extents (count, bytes, tagged bytes) and its state
+    in the KV pool ("member", "joining", "out"; None without a pool). None where the page says
+    nothing: a device not served, or a firmware that has not published yet."""
+    from emulator.device import open_bar
+    from emulator.spec.errors import CxlemuError
+    from emulator.telemetry import POOL_PHASES, TelemetryReader
+
+    pool = None
+    if served is not None:
+        with contextlib.suppress(CxlemuError, OSError, ValueError):  # a device going away: say nothing
+            bar = open_bar(served)
+            reader = TelemetryReader(bar)
+            try:
+                pool = reader.snapshot().pool
+            finally:
+                reader.close()
+                bar.close()
+    for rec in claims:
+        h = rec["host"]
+        row = pool.host_rows[h] if pool is not None and h < len(pool.host_rows) else None
+        phase = None
+        if row is not None and pool is not None and h < pool.pool_hosts and row.pool_phase < len(POOL_PHASES):
+            phase = POOL_PHASES[row.pool_phase]
+        rec.update(extents=row.extents if row else None, extent_bytes=row.extent_bytes if row else None,
+                   shared_extent_bytes=row.shared_extent_bytes if row else None, pool=phase)
 
 
 def _running_revision(name: str) -> str | None:

@@ -2,8 +2,10 @@
 
     cxlemu sim serve [--model M] [--accelerator A] [--workload fixed|sessions|trace] [--context N]
                      [--offload none,host-lru,cxl-lru,cxl-smart] [--concurrency 1..32] [--json] ...
+                     [--attention dense,hot --page-budget B --kv-format native,int8,int4 --hbm fit,unlimited]
     cxlemu sim sweep ...        models x accelerators x pools x policies x workloads on Dask
     cxlemu sim validate FILE    the simulator against a `cxlemu bench serve --save FILE` run
+    cxlemu sim check [--json]   the step cost models against published first-token latencies
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from tools.cli._common import ArgumentError, CliError, need_extra
+from tools.cli._common import ArgumentError, CliError, need_extra, print_json
 
 
 def register(subparsers: Any) -> None:
@@ -28,6 +30,10 @@ def register(subparsers: Any) -> None:
 
     register_sweep(sub)
     register_validate(sub)
+    c = sub.add_parser("check", help="the step cost models (Vidur's profiles, the roofline) against published "
+                                     "first-token latencies")
+    c.add_argument("--json", action="store_true", help="the rows as a JSON list")
+    c.set_defaults(func=cmd_check)
 
 
 def _choice(options: Any, what: str) -> Any:
@@ -40,7 +46,7 @@ def _choice(options: Any, what: str) -> Any:
 
 def parse_modes(text: str) -> list[str]:
     """Comma-separated offload modes (an argparse ``type=``: ArgumentError names the known ones)."""
-    from tools.sim.run import parse_modes as parse
+    from tools.sim.modes import parse_modes as parse
 
     try:
         return parse(text)
@@ -85,6 +91,13 @@ def _register_serve(sub: Any) -> None:
                    help=f"{', '.join(hw.MODELS)} (default llama-2-7b)")
     s.add_argument("--accelerator", default="h100", type=_choice(hw.ACCELERATORS, "accelerator"),
                    help=f"{', '.join(hw.ACCELERATORS)} (default h100)")
+    s.add_argument("--tp", type=_positive(int), default=1,
+                   help="tensor parallelism: accelerators per instance, the weights and the KV split over them, two "
+                        "NVLink all-reduces a layer (default 1)")
+    s.add_argument("--cost", default="roofline", choices=("profile", "roofline"),
+                   help="step times: roofline (published peaks x --mfu/--mbu, default) or profile (Vidur's measured "
+                        "operators where profiled: llama-2-7b/70b on a100-80gb and h100, llama-3-8b/70b on "
+                        "a100-80gb; the roofline elsewhere)")
     s.add_argument("--workload", default="fixed", choices=("fixed", "sessions", "trace"),
                    help="fixed: the seed's fixed-length sequences (default); sessions: multi-turn chat with "
                         "shared system prompts; trace: --trace FILE")
@@ -121,9 +134,42 @@ def _register_serve(sub: Any) -> None:
                         "one: the all-resident reference)")
     s.add_argument("--mfu", type=_fraction, default=None, help="fraction of peak FLOP/s reached (assumed 0.5)")
     s.add_argument("--mbu", type=_fraction, default=None, help="fraction of HBM bandwidth reached (assumed 0.8)")
+    _register_attention(s)
     s.add_argument("--json", action="store_true", help="one JSON object per (mode, concurrency), one per line")
     s.add_argument("--plot", metavar="PATH", help="also draw throughput and TTFT p99 against concurrency (PNG)")
     s.set_defaults(func=cmd_serve)
+
+
+def _list_of(options: tuple[str, ...], what: str) -> Any:
+    def parse(text: str) -> list[str]:
+        got = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in got if t not in options]
+        if bad or not got:
+            raise ArgumentError(f"unknown {what} {bad[0] if bad else text!r}: choose from {', '.join(options)}")
+        return list(dict.fromkeys(got))
+    return parse
+
+
+def _register_attention(s: Any) -> None:
+    from tools.sim.hot import ATTENTIONS, HOT_WHEN, KV_FORMATS
+
+    s.add_argument("--attention", type=_list_of(ATTENTIONS, "attention"), default=["dense"],
+                   help="dense (default), hot (hot-page attention: a decoding request keeps its page metadata, sink, "
+                        "window and chosen pages in HBM, the rest of its KV in the CXL pool, and reads its chosen "
+                        "pages over the link each step), or both: dense,hot")
+    s.add_argument("--page-budget", type=_fraction, default=0.1,
+                   help="hot: the share of a sequence's pages each decode step attends to (default 0.1)")
+    s.add_argument("--kv-format", type=_list_of(KV_FORMATS, "kv format"), default=["native"],
+                   help="hot: the device's KV format(s), comma-separated: native, int8, int4 (default native)")
+    s.add_argument("--hot-when", type=_list_of(HOT_WHEN, "hot-when"), default=["always"],
+                   help="hot: always (every request once its prompt is computed, default), full (a request decodes "
+                        "densely until the KV space is full, then the last running ones go hot to make room), or "
+                        "always,full")
+    s.add_argument("--hbm", type=_list_of(("fit", "unlimited"), "hbm"), default=["fit"],
+                   help="fit: the accelerator's memory (default); unlimited: also the all-resident reference, dense "
+                        "attention with a KV space for every client; fit,unlimited: both")
+    s.add_argument("--quality", metavar="FILE",
+                   help="the rows of `cxlemu bench quality --json`, printed beside each configuration")
 
 
 def _workload(args: argparse.Namespace) -> dict[str, Any]:
@@ -147,12 +193,16 @@ def base_point(args: argparse.Namespace) -> Any:
     from tools.sim import hardware as hw
     from tools.sim.run import Point
 
-    return Point(model=args.model, accelerator=args.accelerator, workload=_workload(args), pool_gb=args.pool_gb,
-                 host_gb=args.host_gb, host_link=args.host_link, smart_policy=args.smart_policy,
-                 preemption=args.preemption, block_tokens=args.block_tokens, max_num_seqs=args.max_num_seqs,
-                 max_num_batched_tokens=args.max_num_batched_tokens, memory_utilization=args.memory_utilization,
-                 kv_blocks=args.kv_blocks,
-                 mfu=args.mfu or hw.DEFAULT_MFU, mbu=args.mbu or hw.DEFAULT_MBU)
+    try:
+        return Point(model=args.model, accelerator=args.accelerator, tp=args.tp, cost_model=args.cost,
+                     workload=_workload(args),
+                     pool_gb=args.pool_gb, host_gb=args.host_gb, host_link=args.host_link,
+                     smart_policy=args.smart_policy, preemption=args.preemption, block_tokens=args.block_tokens,
+                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                     memory_utilization=args.memory_utilization, kv_blocks=args.kv_blocks,
+                     mfu=args.mfu or hw.DEFAULT_MFU, mbu=args.mbu or hw.DEFAULT_MBU)
+    except ValueError as exc:  # a model that does not split --tp ways
+        raise CliError(f"--tp: {exc}") from None
 
 
 DEFAULT_LEVELS = [1, 2, 4, 8, 16, 24, 32]
@@ -190,32 +240,84 @@ def _levels_and_trace(args: argparse.Namespace, base: Any) -> tuple[list[int], A
     return [len(scripts)], scripts
 
 
+def _variants(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """What each level runs, as Point fields: the dense modes (``--offload``), the all-resident
+    reference (``--hbm unlimited``; its KV space set per level), hot-page attention per format."""
+    from tools.sim.modes import SIM_MODES
+
+    hot = "hot" in args.attention
+    if not hot and (args.kv_format != ["native"] or args.hot_when != ["always"]):
+        raise CliError("--kv-format and --hot-when apply to hot-page attention: give --attention hot")
+    if hot and args.offload and args.offload != ["none"] and "dense" not in args.attention:
+        raise CliError("--attention hot keeps the KV in the CXL pool itself (mode none): --offload applies to dense")
+    out: list[dict[str, Any]] = []
+    if "fit" in args.hbm and "dense" in args.attention:
+        out += [{"mode": m} for m in (args.offload or list(SIM_MODES))]
+    if "unlimited" in args.hbm:
+        out.append({"mode": "all-resident"})
+    if hot and "fit" in args.hbm:
+        out += [{"mode": "none", "attention": "hot", "page_budget": args.page_budget, "kv_format": f, "hot_when": w}
+                for w in args.hot_when for f in args.kv_format]
+    if not out:
+        raise CliError("--attention hot runs on the accelerator's memory: give --hbm fit (or fit,unlimited)")
+    return out
+
+
+def _unlimited_blocks(scripts: list[Any], block_tokens: int) -> int:
+    """A KV space holding every client's largest request at once (and vLLM's null block)."""
+    return 1 + sum(max((-(-(t.prompt_tokens + t.output_tokens) // block_tokens) for t in s.turns), default=0)
+                   for s in scripts)
+
+
+def _quality(path: str | None) -> list[dict[str, Any]] | None:
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            rows = json.load(f)
+    except OSError as exc:
+        raise CliError(f"cannot read --quality {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise CliError(f"--quality {path} is not JSON ({exc}): give the output of `cxlemu bench quality --json`") \
+            from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "mode" in r for r in rows):
+        raise CliError(f"--quality {path}: expected a list of rows with a mode, as `cxlemu bench quality --json` "
+                       "prints")
+    return rows
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from tools.sim.run import MODES, build_scripts, simulate
-    from tools.sim.sweep import json_rows
+    from tools.sim.export import json_rows
+    from tools.sim.hot import quality_rows
+    from tools.sim.run import build_scripts, simulate
 
     if args.plot:
         need_extra("matplotlib", "sim", "sim serve")
     base = base_point(args)
+    variants = _variants(args)
+    quality = _quality(args.quality)
     levels, trace_scripts = _levels_and_trace(args, base)
-    modes = args.offload or list(MODES)
     rows = []
     t0 = time.perf_counter()
     for c in levels:
         scripts = trace_scripts or build_scripts(base.workload, c, replace(base, concurrency=c))
-        for mode in modes:
+        for v in variants:
+            if v["mode"] == "all-resident":
+                v = {**v, "kv_blocks": _unlimited_blocks(scripts, base.block_tokens)}
             try:
-                row = simulate(replace(base, mode=mode, concurrency=c), scripts)
+                row = simulate(replace(base, concurrency=c, **v), scripts)
             except ValueError as exc:
                 raise CliError(str(exc)) from None
+            if args.attention != ["dense"] or quality is not None:
+                row["quality"] = quality_rows(quality, row["attention"], args.page_budget, row["kv_format"])
             rows.append(row)
             if args.json:
                 print(json.dumps(json_rows([row])[0]), flush=True)
     wall = time.perf_counter() - t0
     if args.plot:
-        plot_levels(rows, args.plot, f"cxlemu sim serve: {args.model} on {args.accelerator}, {args.workload}")
+        plot_levels(rows, args.plot, f"cxlemu sim serve: {args.model} on {base.instance}, {args.workload}")
     if not args.json:
         _print(base, rows, wall, args)
     return 0
@@ -224,10 +326,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def rule_max_concurrency(rows: list[dict[str, Any]], mode: str, key: str = "ttft_p99_ms",
                          factor: float = 2.0) -> int:
     """The highest concurrency whose ``key`` stays within ``factor`` x the lowest level's
-    (``cxlemu bench serve``'s rule, ``tools.sim.serve_workload.max_concurrency``)."""
-    from tools.sim.serve_workload import max_concurrency
+    (``cxlemu bench serve``'s rule, ``tools.sim.metrics.max_concurrency``)."""
+    from tools.sim.metrics import max_concurrency
 
-    return max_concurrency({r["concurrency"]: r[key] for r in rows if r["mode"] == mode}, factor)
+    return max_concurrency({r["concurrency"]: r[key] for r in rows if r["label"] == mode}, factor)
 
 
 def _print(base: Any, rows: list[dict[str, Any]], wall: float, args: argparse.Namespace) -> None:
@@ -238,25 +340,68 @@ def _print(base: Any, rows: list[dict[str, Any]], wall: float, args: argparse.Na
     shape = base.shape()
     kv_blocks, cap = base.kv_space()
     con.print(render_arithmetic(shape, base, kv_blocks, cap))
-    t = Table(title=f"sim serve: {shape.name} on {base.accelerator}, workload {args.workload}")
+    if "hot" in args.attention and base.workload.get("kind") == "fixed":
+        con.print(render_hot(base, args.page_budget, args.kv_format))
+    t = Table(title=f"sim serve: {shape.name} on {base.instance}, workload {args.workload}")
+    hot = any(r["attention"] == "hot" for r in rows)
     cols = ("mode", "c", "TTFT p50 ms", "TTFT p99 ms", "TPOT ms", "out tok/s", "preempt", "tier hit tok",
-            "prefix hit tok", "max running", "GB loaded", "stall s")
+            "prefix hit tok", "max running", "GB loaded", "stall s") + (("link GB read/step",) if hot else ())
     for col in cols:
         t.add_column(col, justify="left" if col == "mode" else "right")
-    for mode in dict.fromkeys(r["mode"] for r in rows):
-        for r in (r for r in rows if r["mode"] == mode):
+    for mode in dict.fromkeys(r["label"] for r in rows):
+        for r in (r for r in rows if r["label"] == mode):
+            loaded = r.get("link_bytes_read", r["bytes_loaded"])
             t.add_row(mode, str(r["concurrency"]), _f(r["ttft_p50_ms"]), _f(r["ttft_p99_ms"]), _f(r["tpot_ms"], 1),
                       _f(r["output_tokens_per_s"]), str(r["preemptions"]), str(r["tier_hit_tokens"]),
-                      str(r["prefix_hit_tokens"]), str(r["max_concurrency"]), f"{r['bytes_loaded'] / 1e9:.1f}",
-                      f"{r['stall_s']:.2f}")
+                      str(r["prefix_hit_tokens"]), str(r["max_concurrency"]), f"{loaded / 1e9:.1f}",
+                      f"{r['stall_s']:.2f}", *((f"{r.get('link_read_bytes_per_step', 0) / 1e9:.2f}",) if hot else ()))
         t.add_section()
     con.print(t)
-    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    if hot:
+        for line in hot_summary(rows, args.page_budget):
+            con.print(line)
+    modes = list(dict.fromkeys(r["label"] for r in rows))
     con.print("max concurrency (TTFT p99 within 2x of the lowest level's, bench serve's rule): "
               + ", ".join(f"{m} {rule_max_concurrency(rows, m)}" for m in modes))
     con.print(f"{len(rows)} points simulated in {wall:.1f} s")
     if args.plot:
         con.print(f"plot: {args.plot}")
+
+
+def hot_summary(rows: list[dict[str, Any]], page_budget: float) -> list[str]:
+    """Per hot-page configuration at the highest level: most running at once against ``none``'s,
+    tokens/s against the all-resident reference's at the same level, the quality measured."""
+    top = max(r["concurrency"] for r in rows)
+    at = {r["label"]: r for r in rows if r["concurrency"] == top}
+    none, ref = at.get("none"), at.get("all-resident")
+    lines = []
+    for label, r in at.items():
+        if r["attention"] != "hot":
+            continue
+        parts = [f"{label} at c = {top}: {r['max_concurrency']} running at most"]
+        if none is not None:
+            parts.append(f"{r['max_concurrency'] / none['max_concurrency']:.2f}x none's {none['max_concurrency']}")
+        if ref is not None:
+            change = r["output_tokens_per_s"] / ref["output_tokens_per_s"] - 1
+            parts.append(f"{r['output_tokens_per_s']:.0f} tok/s, {change:+.1%} against all-resident's "
+                         f"{ref['output_tokens_per_s']:.0f}")
+        parts.append(f"link {r['link_read_bytes_per_step'] / 1e9:.2f} GB read a decode step, "
+                     f"{r['link_bytes_written'] / 1e9:.1f} GB written")
+        lines.append("; ".join(parts))
+        lines.append("  quality (cxlemu bench quality): " + quality_text(r.get("quality"), page_budget, r["kv_format"]))
+    return lines
+
+
+def quality_text(q: dict[str, Any] | None, page_budget: float, kv_format: str) -> str:
+    def row(x: dict[str, Any]) -> str:
+        return (f"{x['mode']} {x.get('kv_format') or 'native'} at {x.get('context')}: needle "
+                f"{x.get('needle_acc')}, recall {x.get('recall_acc')}, perplexity {x.get('perplexity')}")
+    if not q or not q["measured"]:
+        text = f"not measured for hot {page_budget:g} {kv_format}"
+        if q and q["parts"]:
+            text += "; measured for its parts, separately: " + "; ".join(row(x) for x in q["parts"])
+        return text
+    return "; ".join(row(x) for x in q["measured"])
 
 
 def _f(x: float, digits: int = 0) -> str:
@@ -270,10 +415,14 @@ def render_arithmetic(shape: Any, point: Any, kv_blocks: int, cap: dict[str, flo
               f"KV {shape.kv_bytes_per_token / 1024:.0f} KiB/token (2 x {shape.layers} layers x {shape.kv_heads} KV "
               f"heads x {shape.head_dim} x {shape.dtype_bytes} B)")]
     if cap is not None:
-        lines.append(f"{point.accelerator}: {cap['memory_bytes'] / gb:.0f} GB x {cap['utilization']:.2f} = "
-                     f"{cap['budget_bytes'] / gb:.1f} GB - weights {cap['weight_bytes'] / gb:.1f} - activations "
+        each = f"{point.accelerator}" if point.tp == 1 else f"{point.instance}, each"
+        share = "" if point.tp == 1 else f" (1/{point.tp})"
+        per = "" if point.tp == 1 else (f" ({cap['kv_bytes_per_token'] / 1024:.0f} KiB of each token's KV on each: "
+                                        "the instance's tokens)")
+        lines.append(f"{each}: {cap['memory_bytes'] / gb:.0f} GB x {cap['utilization']:.2f} = "
+                     f"{cap['budget_bytes'] / gb:.1f} GB - weights{share} {cap['weight_bytes'] / gb:.1f} - activations "
                      f"{cap['activation_bytes'] / gb:.1f} - reserve {cap['non_torch_bytes'] / gb:.1f} = KV "
-                     f"{cap['kv_bytes'] / gb:.1f} GB = {cap['kv_tokens']:,.0f} tokens")
+                     f"{cap['kv_bytes'] / gb:.1f} GB = {cap['kv_tokens']:,.0f} tokens{per}")
     wl = point.workload
     if wl.get("kind") == "fixed":
         per = wl["context"] * shape.kv_bytes_per_token
@@ -283,16 +432,55 @@ def render_arithmetic(shape: Any, point: Any, kv_blocks: int, cap: dict[str, flo
     return "\n".join(lines)
 
 
+def render_hot(point: Any, page_budget: float, formats: list[str]) -> str:
+    """Hot-page attention's arithmetic for a fixed workload's sequence at its full length."""
+    from dataclasses import replace
+
+    n = point.workload["context"]
+    a = replace(point, attention="hot", page_budget=page_budget).hot()
+    blocks, attended, _ = a.decode(n)
+    reads = ", ".join(f"{replace(a, kv_format=f).read_bytes(n) / 1e6:.0f} MB {f}" for f in formats)
+    return (f"hot-page attention at {page_budget:g}: a decoding {n}-token sequence holds {blocks} blocks "
+            f"(against {a.pages(n)}: metadata, {a.sink_pages} sink + {a.window_pages} window pages and the partial "
+            f"one, two layers' chosen pages) and attends to {attended} tokens' worth; a decode step reads "
+            f"{a.pages_read(n)} pages x {a.layers} layers over the link: {reads}")
+
+
 def plot_levels(rows: list[dict[str, Any]], path: str, title: str) -> None:
     """Output tokens/s and TTFT p99 against concurrency, one line per mode."""
     from tools.sim.plots import plot_against_concurrency
 
-    lines = {mode: [(r["concurrency"], r) for r in sorted((r for r in rows if r["mode"] == mode),
+    lines = {mode: [(r["concurrency"], r) for r in sorted((r for r in rows if r["label"] == mode),
                                                           key=lambda r: r["concurrency"])]
-             for mode in dict.fromkeys(r["mode"] for r in rows)}
+             for mode in dict.fromkeys(r["label"] for r in rows)}
     try:
         plot_against_concurrency(lines, [("output_tokens_per_s", "output tokens/s", "throughput"),
                                          ("ttft_p99_ms", "TTFT p99 (ms)", "time to first token, p99")],
                                  path, title=title)
     except OSError as exc:
         raise CliError(f"cannot write plot {path}: {exc.strerror or exc}") from None
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from tools.sim.check import check
+
+    rows = check()
+    if args.json:
+        print_json(rows)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="sim check: one prefill step (first token) against published measurements")
+    for col in ("model", "accelerator", "tp", "input tokens", "batch", "published ms", "profile ms", "ratio",
+                "roofline ms", "ratio"):
+        t.add_column(col, justify="left" if col in ("model", "accelerator") else "right")
+    for r in rows:
+        prof = r["profile_used"]
+        t.add_row(r["model"], r["accelerator"], str(r["tp"]), str(r["input_tokens"]), str(r["batch"]),
+                  f"{r['published_ms']:g}", f"{r['profile_ms']:.1f}" + ("" if prof == "profile" else " (roofline)"),
+                  f"{r['profile_ratio']:.2f}", f"{r['roofline_ms']:.1f}", f"{r['roofline_ratio']:.2f}")
+    con = Console(width=None if sys.stdout.isatty() else 160)
+    con.print(t)
+    con.print(f"published: {rows[0]['source']}; simulated with the default efficiencies and per-step overhead")
+    return 0

@@ -46,6 +46,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, help), in the order
     "scan-media": (_POISON, "scan the media for errors (background) and print what it found"),
     "sanitize": (_POISON, "erase media, LSA, poison and events (background, with progress)"),
     "dcd": ("tools.cli.cmd_dcd", "offer, release or list Dynamic Capacity (the fabric manager's side)"),
+    "pool": ("tools.cli.cmd_pool", "create the shared KV pool: an index extent offered to hosts"),
 }
 
 

@@ -82,7 +82,8 @@ def dashboard_grid(views: list[DeviceView], selected: int, now: float, clock: st
     cols.add_row(Group(P.capacity_panel(view), P.bandwidth_panel(view, now, _spark_width(width)),
                        P.latency_panel(view)),
                  Group(P.kv_panel(view), P.queue_panel(view), P.events_panel(view)))
-    return Group(header(views, selected, clock), devices, cols, P.heatmap_panel(view, _heat_width(width)))
+    hosts = [P.hosts_panel(view)] if P.pool_of(view) is not None else []
+    return Group(header(views, selected, clock), devices, cols, *hosts, P.heatmap_panel(view, _heat_width(width)))
 
 
 def dashboard(views: list[DeviceView], selected: int, now: float, clock: str, *, width: int = 120,
@@ -108,7 +109,10 @@ def dashboard(views: list[DeviceView], selected: int, now: float, clock: str, *,
                        Layout(P.events_panel(view)))
     body = Layout()
     body.split_row(left, right)
-    root.split_column(*top, body, Layout(P.heatmap_panel(view, _heat_width(width)), size=7))
+    pool = P.pool_of(view)
+    # the hosts panel: a border and header of 4 lines, a row per port, the pool's line (2 when it wraps)
+    hosts = [Layout(P.hosts_panel(view), size=pool.hosts + 6)] if pool is not None else []
+    root.split_column(*top, body, *hosts, Layout(P.heatmap_panel(view, _heat_width(width)), size=7))
     return root
 
 

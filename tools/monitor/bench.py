@@ -4,7 +4,9 @@ budget is known.
     cxlemu bench telemetry [--rounds N] [--json]
 
 Prints microseconds per call: a full firmware publish (256 hotlist entries, 16 events, 16 poison
-records), a small and a full host publish, a reader snapshot of both sections, and the KV shim's
+records), a small and a full host publish, a pool publish of 8 host rows, and the firmware's census of
+a KV pool's index of 87,338 slots (half of them sealed; the firmware takes it at each publish,
+``firmware_model.kv_census``), a reader snapshot of every section, and the KV shim's
 prefix-sharing gauges (``driver.kv._telemetry.sharing_gauges``) over the block tables of a small
 and a large model (the shim computes them at each publish, ~10 times a second). Figures are wall-clock
 means over N rounds on this machine: compare them with each other, not across machines.
@@ -24,9 +26,12 @@ from emulator.telemetry import (
     EventEntry,
     HostTelemetry,
     PoisonEntry,
+    PoolHost,
     TelemetryReader,
     TelemetryWriter,
 )
+from firmware_model import kv_index as K
+from firmware_model.kv_census import census
 
 
 def _mean_us(fn: Callable[[], object], rounds: int) -> float:
@@ -52,13 +57,31 @@ def _tables(layers: int, batch: int, pieces: int, blocks: int, shared: int) -> A
                            layers=tables)
 
 
+def _pool_index(hosts: int = 8) -> K.KvIndex:
+    """A 16 MiB index of 64-byte slots (87,338 of them), every other slot sealed by one of ``hosts``,
+    each entry pinned by one host and read by another: what a census walks."""
+    buf = bytearray(16 << 20)
+    idx = K.KvIndex.format(buf, lambda i, e, v: True, base_dpa=0, slot_bytes=64, hosts=hosts)
+    n = idx.slots // 2
+    owners = np.arange(n, dtype=np.uint64) % np.uint64(hosts)
+    rows = idx.table_words[::2][:n]
+    rows[:, K.E_STATE] = np.uint64(K.SEALED) | owners << np.uint64(4) | np.uint64(1 << 8)
+    rows[:, K.E_PINS] = np.uint64(1) << (np.uint64(8) * ((owners + np.uint64(1)) % np.uint64(hosts)))
+    rows[:, K.E_READERS] = np.uint64(1) << ((owners + np.uint64(2)) % np.uint64(hosts))
+    return idx
+
+
 def run(rounds: int) -> dict[str, float]:
     from driver.kv import sharing_gauges
 
     bar = bytearray(BAR_SIZE)
     fw = TelemetryWriter(bar, "firmware")
     host = TelemetryWriter(bar, "host")
+    pool = TelemetryWriter(bar, "pool")
     reader = TelemetryReader(bar)
+    rows = [PoolHost(pid=100 + h, pool_phase=2, extents=1, extent_bytes=1 << 30, shared_extent_bytes=1 << 30,
+                     sealed=1000, shared=10, pins=3, pool_hits=10**6, cross_hits=10**5) for h in range(8)]
+    index = _pool_index()
     hotlist = [(u * 7, 1000 - u) for u in range(256)]
     events = [EventEntry(i, i % 5, f"event {i}: general media error") for i in range(16)]
     poison = [PoisonEntry(i * 4096, 64, 3) for i in range(16)]
@@ -74,7 +97,11 @@ def run(rounds: int) -> dict[str, float]:
         "host publish, every field (as the KV shim publishes)": _mean_us(
             lambda: host.publish(**{f.name: 7 for f in fields(HostTelemetry)
                                     if f.name not in ("seq", "updated_ns", "writer_pid")}), rounds),
-        "reader snapshot, both sections": _mean_us(reader.snapshot, rounds),
+        "pool publish, 8 host rows": _mean_us(lambda: pool.publish(hosts=8, pool_hosts=8, pool_slots=1, host_rows=rows),
+                                             rounds),
+        f"pool census, {index.slots:,} slots, half sealed (the firmware, at each publish)": _mean_us(
+            lambda: census(index), max(1, rounds // 10)),
+        "reader snapshot, every section": _mean_us(reader.snapshot, rounds),
         "kv sharing gauges, 16 layers x 4 pieces x 32 blocks (bench kv's model)": _mean_us(
             lambda: sharing_gauges([small]), rounds),
         "kv sharing gauges, 32 x 4 seqs x 16 pieces x 512 blocks (1M references)": _mean_us(

@@ -16,13 +16,16 @@ from rich.text import Text
 
 from emulator.telemetry import (
     LOG_NAMES,
+    POOL_PHASES,
     FirmwareTelemetry,
     HostTelemetry,
+    PoolHost,
+    PoolTelemetry,
     TelemetrySnapshot,
 )
 from emulator.timing import linkstate
 from tools.monitor.history import DIRECTIONS, sparkline
-from tools.monitor.source import DeviceView
+from tools.monitor.source import DeviceView, timed_transfers
 
 MEDIA_STATUS = {0: "not ready", 1: "ready", 2: "error", 3: "disabled"}  # CXL r3.1 §8.2.8.5.1.1
 # Get Health Info health status bits, CXL r3.1 §8.2.9.9.3.1 (Table 8-133).
@@ -31,6 +34,7 @@ POISON_SOURCES = {0: "unknown", 1: "external", 2: "internal", 3: "injected", 7: 
 STATE_STYLE = {"served": "green", "stopped": "yellow", "gone": "bold red", "not found": "red"}
 LOG_STYLE = {"info": "cyan", "warn": "yellow", "fail": "red", "fatal": "bold red", "dcd": "magenta"}
 HEAT_CHARS = " ░▒▓█"
+PHASE_STYLE = {"out": "dim", "joining": "yellow", "member": "green"}
 
 
 def fmt_bytes(n: float) -> str:
@@ -162,13 +166,6 @@ def bandwidth_panel(view: DeviceView, now: float, width: int = 40) -> Panel:
 def _bucket_label(k: int) -> str:
     lo = 0 if k == 0 else 1 << k
     return f"{fmt_ns(lo)}–{fmt_ns((1 << (k + 1)) - 1)}" if k < linkstate.HIST_BUCKETS - 1 else f"≥{fmt_ns(lo)}"
-
-
-def timed_transfers(link: dict[str, int], name: str) -> int:
-    """Transfers of direction `name` since start that recorded a latency: the histogram's total.
-    An untimed link moves data without reading the clock, so it counts a transfer (what the
-    bandwidth panel shows) but no latency."""
-    return sum(link[f"{name}_hist_{k:02d}"] for k in range(linkstate.HIST_BUCKETS))
 
 
 def latency_panel(view: DeviceView, width: int = 30) -> Panel:
@@ -322,3 +319,59 @@ def events_panel(view: DeviceView, limit: int = 6) -> Panel:
         rows.append(Text.assemble(("poison", "red"), f"       DPA {p.dpa:#x} +{fmt_bytes(p.length)} "
                                   f"{POISON_SOURCES.get(p.source, str(p.source))}", no_wrap=True))
     return Panel(Group(*rows), title=_title(view, "events & poison"))
+
+
+def pool_of(view: DeviceView) -> PoolTelemetry | None:
+    """The pool section when there is something to show: several host ports, or a KV pool."""
+    pool = view.snapshot.pool if view.snapshot else None
+    return pool if pool is not None and (pool.hosts > 1 or pool.pool_hosts > 0) else None
+
+
+def _extents_cell(row: PoolHost) -> str:
+    cell = f"{row.extents} ({fmt_bytes(row.extent_bytes)})" if row.extents else "0"
+    return cell + (f" +{row.pending_extents} offered" if row.pending_extents else "")
+
+
+def _host_state(row: PoolHost, in_pool: bool) -> Text:
+    if in_pool:
+        phase = POOL_PHASES[row.pool_phase] if row.pool_phase < len(POOL_PHASES) else str(row.pool_phase)
+        return Text(phase, style=PHASE_STYLE.get(phase, ""))
+    return Text("claimed" if row.pid else "free", style="" if row.pid else "dim")
+
+
+def _pool_line(pool: PoolTelemetry) -> Text:
+    if not pool.pool_hosts:
+        return Text("no KV pool on this device (`cxlemu pool create NAME --size SIZE` makes one)", style="dim")
+    return Text(f"pool: {pool.pool_used:,}/{pool.pool_slots:,} slots of {fmt_bytes(pool.pool_slot_bytes)} used "
+                f"({fmt_pct(pool.pool_used, pool.pool_slots)}), {pool.pool_sealed:,} sealed, "
+                f"{pool.pool_shared:,} read across hosts; {pool.pool_evictions:,} evicted "
+                f"({pool.pool_quota_evictions:,} over quota), {pool.pool_reaped_allocations:,} allocations "
+                f"reaped, {pool.pool_cleared_pins:,} pins cleared")
+
+
+def hosts_panel(view: DeviceView) -> Panel:
+    """One row per host port: its process, its state (in the pool, or claimed), its Dynamic
+    Capacity extents and the shared (tagged) bytes among them; with a pool, what it holds there:
+    sealed blocks (and how many of them another host read: shared), its hits (and those served by another host's
+    blocks), pins, allocations in flight, unshared bytes against its quota. Then the pool's totals."""
+    pool = view.snapshot.pool if view.snapshot else None
+    if pool is None:
+        return Panel(Text("no hosts/pool section (telemetry layout before 1.3)", style="dim"),
+                     title=_title(view, "hosts & pool"))
+    in_pool = pool.pool_hosts > 0
+    table = Table(show_edge=False, pad_edge=False, box=box.SIMPLE_HEAD)
+    cols = ["host", "pid", "state", "extents", "shared ext"]
+    if in_pool:
+        cols += ["sealed", "shared", "hits", "cross-host", "pins", "in flight", "unshared / quota"]
+    for col in cols:
+        table.add_column(col, no_wrap=True, justify="left" if col in ("host", "state", "extents") else "right")
+    for h, row in enumerate(pool.host_rows):
+        pid = row.pid or row.pool_pid
+        cells: list[str | Text] = [str(h), str(pid) if pid else "-", _host_state(row, in_pool and h < pool.pool_hosts),
+                                   _extents_cell(row), fmt_bytes(row.shared_extent_bytes)]
+        if in_pool:
+            cells += [f"{row.sealed:,}", f"{row.shared:,}", f"{row.pool_hits:,}", f"{row.cross_hits:,}",
+                      f"{row.pins:,}", f"{row.allocations:,}",
+                      f"{fmt_bytes(row.unshared_bytes)} / {fmt_bytes(row.quota_bytes)}"]
+        table.add_row(*cells)
+    return Panel(Group(table, _pool_line(pool)), title=_title(view, f"hosts & pool ({pool.hosts} ports)"))

@@ -182,3 +182,10 @@ class DeviceSet:
     def close(self) -> None:
         for source in self.sources.values():
             source.close()
+
+
+def timed_transfers(link: dict[str, int], name: str) -> int:
+    """Transfers of direction `name` since start that recorded a latency: the histogram's total.
+    An untimed link moves data without reading the clock, so it counts a transfer (what the
+    bandwidth panel shows) but no latency."""
+    return sum(link[f"{name}_hist_{k:02d}"] for k in range(linkstate.HIST_BUCKETS))

@@ -9,7 +9,10 @@ One simpy environment (``firmware_model.clock.SimpyClock``; 1 time unit = 1 ns) 
 * the **offload tier** (:class:`Tier`): the firmware model's eviction policy over the tier's
   blocks and its DMA scheduler over the one link model; loads before the forward or layer by layer
   (through ``firmware_model.prefetch.PrefetchQueue``, its window from ``window_points``), stores
-  of the prompt's blocks as they fill (vLLM's ``offload_prompt_only``).
+  of the prompt's blocks as they fill (vLLM's ``offload_prompt_only``);
+* or **hot-page attention** (:mod:`tools.sim.hot`, no offload tier): a request that computed its
+  prompt keeps its KV on the device and only its working set in the KV space, and each decode
+  step reads its chosen pages over the device's link, the next layer's while one computes.
 
 The scheduler is vLLM v1's (``vllm/v1/core/sched/scheduler.py``), step by step:
 
@@ -54,8 +57,10 @@ from firmware_model.dma import DmaScheduler
 from firmware_model.hotness import HotnessConfig, HotnessUnit
 from firmware_model.link import LinkParams
 from firmware_model.policies import HotnessPolicy, NoVictimError, make_policy
-from firmware_model.prefetch import PrefetchQueue, window_points
+from firmware_model.prefetch import window_points
 from tools.sim.hardware import Batch, StepCost
+from tools.sim.hot import HotConfig, HotTier
+from tools.sim.layerwise import layerwise
 from tools.sim.workload import ClientScript, Turn
 
 __all__ = ["EngineConfig", "Request", "SimEngine", "Tier", "TierConfig"]
@@ -182,37 +187,23 @@ class Tier:
         return req.done
 
     def load_layerwise(self, keys: Sequence[Any], compute_ns: float) -> Generator[simpy.Event, Any, None]:
-        """Load ``keys`` inside a forward of ``compute_ns`` (a simpy process): the firmware's
-        prefetch queue (``firmware_model.prefetch.PrefetchQueue``) is hinted each layer's share of
-        the blocks (one transfer a layer, as the tier's worker issues one descriptor array a
-        layer), issues the first ``w`` layers at once (w from ``window_points``: the link time of
-        a layer's share over its compute) and layer l + w when layer l starts computing; a layer
-        computes once its share landed (a late one is the stall)."""
+        """Load ``keys`` inside a forward of ``compute_ns`` (a simpy process), one transfer a
+        layer (as the tier's worker issues one descriptor array a layer) through
+        :func:`layerwise`, its window from ``window_points``: the link time of a layer's share
+        over its compute."""
         env = self.env
         layers = self.cfg.layers
         per_layer = max(1, len(keys) * self.cfg.block_bytes // layers)
-        c = compute_ns / layers
-        w = window_points(self.cfg.link, per_layer, c, max_window=layers)
+        w = window_points(self.cfg.link, per_layer, compute_ns / layers, max_window=layers)
         self._pin(keys)
         self._layer_steps += 1
-        seq = self._layer_steps
-        pq = PrefetchQueue(self.dma, block_bytes=per_layer, window=w, layers=layers,
-                           is_resident=lambda _k: False, on_arrival=lambda _k: True)
-        for layer in range(layers):
-            pq.hint(seq, 0, layer, [(seq, layer)])
         start = env.now
         try:
-            for layer in range(layers):
-                late = pq.demand((seq, layer))
-                if late is not None:
-                    yield late.done
-                pq.progress(seq, 0, layer)
-                yield env.timeout(c)
+            late = yield from layerwise(env, self.dma, self._layer_steps, per_layer, compute_ns, layers, w)
         finally:
-            pq.end_sequence(seq)
             self._unpin(keys)
         self.stall_ns += env.now - start - compute_ns
-        self.prefetch_late += pq.stats.late
+        self.prefetch_late += late
 
     def store(self, keys: Sequence[Any]) -> tuple[simpy.Event | None, tuple[Any, ...]]:
         """Write the blocks of ``keys`` the tier lacks; each becomes a hit when the write lands.
@@ -306,6 +297,7 @@ class Request:
         "finish",
         "first_token",
         "generated",
+        "hot",
         "keys",
         "kind",
         "load_event",
@@ -330,6 +322,7 @@ class Request:
         self.local_hit_tokens = self.tier_hit_tokens = self.preemptions = 0
         self.state = WAITING
         self.load_event: simpy.Event | None = None
+        self.hot = False  # hot-page attention: its KV is on the device, HBM holds its working set
 
     def key(self, i: int, block_tokens: int) -> Any:
         keys = self.keys
@@ -355,9 +348,12 @@ class SimEngine:
     its end and returns the finished requests (in completion order)."""
 
     def __init__(self, scripts: Sequence[ClientScript], cost: StepCost, cfg: EngineConfig, *,
-                 tier: TierConfig | None = None, clock: SimpyClock | None = None, log_steps: bool = False) -> None:
+                 tier: TierConfig | None = None, clock: SimpyClock | None = None, log_steps: bool = False,
+                 hot: HotConfig | None = None) -> None:
         """``log_steps``: keep every step as (start ns, length ns, [(request, new tokens, computed
-        before)]), the shape ``cxlemu bench serve`` records vLLM's steps in."""
+        before)]), the shape ``cxlemu bench serve`` records vLLM's steps in. ``hot``: hot-page
+        attention (:mod:`tools.sim.hot`): a request that has computed its prompt keeps its KV on
+        the device and only its working set in the KV space."""
         self.clock = clock or SimpyClock()
         self.env = self.clock.env
         self.cost, self.cfg, self.scripts = cost, cfg, list(scripts)
@@ -370,6 +366,9 @@ class SimEngine:
         self._fence: list[simpy.Event] = []
         self._loads: list[tuple[Request, tuple[Any, ...]]] = []  # admitted, started when the step ends
         self.tier = Tier(self.env, tier) if tier is not None else None
+        if hot is not None and tier is not None:
+            raise ValueError("hot-page attention keeps the KV on the device itself: run it without an offload tier")
+        self.hot = HotTier(self.env, hot) if hot is not None else None
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.stats = _Stats(log=[] if log_steps else None)
@@ -381,6 +380,13 @@ class SimEngine:
             raise ValueError(f"a request of {max_tokens} tokens needs {need} KV blocks; the KV space holds "
                              f"{cfg.kv_blocks - 1} (and vLLM's null block): give a larger KV space or shorter "
                              "requests")
+        if hot is not None:  # the device holds every client's whole KV at once: no eviction of running KV
+            a = hot.attention
+            total = len(self.scripts) * a.write_bytes(a.pages(max_tokens))
+            if total > hot.capacity_bytes:
+                raise ValueError(f"hot-page attention keeps every request's KV on the device: {len(self.scripts)} "
+                                 f"requests of {max_tokens} tokens take {total / 1e9:.1f} GB in {a.kv_format}, the "
+                                 f"pool holds {hot.capacity_bytes / 1e9:.1f} GB: give a larger pool")
 
     # --- clients -------------------------------------------------------------------------------
     def _arrive_later(self, client: int, turn: int) -> None:
@@ -413,9 +419,53 @@ class SimEngine:
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.cfg.block_tokens)
 
+    def _decoding_hot(self, req: Request) -> bool:
+        """Whether ``req`` attends hot: every decoding request (``when="always"``), or one the full
+        KV space sent there (``when="full"``, :meth:`_demote_one`)."""
+        if self.hot is None:
+            return False
+        return req.computed >= req.spec.prompt_tokens if self.hot.cfg.when == "always" else req.hot
+
+    def _demotable(self) -> list[tuple[Request, int]]:
+        """``when="full"``: the running requests decoding densely whose working set is smaller than
+        their blocks, last first, each with the blocks it would keep."""
+        if self.hot is None or self.hot.cfg.when != "full":
+            return []
+        out = []
+        for req in reversed(self.running):
+            if not req.hot and req.computed >= req.spec.prompt_tokens:
+                keep = self.hot.attention.decode(req.computed + 1)[0]
+                if keep < len(req.blocks):
+                    out.append((req, keep))
+        return out
+
+    def _demote_one(self, need: int = 0) -> bool:
+        """``when="full"``: the KV space cannot give a request the blocks it needs, so the last
+        running request decoding densely goes hot (its complete pages are on the device already,
+        written as they filled) and frees the rest, instead of a preemption or a wait. False
+        when none can, or when all of them together could not free ``need`` blocks."""
+        cand = self._demotable()
+        if not cand or self.pool.get_num_free_blocks() + sum(len(r.blocks) - k for r, k in cand) < need:
+            return False
+        req, keep = cand[0]
+        self.pool.free_blocks(reversed(req.blocks[keep:]))
+        del req.blocks[keep:]
+        req.hot = True
+        self.hot.demoted += 1  # type: ignore[union-attr]
+        return True
+
     def _grow(self, req: Request, tokens: int) -> bool:
-        """Give ``req`` the blocks for ``tokens`` tokens; False (nothing taken) when too few free."""
-        need = self._blocks_for(tokens) - len(req.blocks)
+        """Give ``req`` the blocks for ``tokens`` tokens; False (nothing taken) when too few free.
+        Under hot-page attention a decoding request holds its working set: fewer blocks than
+        its prefill did (the rest are freed: their KV is on the device)."""
+        if self._decoding_hot(req):
+            need = self.hot.attention.decode(tokens)[0] - len(req.blocks)  # type: ignore[union-attr]
+            if need < 0:
+                self.pool.free_blocks(reversed(req.blocks[need:]))
+                del req.blocks[need:]
+                req.hot = True
+        else:
+            need = self._blocks_for(tokens) - len(req.blocks)
         if need <= 0:
             return True
         if need > self.pool.get_num_free_blocks():
@@ -444,7 +494,11 @@ class SimEngine:
             return
         bt = self.cfg.block_tokens
         wanted = set(written)
-        ids = [req.blocks[i].block_id for i in range(first, len(req.blocks)) if req.key(i, bt) in wanted]
+        self._track_ids([req.blocks[i].block_id for i in range(first, len(req.blocks)) if req.key(i, bt) in wanted],
+                        done)
+
+    def _track_ids(self, ids: list[int], done: simpy.Event) -> None:
+        """Blocks ``ids`` are read by the write ``done``: a step that reuses one first waits for it."""
         for bid in ids:
             self._storing_blocks[bid] = done
 
@@ -469,7 +523,7 @@ class SimEngine:
         """Publish the blocks that are full once ``req`` has ``tokens`` computed, when its step is
         scheduled (vLLM's ``allocate_slots`` caches them then: a request scheduled later in the same
         step already hits them, the forward writing each layer's KV before its attention)."""
-        if not self.cfg.enable_prefix_caching:
+        if not self.cfg.enable_prefix_caching or req.hot:  # a working set's blocks are no token positions
             return
         bt = self.cfg.block_tokens
         full = min(tokens // bt, len(req.blocks))
@@ -480,6 +534,9 @@ class SimEngine:
     def _store(self, req: Request) -> None:
         """After a step: the blocks ``req`` has filled go to the tier (vLLM's offload connector
         stores computed blocks; the tier skips those it holds or is writing)."""
+        if self.hot is not None:
+            self._store_hot(req)
+            return
         tier = self.tier
         if tier is None or tier.cfg.store != "computed":
             return
@@ -491,6 +548,16 @@ class SimEngine:
             self._track_store(req, req.stored, written, landed)
             req.stored = full
 
+    def _store_hot(self, req: Request) -> None:
+        """Hot-page attention: the pages ``req`` completed go to the device (in its format). A
+        prefill's blocks are freed when it starts decoding: until its write landed, a step that
+        reuses one waits for it."""
+        full = req.computed // self.cfg.block_tokens
+        if full > req.stored:
+            done = self.hot.write(full - req.stored)  # type: ignore[union-attr]
+            self._track_ids([req.blocks[i].block_id for i in range(req.stored, min(full, len(req.blocks)))], done)
+            req.stored = full
+
     def _preempt(self, req: Request) -> None:
         if self.tier is not None and self.tier.cfg.store == "preempted":
             bt = self.cfg.block_tokens
@@ -499,7 +566,7 @@ class SimEngine:
         for b in req.blocks:  # vLLM flushes a preempted request's pending writes before the step
             self._fence_on(b.block_id, reused=False)
         self.pool.free_blocks(reversed(req.blocks))
-        req.blocks, req.computed, req.cached, req.stored = [], 0, 0, 0
+        req.blocks, req.computed, req.cached, req.stored, req.hot = [], 0, 0, 0, False
         req.state = WAITING
         req.preemptions += 1
         self.stats.preemptions += 1
@@ -561,6 +628,8 @@ class SimEngine:
             req = running[i]
             new = self._chunk(req.num_tokens - req.computed, budget)
             while not self._grow(req, req.computed + new):
+                if self._demote_one():
+                    continue
                 victim = running.pop()
                 self._preempt(victim)
                 preempted = True
@@ -583,6 +652,8 @@ class SimEngine:
                     continue
                 if req.state == WAITING and not req.blocks:
                     got, new, keys = self._admit(req, budget)
+                    while got == "full" and self._demote_one(self._blocks_for(req.num_tokens)):
+                        got, new, keys = self._admit(req, budget)
                     if got == "full":
                         break
                     if got == "wait":
@@ -637,8 +708,14 @@ class SimEngine:
                 yield self._wake
                 continue
             b = Batch()
+            hot_read = 0
             for req, new in batch:
-                b.add(new, req.computed, req.computed + new >= req.num_tokens)
+                if self._decoding_hot(req):  # the working set and the chosen pages, not the whole KV
+                    _, attended, read = self.hot.attention.decode(req.computed + new)  # type: ignore[union-attr]
+                    b.add(new, attended - new, req.computed + new >= req.num_tokens)
+                    hot_read += read
+                else:
+                    b.add(new, req.computed, req.computed + new >= req.num_tokens)
             t = self.cost.step_ns(b)
             if jitter:
                 t *= math.exp(rng.gauss(-jitter * jitter / 2, jitter))
@@ -649,6 +726,8 @@ class SimEngine:
                 stats.fence_ns += env.now - start
             if layer_keys:
                 yield from self.tier.load_layerwise(layer_keys, t)  # type: ignore[union-attr]
+            elif hot_read:
+                yield from self.hot.step(hot_read, t)  # type: ignore[union-attr]
             else:
                 yield env.timeout(t)
             self._start_loads()

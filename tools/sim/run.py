@@ -4,32 +4,26 @@
 values (it pickles to a Dask worker), :func:`simulate` builds the engine and returns the metrics
 of :func:`summarize` (the same definitions as ``cxlemu bench serve``'s).
 
-Modes (``cxlemu bench serve``'s):
-
-* ``none``      the accelerator's KV space alone; preemption by recompute (``--preemption swap``:
-                a preempted request's blocks go to host memory over the host link and come back);
-* ``host-lru``  + host memory over PCIe (``pcie-host``: Gen4 x16; ``pcie5-host``), LRU, loads
-                before the forward (vLLM's CPU offload);
-* ``cxl-lru``   + a CXL pool on a Leo-class x16 link (``leo-x16``), LRU, before the forward;
-* ``cxl-smart`` the same pool and link, the smart firmware: ARC (or ``--smart-policy``), loads
-                layer by layer inside the forward (the window from the prefetch model).
+Modes: :mod:`tools.sim.modes` (``none``, ``host-lru``, ``cxl-lru``, ``cxl-smart``; a point also takes
+``cxlemu bench serve``'s ``all-resident`` and ``cxl-arc-forward``, which ``cxlemu sim validate`` runs).
+``attention="hot"`` (mode ``none``): hot-page attention, the KV in the CXL pool behind ``cxl_link``
+in ``kv_format``, the KV space holding each decoding request's working set (:mod:`tools.sim.hot`).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from tools.sim import hardware as hw
-from tools.sim.engine import EngineConfig, Request, SimEngine, TierConfig
-from tools.sim.serve_workload import WorkloadConfig
-from tools.sim.workload import ClientScript
+from tools.sim import modes
+from tools.sim.engine import EngineConfig, SimEngine, TierConfig
+from tools.sim.hot import ATTENTIONS, HOT_WHEN, KV_FORMATS, HotAttention, HotConfig
+from tools.sim.metrics import summarize
+from tools.sim.profile import COST_MODELS, step_cost
+from tools.sim.workload import ClientScript, WorkloadConfig
 
-__all__ = ["MAX_CLIENTS", "MODES", "ConcurrencyError", "Point", "build_scripts", "parse_modes", "simulate", "summarize"]
+__all__ = ["MAX_CLIENTS", "ConcurrencyError", "Point", "build_scripts", "simulate"]
 
-MODES = ("none", "host-lru", "cxl-lru", "cxl-smart")
 GB = 10**9
 #: the most clients one point takes, whatever its KV space (a huge --kv-blocks): 2^16 clients'
 #: scripts are ~100 MB and a run of them minutes; vLLM itself runs at most max_num_seqs (256) at once
@@ -44,21 +38,13 @@ class ConcurrencyError(ValueError):
         self.bound = bound
 
 
-def parse_modes(text: str) -> list[str]:
-    """Comma-separated offload modes; ValueError names the known ones."""
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise ValueError(f"unknown mode {bad[0] if bad else text!r}: choose from {', '.join(MODES)}")
-    return modes
-
-
 @dataclass(frozen=True, kw_only=True)
 class Point:
     mode: str = "none"
     concurrency: int = 1
     model: str = "llama-2-7b"
     accelerator: str = "h100"
+    tp: int = 1  # tensor parallelism: the accelerators of one instance (weights and KV split over them)
     workload: dict[str, Any] = field(default_factory=lambda: {"kind": "fixed", "context": 4096,
                                                               "output_tokens": 128, "requests": 4})
     pool_gb: float = 1024.0  # the CXL pool (cxl-* modes)
@@ -83,12 +69,17 @@ class Point:
     prefetch: str = ""  # "forward" or "layer" instead of the mode's
     tier_blocks: int = 0  # the tier's size in blocks instead of pool_gb / host_gb
     offload_prompt_only: bool = True  # vLLM's default: decode-filled blocks are not stored
-    step_cost: dict[str, float] | None = None  # a fitted LinearCost instead of the roofline
+    cost_model: str = "roofline"  # or "profile": Vidur's measured operators where profiled (tools.sim.profile)
+    step_cost: dict[str, float] | None = None  # a fitted LinearCost instead of either
     model_shape: dict[str, Any] | None = None  # a shape of one's own instead of ``model``'s
+    attention: str = "dense"  # or "hot": hot-page attention over the CXL pool (tools.sim.hot)
+    page_budget: float = 0.1  # hot: the share of a sequence's pages each decode step attends to
+    kv_format: str = "native"  # hot: the device's KV format (native, int8, int4)
+    hot_when: str = "always"  # hot: "always" once the prompt is computed, or "full": when the KV space is full
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}: choose from {', '.join(MODES)}")
+        if self.mode not in modes.MODES:
+            raise ValueError(f"unknown mode {self.mode!r}: choose from {', '.join(modes.MODES)}")
         if self.preemption not in ("recompute", "swap"):
             raise ValueError(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
         if self.concurrency < 1:
@@ -100,6 +91,50 @@ class Point:
         for k in ("pool_gb", "host_gb"):
             if not getattr(self, k) > 0:
                 raise ValueError(f"{k} must be > 0, got {getattr(self, k)}")
+        if self.cost_model not in COST_MODELS:
+            raise ValueError(f"unknown cost model {self.cost_model!r}: choose from {', '.join(COST_MODELS)}")
+        self._check_attention()
+        if self.tp != 1:
+            self.shape().check_tp(self.tp)
+            if self.step_cost is None:
+                hw.allreduce_ns(hw.ACCELERATORS[self.accelerator], self.tp, 0)  # no NVLink: refused
+
+    def _check_attention(self) -> None:
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {self.attention!r}: choose from {', '.join(ATTENTIONS)}")
+        if self.hot_when not in HOT_WHEN:
+            raise ValueError(f"unknown hot_when {self.hot_when!r}: choose from {', '.join(HOT_WHEN)}")
+        if self.kv_format not in KV_FORMATS:
+            raise ValueError(f"unknown kv_format {self.kv_format!r}: choose from {', '.join(KV_FORMATS)}")
+        if self.attention == "dense":
+            if self.kv_format != "native":
+                raise ValueError("kv_format is the device's format under hot-page attention: dense attention "
+                                 "keeps its KV in HBM (native)")
+            return
+        if modes.MODES[self.mode].tier is not None or self.preemption != "recompute":
+            raise ValueError(f"hot-page attention keeps the KV in the CXL pool itself: it runs in mode 'none' with "
+                             f"recompute preemption, not {self.mode!r} with {self.preemption}")
+        self.hot()  # a page_budget out of (0, 1] or a shape int4 cannot pack: refused here
+
+    def hot(self) -> HotAttention | None:
+        """Hot-page attention's arithmetic for this point, or None (dense)."""
+        if self.attention == "dense":
+            return None
+        return HotAttention.for_shape(self.shape(), page_budget=self.page_budget, kv_format=self.kv_format,
+                                      block_tokens=self.block_tokens)
+
+    @property
+    def label(self) -> str:
+        """The mode and how it attends: ``none``, or ``none hot 0.1 int4``."""
+        if self.attention == "dense":
+            return self.mode
+        when = "" if self.hot_when == "always" else f" when {self.hot_when}"
+        return f"{self.mode} hot {self.page_budget:g} {self.kv_format}{when}"
+
+    @property
+    def instance(self) -> str:
+        """The accelerators of one instance: ``h100``, or ``4 x h100`` under tensor parallelism."""
+        return self.accelerator if self.tp == 1 else f"{self.tp} x {self.accelerator}"
 
     def shape(self) -> hw.ModelShape:
         return hw.ModelShape(**self.model_shape) if self.model_shape is not None else hw.MODELS[self.model]
@@ -109,14 +144,15 @@ class Point:
             c = self.step_cost
             return hw.LinearCost(c["a_ns"], c["b_ns_per_token"], c["c_ns_per_pair"], c["d_ns_per_seq"],
                                  c.get("e_ns_per_padded_pair", 0.0), c.get("f_ns_per_decode_context", 0.0))
-        return hw.Roofline(self.shape(), hw.ACCELERATORS[self.accelerator], self.mfu, self.mbu, self.overhead_us)
+        return step_cost(self.cost_model, self.model if self.model_shape is None else "", self.shape(),
+                         self.accelerator, tp=self.tp, mfu=self.mfu, mbu=self.mbu, overhead_us=self.overhead_us)
 
     def kv_space(self) -> tuple[int, dict[str, float] | None]:
         if self.kv_blocks:
             return self.kv_blocks, None
         cap = hw.kv_capacity(self.shape(), hw.ACCELERATORS[self.accelerator],
                              max_num_batched_tokens=self.max_num_batched_tokens,
-                             memory_utilization=self.memory_utilization)
+                             memory_utilization=self.memory_utilization, tp=self.tp)
         return int(cap["kv_tokens"] // self.block_tokens), cap
 
     def client_bound(self) -> int:
@@ -134,7 +170,7 @@ class Point:
             raise ConcurrencyError(f"{self.concurrency} clients is more than the simulator takes: at most {bound} "
                                    "(tools.sim.run.MAX_CLIENTS)", bound)
         if bound and self.concurrency > bound:
-            raise ConcurrencyError(f"{self.concurrency} clients is more than {self.shape().name} on {self.accelerator} "
+            raise ConcurrencyError(f"{self.concurrency} clients is more than {self.shape().name} on {self.instance} "
                                    f"can hold: at most {bound} (its KV space is {bound + 1} blocks of "
                                    f"{self.block_tokens} tokens, one block a request, one the null block)", bound)
 
@@ -187,18 +223,18 @@ def build_scripts(workload: dict[str, Any], concurrency: int, point: Point | Non
 
 
 def tier_config(p: Point, shape: hw.ModelShape) -> TierConfig | None:
+    # a block is the instance's whole KV of its tokens: under tensor parallelism the tp accelerators'
+    # shares together, moved over the one link of the mode's preset (the instance's host or pool link)
     block_bytes = p.block_tokens * shape.kv_bytes_per_token
-    if p.mode == "none":
+    mode = modes.MODES[p.mode]
+    if mode.tier is None:
         if p.preemption != "swap":
             return None
         return TierConfig(link=hw.link_params(p.host_link, p.time_scale), capacity_blocks=1 << 40,
                           block_bytes=block_bytes, layers=shape.layers, store="preempted", name="swap")
-    link, size, policy, prefetch = {
-        "host-lru": (p.host_link, p.host_gb, "lru", "forward"),
-        "cxl-lru": (p.cxl_link, p.pool_gb, "lru", "forward"),
-        "cxl-smart": (p.cxl_link, p.pool_gb, p.smart_policy, "layer"),
-    }[p.mode]
-    policy, prefetch = p.policy or policy, p.prefetch or prefetch
+    link, size = (p.host_link, p.host_gb) if mode.tier == "host" else (p.cxl_link, p.pool_gb)
+    policy = p.policy or (p.smart_policy if mode.smart else mode.policy)
+    prefetch = p.prefetch or mode.prefetch
     blocks = p.tier_blocks or int(size * GB // block_bytes)
     if blocks < 1:
         raise ValueError(f"a tier of {size} GB holds no {block_bytes}-byte block")
@@ -214,8 +250,9 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
     shape = p.shape()
     kv_blocks, capacity = p.kv_space()
     if kv_blocks < 2:  # one is vLLM's null block
-        raise ValueError(f"{shape.name} leaves no KV space on {p.accelerator} "
-                         f"({(capacity or {}).get('kv_bytes', 0) / GB:.1f} GB)")
+        raise ValueError(f"{shape.name} leaves no KV space on {p.instance} "
+                         f"({(capacity or {}).get('kv_bytes', 0) / GB:.1f} GB): split it over more accelerators "
+                         "(tensor parallelism, tp)")
     cfg = EngineConfig(block_tokens=p.block_tokens, kv_blocks=kv_blocks, max_num_seqs=p.max_num_seqs,
                        max_num_batched_tokens=p.max_num_batched_tokens,
                        long_prefill_token_threshold=p.long_prefill_token_threshold, jitter=p.jitter, seed=p.seed)
@@ -223,12 +260,19 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
         p.check_concurrency()
         scripts = build_scripts(p.workload, p.concurrency, p)
     tier = tier_config(p, shape)
+    attention = p.hot()
+    hot = None if attention is None else HotConfig(attention=attention, link=hw.link_params(p.cxl_link, p.time_scale),
+                                                   capacity_bytes=int(p.pool_gb * GB), when=p.hot_when)
     t0 = time.perf_counter()
-    engine = SimEngine(scripts, p.cost(), cfg, tier=tier)
+    cost = p.cost()
+    engine = SimEngine(scripts, cost, cfg, tier=tier, hot=hot)
     records = engine.run()
     wall = time.perf_counter() - t0
     out = summarize(records)
-    out.update(mode=p.mode, concurrency=p.concurrency, model=shape.name, accelerator=p.accelerator,
+    out.update(mode=p.mode, label=p.label, attention=p.attention, page_budget=p.page_budget if hot else None,
+               kv_format=p.kv_format, hot_when=p.hot_when if hot else None, concurrency=p.concurrency,
+               model=shape.name, accelerator=p.accelerator, tp=p.tp,
+               cost=cost.describe()["kind"],
                max_concurrency=engine.stats.max_running, steps=engine.stats.steps,
                kv_blocks=kv_blocks, kv_tokens=kv_blocks * p.block_tokens,
                sim_s=engine.env.now / 1e9, busy_s=engine.stats.busy_ns / 1e9, wall_s=wall)
@@ -236,40 +280,9 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
         c = engine.tier.counters()
         out.update(tier_blocks=engine.tier.cfg.capacity_blocks, bytes_loaded=c["bytes_loaded"],
                    bytes_stored=c["bytes_stored"], tier_evictions=c["evictions"], stall_s=c["stall_ns"] / 1e9)
+    elif engine.hot is not None:
+        out.update(tier_blocks=0, bytes_loaded=0, bytes_stored=0, tier_evictions=0, **engine.hot.counters())
     else:
         out.update(tier_blocks=0, bytes_loaded=0, bytes_stored=0, tier_evictions=0, stall_s=0.0)
     return out
-
-
-def _pct(x: np.ndarray, q: float) -> float:
-    return float(np.percentile(x, q)) if len(x) else math.nan
-
-
-def summarize(records: list[Request]) -> dict[str, Any]:
-    """``cxlemu bench serve``'s per-level metrics (``LevelResult.summary``), in ms where timed:
-    TTFT p50/p99 over every request, returning sessions' TTFT p50, later turns' TTFT p99, time per
-    output token p50, output tokens over the span from the first arrival to the last finish."""
-    n = len(records)
-    if not n:
-        return {"requests": 0}
-    arr = np.array([r.arrival for r in records])
-    first = np.array([r.first_token for r in records], dtype=float)
-    fin = np.array([r.finish for r in records], dtype=float)
-    gen = np.array([r.generated for r in records])
-    turn = np.array([r.turn for r in records])
-    session = np.array([r.kind == "session" for r in records])
-    ttft = (first - arr) / 1e6
-    tpot_mask = gen >= 2
-    tpot = (fin - first)[tpot_mask] / (gen[tpot_mask] - 1) / 1e6
-    span = (fin.max() - arr.min()) / 1e9
-    out_tokens = int(gen.sum())
-    return {"requests": n, "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
-            "ttft_mean_ms": float(ttft.mean()),
-            "returning_ttft_p50_ms": _pct(ttft[session & (turn > 0)], 50),
-            "warm_ttft_p99_ms": _pct(ttft[turn > 0], 99), "tpot_ms": _pct(tpot, 50),
-            "output_tokens": out_tokens, "output_tokens_per_s": out_tokens / span if span > 0 else math.nan,
-            "span_s": span, "preemptions": int(sum(r.preemptions for r in records)),
-            "prefix_hit_tokens": int(sum(r.local_hit_tokens for r in records)),
-            "tier_hit_tokens": int(sum(r.tier_hit_tokens for r in records))}
-
 

@@ -27,18 +27,13 @@ from typing import Any
 
 from firmware_model.link import READ, WRITE, Link
 from tools.sim import hardware as hw
+from tools.sim.modes import BENCH_MODES, MODES
 from tools.sim.run import Point, simulate
-from tools.sim.serve_workload import ModelSpec
 
 __all__ = ["TOLERANCE", "compare", "fit_from_report", "link_check", "mode_factors", "points_from_report"]
 
 TOLERANCE = 0.15
 RUNS = 16  # simulated runs per (mode, level): the median is compared
-#: bench serve's mode -> (the simulator's mode, policy, prefetch); "" keeps the mode's own
-BENCH_MODES: dict[str, tuple[str, str, str]] = {
-    "all-resident": ("none", "", ""), "none": ("none", "", ""), "host-lru": ("host-lru", "lru", "forward"),
-    "cxl-lru": ("cxl-lru", "lru", "forward"), "cxl-arc-forward": ("cxl-lru", "arc", "forward"),
-    "cxl-smart": ("cxl-smart", "arc", "layer")}
 FIT_MODES = ("all-resident", "none")  # no tier: the steps are the engine's compute alone
 
 
@@ -64,7 +59,7 @@ def mode_factors(report: dict[str, Any], cost: hw.LinearCost) -> dict[str, float
 
     ratios: dict[str, list[float]] = {}
     for name, data in report["modes"].items():
-        layerwise = BENCH_MODES.get(name, ("", "", ""))[2] == "layer"
+        layerwise = name in BENCH_MODES and MODES[name].prefetch == "layer"
         for level in data.get("levels", {}).values():
             seen: set[str] = set()
             for (dt, b), (_t0, _dt, reqs) in zip(_batches(level), level.get("steps", []), strict=True):
@@ -137,7 +132,7 @@ def fit_from_report(report: dict[str, Any], modes: tuple[str, ...] = FIT_MODES) 
 
 
 def _shape(report: dict[str, Any]) -> hw.ModelShape:
-    return ModelSpec(**report["config"]["model"]).shape()
+    return hw.ModelSpec(**report["config"]["model"]).shape()
 
 
 def points_from_report(report: dict[str, Any], cost: hw.LinearCost,
@@ -157,14 +152,17 @@ def points_from_report(report: dict[str, Any], cost: hw.LinearCost,
         sched = data.get("scheduler") or {}
         spec = data.get("mode", {})
         links = dict.fromkeys(("host_link", "cxl_link"), spec["preset"]) if spec.get("preset") else {}
-        mode, policy, prefetch = BENCH_MODES[name]
+        mode = MODES[name]
+        tiered = mode.tier is not None
+        # the tier's policy and prefetch as the bench ran them (whatever the point's smart_policy)
+        policy, prefetch = (mode.policy, mode.prefetch) if tiered else ("", "")
         for level in sorted(data.get("levels", {}), key=int):
-            p = Point(mode=mode, concurrency=int(level), model_shape=asdict(shape), policy=policy,
-                      prefetch=prefetch, block_tokens=block_tokens, kv_blocks=data.get("num_gpu_blocks") or spec["kv_blocks"],
+            p = Point(mode=name, concurrency=int(level), model_shape=asdict(shape), policy=policy, prefetch=prefetch,
+                      block_tokens=block_tokens, kv_blocks=data.get("num_gpu_blocks") or spec["kv_blocks"],
                       max_num_seqs=sched.get("max_num_seqs", report["config"]["levels"][-1] + 2),
                       max_num_batched_tokens=sched.get("max_num_batched_tokens", 2048),
                       long_prefill_token_threshold=sched.get("long_prefill_token_threshold") or 0,
-                      tier_blocks=max(1, spec.get("tier_bytes", 0) // block_bytes) if mode != "none" else 0,
+                      tier_blocks=max(1, spec.get("tier_bytes", 0) // block_bytes) if tiered else 0,
                       time_scale=k, **links,
                       step_cost={key: v * factors.get(name, 1.0) for key, v in cost.coefficients().items()},
                       workload={"kind": "bench", "config": report["config"]["workload"],

@@ -19,19 +19,132 @@ Workloads:
   level, for validation against its runs;
 * :func:`load_trace` / :func:`write_trace` — the same as a JSON-lines file (``cxlemu trace gen
   sessions`` writes one).
+
+``cxlemu bench serve``'s own workload is here too (:class:`WorkloadConfig`, :func:`clients`): what
+a serving engine sees when clients come back, seeded, identical in every mode so that tokens can
+be compared request by request:
+
+* a *session* client resends its conversation: turn k's prompt is the shared system prompt, then
+  every earlier turn's user tokens and the engine's output, then turn k's new user tokens — so
+  the prefix grows by one turn each time and the whole earlier context can be reused;
+* a *document* client asks ``turns`` questions about one long document of its own: the document
+  is the reusable prefix, each question new.
+
+Client ``i`` of a level is a document client when ``i % doc_every == doc_every - 1``. Clients are
+closed-loop with think time: a client's first turn arrives at a seeded offset in [0, T), each next
+turn a seeded time in [T/2, 3T/2) after its previous one finished, where T (seconds) is
+``think_contexts`` x the time the bench's machine takes to prefill one whole client context
+(measured by the bench), so the same workload loads a fast and a slow machine alike.
 """
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from tools.sim.serve_workload import WorkloadConfig, clients
+__all__ = ["FIRST_TOKEN_ID", "REST", "Client", "ClientScript", "Turn", "WorkloadConfig", "clients", "fixed",
+           "from_bench", "load_trace", "sessions", "system_prompt", "write_trace"]
 
-__all__ = ["REST", "ClientScript", "Turn", "fixed", "from_bench", "load_trace", "sessions", "write_trace"]
 
+# --- cxlemu bench serve's clients (token ids: the bench sends them to vLLM) ------------------
+FIRST_TOKEN_ID = 4  # ids below are the tokenizer's specials (<pad>, <s>, </s>, <unk>)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadConfig:
+    system_tokens: int = 256
+    user_tokens: int = 120  # a turn adds user + output tokens, not a multiple of the block: turns'
+    output_tokens: int = 16  # decodes cross block boundaries, so vLLM must find (or preempt for) blocks
+    turns: int = 4
+    doc_tokens: int = 576
+    doc_every: int = 4
+    think_contexts: float = 3.0  # T; at 1.0 the first turns' burst saturated every mode alike
+    vocab: int = 2048
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("system_tokens", "user_tokens", "output_tokens", "turns", "doc_tokens", "doc_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.think_contexts >= 0:
+            raise ValueError(f"think_contexts must be >= 0, got {self.think_contexts}")
+        if self.vocab <= FIRST_TOKEN_ID + 1:
+            raise ValueError(f"vocab must be > {FIRST_TOKEN_ID + 1}, got {self.vocab}")
+
+    @property
+    def context_tokens(self) -> int:
+        """The most KV one client holds: its last turn's prompt plus its output."""
+        session = self.system_tokens + self.turns * (self.user_tokens + self.output_tokens)
+        return max(session, self.doc_tokens + self.user_tokens + self.output_tokens)
+
+    def blocks_per_client(self, block_tokens: int) -> int:
+        return -(-self.context_tokens // block_tokens)
+
+
+@dataclass(frozen=True)
+class Client:
+    """One closed-loop client of one level: its kind and the tokens it will send."""
+
+    level: int
+    index: int
+    kind: str  # "session" | "doc"
+    prefix: tuple[int, ...]  # the system prompt (sessions) or the document (doc clients)
+    user: tuple[tuple[int, ...], ...]  # new tokens of each turn
+    start: float = 0.0  # first arrival, in units of the think time T
+    think: tuple[float, ...] = ()  # before each later turn, in units of T
+
+    def arrival_after(self, turn: int, think_s: float) -> float:
+        """Seconds after the level's start (turn 0) or after turn-1's finish (later turns)."""
+        return (self.start if turn == 0 else self.think[turn - 1]) * think_s
+
+    @property
+    def turns(self) -> int:
+        return len(self.user)
+
+    def prompt(self, turn: int, outputs: Sequence[Sequence[int]]) -> list[int]:
+        """Turn ``turn``'s prompt, given the outputs of the turns before it."""
+        if not 0 <= turn < self.turns:
+            raise IndexError(f"client {self.index} has turns 0..{self.turns - 1}, not {turn}")
+        if self.kind == "doc":
+            return [*self.prefix, *self.user[turn]]
+        if len(outputs) < turn:
+            raise ValueError(f"session turn {turn} needs the outputs of turns 0..{turn - 1}")
+        ids = list(self.prefix)
+        for k in range(turn):
+            ids += [*self.user[k], *outputs[k]]
+        return ids + list(self.user[turn])
+
+    def request_id(self, turn: int) -> str:
+        return f"c{self.level}-k{self.index}-t{turn}"
+
+
+def _tokens(rng: random.Random, n: int, vocab: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(n))
+
+
+def system_prompt(cfg: WorkloadConfig) -> tuple[int, ...]:
+    return _tokens(random.Random(f"{cfg.seed}:system"), cfg.system_tokens, cfg.vocab)
+
+
+def clients(cfg: WorkloadConfig, level: int) -> list[Client]:
+    """The ``level`` clients of one concurrency level (seeded by seed, level and index)."""
+    system = system_prompt(cfg)
+    out = []
+    for i in range(level):
+        rng = random.Random(f"{cfg.seed}:{level}:{i}")
+        doc = i % cfg.doc_every == cfg.doc_every - 1
+        prefix = _tokens(rng, cfg.doc_tokens, cfg.vocab) if doc else system
+        user = tuple(_tokens(rng, cfg.user_tokens, cfg.vocab) for _ in range(cfg.turns))
+        start = rng.random()
+        think = tuple(0.5 + rng.random() for _ in range(cfg.turns - 1))
+        out.append(Client(level, i, "doc" if doc else "session", prefix, user, start, think))
+    return out
+
+
+
+# --- the simulator's client scripts ------------------------------------------------------------
 
 #: the ``upto`` of a last segment: its owner owns every later position
 REST = 1 << 62
@@ -119,7 +232,7 @@ def sessions(*, sessions: int, concurrency: int, turns: int = 4, system_tokens: 
 
 
 def from_bench(workload: WorkloadConfig, level: int, think_s: float) -> list[ClientScript]:
-    """``cxlemu bench serve``'s ``level`` clients (``tools.sim.serve_workload.clients``): the
+    """``cxlemu bench serve``'s ``level`` clients (:func:`clients`): the
     same kinds, prompt lengths, arrival offsets and think times."""
     out = []
     for c in clients(workload, level):

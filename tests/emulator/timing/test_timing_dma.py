@@ -422,3 +422,24 @@ def test_a_small_transfer_due_within_microseconds_completes_in_submit(impl):
             h = eng.submit([Descriptor("read", 0, bytearray(64), 0, 64)])
             assert h.done() and eng._now_ns() >= h.wait()[0]
         assert len(eng.poll_completions()) == 20
+
+
+@pytest.mark.parametrize("count", [2, 5], ids=["one-by-one", "batched"])
+@pytest.mark.parametrize("change", ["restart", "media off"])
+def test_a_device_gone_under_the_engine_fails_the_descriptors_not_the_submit(impl, count, change):
+    """The C path fails each descriptor with the typed cause; the Python twin let DeviceGone and
+    MediaDisabled escape from submit(), so a caller holding a handle never saw it complete."""
+    from emulator.spec.errors import DeviceGone, MediaDisabled
+    from emulator.timing.linkstate import serving_word
+
+    word = np.array([serving_word(7)], dtype=np.uint64)
+    media = bytearray(MEDIA)
+    dp = DataPath(media, bytearray(MEDIA // 512), bytearray(4096), QEMU, impl=impl, clock=ManualClock(0),
+                  state=(memoryview(word).cast("B").cast("Q"), serving_word(7)))
+    host = bytearray(count * 64)
+    word[0] = serving_word(8) if change == "restart" else serving_word(7, media=False)
+    with DmaEngine(dp, channels=1) as eng:
+        results = eng.submit([Descriptor("write", i * 64, host, i * 64, 64) for i in range(count)]).wait(10)
+    cause = DeviceGone if change == "restart" else MediaDisabled
+    assert [(r.index, type(r.__cause__)) for r in results] == [(i, cause) for i in range(count)]
+    assert not any(media)

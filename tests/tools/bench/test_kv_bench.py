@@ -103,3 +103,47 @@ def test_goals_take_the_best_cxlemu_row_of_each_budget() -> None:
     table = markdown(rows).split("\n\n")[1].splitlines()
     assert table[2] == "| 8192 | 50 | cxlemu:reuse | 1.091 (met) | 1.58x (met) | 1.67x (met) |"
     assert table[3] == "| 8192 | 25 | cxlemu:reuse | 1.200 (not met) | 1.13x (not met) | 0.98x (not met) |"
+
+
+def test_bad_kv_format_is_a_one_line_error(capsys) -> None:
+    from tools.cli.main import main
+
+    assert main(["bench", "kv", "--kv-format", "int2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cxlemu: error: ") and "--kv-format: invalid choice: 'int2'" in err
+
+
+def test_format_rows_compare_each_compressed_row_with_its_native_twin() -> None:
+    from dataclasses import replace
+
+    from tools.bench.kv import format_rows
+    from tools.cli.bench.kv import markdown
+
+    native = replace(_row("cxlemu:reuse", 25, 20.0), link_kb_per_token=400.0, device_mb=8.0)
+    int8 = replace(_row("cxlemu:reuse/int8", 25, 25.0), kv_format="int8", link_kb_per_token=106.0,
+                   device_mb=2.12, token_agreement=0.75, tokens_equal=False)
+    got = format_rows([_row("resident", 100, 22.0), native, int8])
+    assert [(r.mode, r.link_vs_native, r.device_vs_native, r.step_vs_native) for r in got] == [
+        ("cxlemu:reuse/int8", 0.265, 0.265, 1.25)]
+    lines = markdown([native, int8]).splitlines()
+    assert lines[3] == "| 8192 | 25 | cxlemu:reuse/int8 | 8 | 25.00 | 1.0 | 1.00 | 1.00 | 0.000 | 0.00 | 75% (lossy) |"
+    assert lines[-1] == "| 8192 | 25 | cxlemu:reuse/int8 | 106.0 | 0.265 | 2.12 | 0.265 | 25.00 | 1.25 | 75% |"
+
+
+@pytest.mark.slow  # every bench mode generates, as in test_tiny_run_covers_every_mode_with_equal_tokens
+def test_a_tiny_int8_run_moves_about_a_quarter_of_natives_bytes() -> None:
+    """float32 KV, 16-token blocks of head_dim 16: 64 encoded bytes + 32 of scales per 1024."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from emulator import presets
+    from tools.bench.kv import format_rows, run
+
+    rows = run(layers=4, hidden=32, heads=2, kv_heads=1, contexts=[64], budgets=[50], steps=4,
+               block_tokens=16, policies=["reuse"], timing=presets.load("leo-x16").timing,
+               prefetch_depth=1, repeat=1, kv_formats=("int8",))
+    assert [r.mode for r in rows] == ["resident", "demand", "layerwise", "cxlemu:reuse", "cxlemu:reuse/int8"]
+    (fmt,) = format_rows(rows)
+    assert fmt.device_vs_native == pytest.approx((16 * 2 + 16 * 16) / (16 * 16 * 4))
+    # the link: above the device's 0.281, as encoded chunks move whole where native reads the
+    # tail block only up to the frame's capacity
+    assert 0.281 < fmt.link_vs_native <= 0.35 and rows[-1].link_kb_per_token > 0

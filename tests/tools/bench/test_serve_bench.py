@@ -5,20 +5,10 @@ import math
 
 import pytest
 
-from tools.sim.serve_workload import (
-    FIRST_TOKEN_ID,
-    LevelResult,
-    RequestRecord,
-    WorkloadConfig,
-    checks,
-    clients,
-    max_concurrency,
-    mismatches,
-    outputs_vary,
-    percentile,
-    system_prompt,
-    time_scale,
-)
+from tools.bench.serve import checks
+from tools.sim.hardware import time_scale
+from tools.sim.metrics import LevelResult, RequestRecord, max_concurrency, mismatches, outputs_vary, percentile
+from tools.sim.workload import FIRST_TOKEN_ID, WorkloadConfig, clients, system_prompt
 
 SMALL = WorkloadConfig(system_tokens=8, user_tokens=5, output_tokens=3, turns=3, doc_tokens=12, vocab=64, seed=1)
 

@@ -254,3 +254,16 @@ def test_version_falls_back_to_pyproject(monkeypatch) -> None:
 ])
 def test_bench_tier_bad_arguments(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
     one_line_error(*cli(capsys, "bench", "tier", *argv)[::2], message)
+
+
+def test_print_json_writes_nan_and_infinities_as_null(capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON has no NaN: a bench figure with no samples must stay parseable by jq and json.loads
+    with strict parsing."""
+    import json
+
+    from tools.common import print_json
+
+    print_json({"p50": float("nan"), "rows": [1.5, float("inf"), (float("-inf"), 2)], "n": 3})
+    out = capsys.readouterr().out
+    assert json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON")) == {
+        "p50": None, "rows": [1.5, None, [None, 2]], "n": 3}

@@ -8,7 +8,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from cli_support import cxlemu, serve_process
+import pytest
+from cli_support import cli, cxlemu, serve_process
 
 from driver import MemDev
 from emulator.device import device_path, load_config
@@ -17,6 +18,10 @@ from emulator.device import device_path, load_config
 def _stop(proc: subprocess.Popen[str]) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
+
+
+def _claims(record: dict) -> list[dict]:
+    return [{"host": r["host"], "pid": r["pid"]} for r in record["hosts"]]
 
 
 def _ports(name: str) -> list[str]:
@@ -31,7 +36,7 @@ def test_hosts_are_kept_across_serves_refused_changed_and_reset_by_fresh(device_
         with MemDev.open(name, host=1):
             record = json.loads(cxlemu("list", name, check=True).stdout)[0]
             # the test process claimed port 1; the CLI's own look at the device claims nothing
-            assert record["hosts"] == [{"host": 0, "pid": None}, {"host": 1, "pid": os.getpid()}]
+            assert _claims(record) == [{"host": 0, "pid": None}, {"host": 1, "pid": os.getpid()}]
             claimed = cxlemu("raw", name, "0x0001", "--host", "1")
             assert claimed.returncode == 1 and claimed.stderr.count("\n") == 1
             assert f"host port 1 is claimed by pid {os.getpid()}" in claimed.stderr
@@ -45,6 +50,9 @@ def test_hosts_are_kept_across_serves_refused_changed_and_reset_by_fresh(device_
                               f"(`cxlemu serve --hosts N --reconfigure` adds ports)\n")
     finally:
         _stop(proc)
+    stopped = json.loads(cxlemu("list", name, check=True).stdout)[0]["hosts"]
+    assert stopped[1] == {"host": 1, "pid": None, "extents": None, "extent_bytes": None,
+                          "shared_extent_bytes": None, "pool": None}  # not served: the page says nothing
 
     proc = serve_process(name)  # without --hosts: as it was
     try:
@@ -62,7 +70,7 @@ def test_hosts_are_kept_across_serves_refused_changed_and_reset_by_fresh(device_
     proc = serve_process(name, "--fresh")
     try:
         assert load_config(name).hosts == 1 and _ports(name) == ["bar"]
-        assert json.loads(cxlemu("list", name, check=True).stdout)[0]["hosts"] == [{"host": 0, "pid": None}]
+        assert _claims(json.loads(cxlemu("list", name, check=True).stdout)[0]) == [{"host": 0, "pid": None}]
     finally:
         _stop(proc)
     assert cxlemu("destroy", name).returncode == 0
@@ -89,3 +97,28 @@ def test_bad_host_counts_and_ports_are_one_line_errors(device_name: str) -> None
         proc = cxlemu(*args)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
         assert proc.stderr.startswith("cxlemu: error: argument --host") and message in proc.stderr
+
+
+def test_list_shows_each_ports_extents_and_pool_state(device_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 25.7: `list` adds per port its accepted DC extents (count, bytes, tagged bytes) and its
+    state in the KV pool, from the firmware's telemetry page (an 8 MiB pool offered to both ports,
+    host 0 joined, host 1 not)."""
+    import time
+
+    from driver.pool import KvPool
+    from emulator.device import DeviceConfig, serve
+
+    config = DeviceConfig(name=device_name, capacity=256 << 20, hosts=2, dc_regions=(256 << 20,))
+    with serve(config), MemDev.open(device_name, host=0) as md:
+        md.fm_create_pool(8 << 20, slot_bytes=4096)
+        with KvPool.open(md):
+            deadline = time.monotonic() + 10
+            while True:  # the firmware publishes the page ~10 times a second
+                hosts = json.loads(cli(capsys, "list", device_name, check=True).out)[0]["hosts"]
+                if hosts[0]["pool"] == "member" or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+    assert hosts == [
+        {"host": 0, "pid": os.getpid(), "extents": 1, "extent_bytes": 8 << 20, "shared_extent_bytes": 8 << 20,
+         "pool": "member"},
+        {"host": 1, "pid": None, "extents": 0, "extent_bytes": 0, "shared_extent_bytes": 0, "pool": "out"}]

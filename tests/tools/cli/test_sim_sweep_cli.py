@@ -52,6 +52,9 @@ def _parse(argv):
     (["--workers", "0"], "--workers must be >= 1"),
     (["--workers", "2", "--address", "tcp://127.0.0.1:8786"], "drop it when giving --address"),
     (["--context", "0"], "--context"),
+    (["--tp", "two"], "--tp: malformed tensor parallelism 'two'"),
+    (["--cost", "roofline,measured"], "--cost: unknown cost model 'measured'"),
+    (["--models", "llama-3-70b", "--tp", "1,3"], "--tp: model llama-3-70b does not split over 3"),
 ])
 def test_cli_argument_errors(argv, needle):
     args = _parse(argv)

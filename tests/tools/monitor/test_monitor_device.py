@@ -231,3 +231,55 @@ def test_piped_monitor_without_frames_prints_until_interrupted(served: Served) -
         pytest.fail(f"monitor still running 30 s after SIGINT; its stacks:\n{err}")
     assert seen == [1, 2, 3]
     assert proc.returncode == 0 and "Traceback" not in err
+
+
+def test_monitor_shows_two_hosts_sharing_a_pool(device_name: str) -> None:
+    """Issue 25.7 end to end: a device of 2 host ports with a pool, served in this process; host 0
+    publishes a block and pins it, host 1 loads it. The firmware's page shows both hosts, the
+    kv-index extent, host 0's sealed and shared block and its pin, host 1's cross-host hit; the
+    dashboard shows the same rows."""
+    from pool_support import FP, SLOT, block_hash, payload
+
+    from driver import MemDev
+    from driver.pool import Fingerprint, KvPool
+    from tools.monitor import panels as P
+    from tools.monitor.app import dashboard_grid
+
+    fp, pid = Fingerprint(*FP), os.getpid()
+    config = DeviceConfig(name=device_name, capacity=256 * MiB, hosts=2, dc_regions=(256 * MiB,))
+    with serve(config), MemDev.open(device_name, host=0) as md0, MemDev.open(device_name, host=1) as md1:
+        md0.fm_create_pool(8 * MiB, slot_bytes=SLOT)
+        with KvPool.open(md0) as pool0, KvPool.open(md1) as pool1:
+            out = np.zeros(SLOT, np.uint8)
+            assert pool0.publish(fp, block_hash(1), payload(1)) and pool1.load(fp, block_hash(1), out)
+            pin = pool0.pin(fp, block_hash(1))
+            quota = P.fmt_bytes(pool0.info()["quota"])
+            rows = [f"│ 0 {pid} member 1 (8.0 MiB) 8.0 MiB 1 1 0 0 1 0 0 B / {quota} │",
+                    f"│ 1 {pid} member 1 (8.0 MiB) 8.0 MiB 0 0 1 1 0 0 0 B / {quota} │"]
+            source = DeviceSource(device_name)
+            try:
+                deadline = time.monotonic() + 10
+                while True:  # the firmware publishes ~10 times a second, its pool pass every 20 ms
+                    view = source.poll()
+                    text = _squeezed(P.hosts_panel(view))
+                    if all(row in text for row in rows) or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+                assert all(row in text for row in rows), text
+                assert "pool: 1/" in text and "1 sealed, 1 read across hosts" in text
+                assert rows[1] in _squeezed(dashboard_grid([view], 0, time.monotonic(), "t", 160))
+            finally:
+                source.close()
+            assert pin is not None
+            pin.release()
+
+
+def _squeezed(renderable: object) -> str:
+    """Rendered 160 columns wide, runs of spaces squeezed (as `frames` does)."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(record=True, width=160, color_system=None, file=io.StringIO())
+    console.print(renderable)
+    return "\n".join(" ".join(line.split()) for line in console.export_text().splitlines())

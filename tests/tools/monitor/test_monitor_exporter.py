@@ -21,6 +21,8 @@ from emulator.telemetry import (
     EventEntry,
     FirmwareTelemetry,
     HostTelemetry,
+    PoolHost,
+    PoolTelemetry,
     TelemetryReader,
     TelemetrySnapshot,
     TelemetryWriter,
@@ -117,6 +119,58 @@ def test_state_save_failures_exported_from_a_layout_1_2_page_only() -> None:
     assert 'cxlemu:health_status{device="a"}' in older and not [k for k in older if "state_save" in k]
 
 
+def test_hosts_and_pool_metrics_carry_a_host_label() -> None:
+    """Issue 25.7: per host port its claim and extents; with a pool, each host's state, entries,
+    hits and cross-host hits, pins, allocations and quota, and the pool's totals."""
+    rows = [PoolHost(pid=4242, pool_phase=2, extents=2, extent_bytes=4 * MiB, shared_extent_bytes=2 * MiB,
+                     sealed=5, shared=2, unshared_bytes=12288, quota_bytes=MiB, pins=3, allocations=1,
+                     pool_hits=1234, cross_hits=456, evicted=9),
+            PoolHost(pool_phase=1, pending_extents=1, quota_bytes=MiB)]
+    pool = PoolTelemetry(hosts=2, pool_hosts=2, pool_slots=480, pool_slot_bytes=65536, pool_used=6,
+                         pool_sealed=5, pool_shared=2, pool_evictions=3, pool_quota_evictions=1,
+                         pool_reaped_allocations=1, pool_cleared_pins=8, host_rows=rows, seq=2)
+    text = render_metrics([DeviceView("p", "served", snapshot=TelemetrySnapshot((1, 3), None, None, pool=pool))])
+    got = {k: v for k, v in samples(text).items() if "device_" not in k}
+    h0, h1 = 'device="p",host="0"', 'device="p",host="1"'
+    assert got == {
+        'cxlemu:host_ports{device="p"}': 2, 'cxlemu:pool_slots{device="p"}': 480,
+        'cxlemu:pool_slot_bytes{device="p"}': 65536, 'cxlemu:pool_used_slots{device="p"}': 6,
+        'cxlemu:pool_evictions_total{device="p"}': 3, 'cxlemu:pool_quota_evictions_total{device="p"}': 1,
+        'cxlemu:pool_reaped_allocations_total{device="p"}': 1, 'cxlemu:pool_cleared_pins_total{device="p"}': 8,
+        f'cxlemu:host_claimed{{{h0}}}': 1, f'cxlemu:dc_extents{{{h0}}}': 2, f'cxlemu:dc_extents_pending{{{h0}}}': 0,
+        f'cxlemu:dc_extent_bytes{{{h0}}}': 4 * MiB, f'cxlemu:dc_shared_extent_bytes{{{h0}}}': 2 * MiB,
+        f'cxlemu:pool_host_state{{{h0},state="out"}}': 0, f'cxlemu:pool_host_state{{{h0},state="joining"}}': 0,
+        f'cxlemu:pool_host_state{{{h0},state="member"}}': 1,
+        f'cxlemu:pool_sealed_entries{{{h0}}}': 5, f'cxlemu:pool_shared_entries{{{h0}}}': 2,
+        f'cxlemu:pool_hits_total{{{h0}}}': 1234, f'cxlemu:pool_cross_host_hits_total{{{h0}}}': 456,
+        f'cxlemu:pool_pins{{{h0}}}': 3, f'cxlemu:pool_allocations_in_flight{{{h0}}}': 1,
+        f'cxlemu:pool_unshared_bytes{{{h0}}}': 12288, f'cxlemu:pool_quota_bytes{{{h0}}}': MiB,
+        f'cxlemu:pool_host_evictions_total{{{h0}}}': 9,
+        f'cxlemu:host_claimed{{{h1}}}': 0, f'cxlemu:dc_extents{{{h1}}}': 0, f'cxlemu:dc_extents_pending{{{h1}}}': 1,
+        f'cxlemu:dc_extent_bytes{{{h1}}}': 0, f'cxlemu:dc_shared_extent_bytes{{{h1}}}': 0,
+        f'cxlemu:pool_host_state{{{h1},state="out"}}': 0, f'cxlemu:pool_host_state{{{h1},state="joining"}}': 1,
+        f'cxlemu:pool_host_state{{{h1},state="member"}}': 0,
+        f'cxlemu:pool_sealed_entries{{{h1}}}': 0, f'cxlemu:pool_shared_entries{{{h1}}}': 0,
+        f'cxlemu:pool_hits_total{{{h1}}}': 0, f'cxlemu:pool_cross_host_hits_total{{{h1}}}': 0,
+        f'cxlemu:pool_pins{{{h1}}}': 0, f'cxlemu:pool_allocations_in_flight{{{h1}}}': 0,
+        f'cxlemu:pool_unshared_bytes{{{h1}}}': 0, f'cxlemu:pool_quota_bytes{{{h1}}}': MiB,
+        f'cxlemu:pool_host_evictions_total{{{h1}}}': 0}
+    assert "# TYPE cxlemu:pool_cross_host_hits_total counter" in text
+    assert ("# HELP cxlemu:pool_cross_host_hits_total KV pool loads by the host of a block another host "
+            "published.") in text
+
+
+def test_pool_metrics_absent_without_a_pool_or_before_layout_1_3() -> None:
+    """No pool: the ports' claims and extents only; a page before 1.3: no host series at all."""
+    pool = PoolTelemetry(hosts=1, host_rows=[PoolHost(extents=1, extent_bytes=MiB)], seq=2)
+    snap = TelemetrySnapshot((1, 3), None, None, pool=pool)
+    got = samples(render_metrics([DeviceView("p", "served", snapshot=snap)]))
+    assert got['cxlemu:dc_extent_bytes{device="p",host="0"}'] == MiB
+    assert not [k for k in got if k.startswith("cxlemu:pool_")]
+    older = samples(render_metrics([DeviceView("p", "served", snapshot=TelemetrySnapshot((1, 2), None, None))]))
+    assert not [k for k in older if "host=" in k or "pool" in k]
+
+
 def test_latency_histogram_is_cumulative() -> None:
     link = linkstate.snapshot(bytes(linkstate.USED_BYTES))
     link.update(read_transfers=15, read_latency_ns=3000, read_hist_07=10, read_hist_08=5, read_bytes=960)
@@ -131,6 +185,18 @@ def test_latency_histogram_is_cumulative() -> None:
     assert got['cxlemu:link_latency_seconds_count{device="a",direction="read"}'] == 15
     assert got['cxlemu:link_bytes_total{device="a",direction="read"}'] == 960
 
+
+
+def test_latency_histogram_counts_only_transfers_that_recorded_a_latency() -> None:
+    """An untimed transfer counts in link_transfers_total but records no latency: counting it in
+    the histogram's +Inf bucket and _count put it past every finite bucket (a latency of infinity)
+    and dragged the mean from _sum/_count down."""
+    link = linkstate.snapshot(bytes(linkstate.USED_BYTES))
+    link.update(read_transfers=25, read_latency_ns=3000, read_hist_07=10, read_hist_08=5, read_bytes=1600)
+    got = samples(render_metrics([DeviceView("a", "served", snapshot=TelemetrySnapshot((1, 0)), link=link)]))
+    assert got['cxlemu:link_latency_seconds_bucket{device="a",direction="read",le="+Inf"}'] == 15
+    assert got['cxlemu:link_latency_seconds_count{device="a",direction="read"}'] == 15
+    assert got['cxlemu:link_transfers_total{device="a",direction="read"}'] == 25
 
 @pytest.fixture
 def loaded(device_name: str) -> Iterator[Served]:

@@ -10,6 +10,8 @@ from emulator.telemetry import (
     FirmwareTelemetry,
     HostTelemetry,
     PoisonEntry,
+    PoolHost,
+    PoolTelemetry,
     TelemetrySnapshot,
 )
 from emulator.timing import linkstate
@@ -298,3 +300,60 @@ def test_reader_notes_are_shown() -> None:
     assert render(P.notes_line(v)).strip() == (
         "no KV shim has published telemetry; host section unreadable: writer 7 stopped mid-update")
     assert "writer 7 stopped mid-update" in squeeze(render(dashboard_grid([v], 0, 0.0, "t"), width=200))
+
+
+def pool_view(pool: PoolTelemetry | None, state: str = "served") -> DeviceView:
+    return DeviceView("pool0", state, "firmware pid 100", TelemetrySnapshot((1, 3), firmware(), None, pool=pool))
+
+
+def two_hosts_and_a_pool() -> PoolTelemetry:
+    """Host 0 (pid 4242) a member holding two extents and pool entries; host 1 joining, offered one."""
+    rows = [PoolHost(pid=4242, pool_phase=2, pool_pid=4242, extents=2, extent_bytes=4 * MiB,
+                     shared_extent_bytes=2 * MiB, sealed=5, shared=2, unshared_bytes=12288, quota_bytes=MiB,
+                     pins=3, allocations=1, pool_hits=1234, cross_hits=456),
+            PoolHost(pool_phase=1, pool_pid=77, pending_extents=1, quota_bytes=MiB)]
+    return PoolTelemetry(hosts=2, pool_hosts=2, pool_slots=480, pool_slot_bytes=64 * 1024, pool_used=6,
+                         pool_sealed=5, pool_shared=2, pool_evictions=3, pool_quota_evictions=1,
+                         pool_reaped_allocations=1, pool_cleared_pins=8, host_rows=rows)
+
+
+def test_hosts_panel_rows_and_pool_totals() -> None:
+    """Issue 25.7: per host its pid and state, extents, shared bytes, sealed and shared blocks, hits
+    and cross-host hits, pins, allocations in flight and quota; then the pool's totals."""
+    lines = squeeze(render(P.hosts_panel(pool_view(two_hosts_and_a_pool())), width=150)).splitlines()
+    assert "hosts & pool (2 ports)" in lines[0] and len(lines) == 7
+    assert lines[1:2] + lines[3:6] == [
+        "│ host pid state extents shared ext sealed shared hits cross-host pins in flight unshared / quota │",
+        "│ 0 4242 member 2 (4.0 MiB) 2.0 MiB 5 2 1,234 456 3 1 12.0 KiB / 1.0 MiB │",
+        "│ 1 77 joining 0 +1 offered 0 B 0 0 0 0 0 0 0 B / 1.0 MiB │",
+        "│ pool: 6/480 slots of 64.0 KiB used (1.2%), 5 sealed, 2 read across hosts; 3 evicted (1 over quota), "
+        "1 allocations reaped, 8 pins cleared │"]
+
+
+def test_hosts_panel_without_a_pool_shows_ports_and_extents() -> None:
+    """Several ports, no pool: who claimed each port and its extents; the pool columns are absent."""
+    rows = [PoolHost(pid=31, extents=1, extent_bytes=256 * MiB), PoolHost()]
+    pool = PoolTelemetry(hosts=2, host_rows=rows)
+    text = squeeze(render(P.hosts_panel(pool_view(pool, state="gone")), width=100))
+    assert "hosts & pool (2 ports) (last seen)" in text
+    assert "│ host pid state extents shared ext │" in text
+    assert "│ 0 31 claimed 1 (256.0 MiB) 0 B │" in text and "│ 1 - free 0 0 B │" in text
+    assert "no KV pool on this device (`cxlemu pool create NAME --size SIZE` makes one)" in text
+    assert "sealed" not in text
+
+
+def test_hosts_panel_only_where_there_is_more_than_one_host_or_a_pool() -> None:
+    """One host and no pool, or a page before layout 1.3: no hosts panel on the dashboard; two
+    hosts, or one host with a pool: the panel, in both dashboards."""
+    single = PoolTelemetry(hosts=1, host_rows=[PoolHost(pid=5)])
+    one_with_pool = PoolTelemetry(hosts=1, pool_hosts=1, pool_slots=64, host_rows=[PoolHost(pool_phase=2)])
+    assert [P.pool_of(pool_view(p)) is not None for p in (None, single, one_with_pool, two_hosts_and_a_pool())] == [
+        False, False, True, True]
+    assert "hosts & pool" not in render(dashboard_grid([pool_view(single)], 0, 0.0, "t"), width=140)
+    assert "hosts & pool" not in render(dashboard_grid([view()], 0, 0.0, "t"), width=140)
+    assert "no hosts/pool section (telemetry layout before 1.3)" in squeeze(render(P.hosts_panel(view())))
+    grid = squeeze(render(dashboard_grid([pool_view(two_hosts_and_a_pool())], 0, 0.0, "t"), width=140))
+    assert "│ 0 4242 member 2 (4.0 MiB) 2.0 MiB 5 2 1,234 456 3 1 12.0 KiB / 1.0 MiB │" in grid
+    screen = squeeze(render(dashboard([pool_view(two_hosts_and_a_pool())], 0, 0.0, "t", width=150), width=150))
+    assert "│ 1 77 joining 0 +1 offered 0 B 0 0 0 0 0 0 0 B / 1.0 MiB │" in screen
+    assert "8 pins cleared" in screen

@@ -32,6 +32,15 @@ def test_sim_serve_table_shows_the_arithmetic(capsys, tmp_path):
     assert png.stat().st_size > 10_000
 
 
+def test_sim_serve_splits_llama3_70b_over_four_h100s(capsys):
+    code, out, _ = cli(capsys, "sim", "serve", "--model", "llama-3-70b", "--tp", "4", "--context", "1024",
+                       "--output-tokens", "8", "--requests", "1", "--concurrency", "2", "--offload", "none")
+    assert code == 0
+    assert "4 x h100, each: 80 GB x 0.90 = 72.0 GB - weights (1/4) 35.3 - activations 0.9 - reserve 1.1 = KV " \
+           "34.7 GB = 424,149 tokens (80 KiB of each token's KV on each" in " ".join(out.split())
+    assert "sim serve: llama-3-70b on 4 x h100" in out
+
+
 def test_sim_serve_on_a_session_trace(capsys, tmp_path):
     trace = tmp_path / "t.jsonl"
     assert cli(capsys, "trace", "gen", "sessions", "--sessions", "6", "--concurrency", "3", "--turns", "2",
@@ -54,6 +63,9 @@ def test_sim_serve_on_a_session_trace(capsys, tmp_path):
     (["--context", "100", "--output-tokens", "100"], "--output-tokens (100) must be < --context (100)"),
     (["--workload", "trace"], "--workload trace needs --trace FILE"),
     (["--workload", "trace", "--trace", "/nonexistent/t.jsonl"], "cannot read trace /nonexistent/t.jsonl"),
+    (["--model", "llama-3-70b", "--tp", "3"], "--tp: model llama-3-70b does not split over 3 accelerators"),
+    (["--tp", "0"], "must be > 0"),
+    (["--model", "llama-3-70b", "--concurrency", "1"], "llama-3-70b leaves no KV space on h100 (0.0 GB): split it"),
 ])
 def test_sim_serve_bad_arguments_are_one_line_exit_2(capsys, argv, message):
     code, out, err = cli(capsys, "sim", "serve", *argv)

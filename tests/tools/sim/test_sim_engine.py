@@ -283,7 +283,7 @@ def test_trace_round_trip_and_errors():
 
 
 def test_from_bench_matches_the_bench_clients():
-    from tools.sim.serve_workload import WorkloadConfig, clients
+    from tools.sim.workload import WorkloadConfig, clients
 
     wc = WorkloadConfig()
     scripts = from_bench(wc, 4, think_s=2.0)

@@ -7,18 +7,12 @@ import math
 
 import pytest
 
-from tools.sim.run import MODES, Point
-from tools.sim.sweep import (
-    WORKLOADS,
-    Prices,
-    SweepError,
-    _run_point,
-    cost_per_token,
-    expand,
-    run_sweep,
-    sort_key,
-    write_plots,
-)
+from tools.sim.grid import WORKLOADS, SweepError, expand, sort_key
+from tools.sim.modes import SIM_MODES as MODES
+from tools.sim.plots import write_plots
+from tools.sim.pricing import Prices, cost_per_token
+from tools.sim.run import Point
+from tools.sim.sweep import _run_point, run_sweep
 
 TINY = {"kind": "fixed", "context": 512, "output_tokens": 16, "requests": 2}
 

@@ -6,7 +6,8 @@ from dataclasses import asdict
 
 import pytest
 
-from tools.sim.serve_workload import LevelResult, RequestRecord, WorkloadConfig
+from tools.sim.metrics import LevelResult, RequestRecord
+from tools.sim.workload import WorkloadConfig
 from tools.sim import hardware as hw
 from tools.sim.engine import EngineConfig, SimEngine, TierConfig
 from tools.sim.validate import (

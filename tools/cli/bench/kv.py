@@ -8,12 +8,13 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from firmware_model.kv_codec import FORMATS
 from firmware_model.policies import ONLINE_POLICY_NAMES
 from tools.bench import kv, tier
-from tools.bench.kv import DEMAND_GOAL, RATIO_GOAL, WARMUP_STEPS, KvBenchRow, KvGoals, goals
+from tools.bench.kv import DEMAND_GOAL, RATIO_GOAL, WARMUP_STEPS, FormatRow, KvBenchRow, KvGoals, format_rows, goals
 from tools.bench.tier import TARGET_US
 from tools.cli._common import VLLM_MODULE, CliError, need_extra, print_json
-from tools.cli.bench import show
+from tools.cli.bench import kv_hot, show
 from tools.trace import bench as fwbench
 from tools.trace.bench import FwmodelBenchResult
 from tools.trace.io import load_trace
@@ -32,7 +33,8 @@ def register_kv(bench: Any) -> None:
     p.add_argument("--context", type=int, action="append", help="context tokens (repeatable; default 2048, 8192)")
     p.add_argument("--budget", type=int, action="append", help="HBM budget, %% of the KV (repeatable; default 100, 50, 25)")
     p.add_argument("--steps", type=int, default=16, help=f"decode steps (the first {WARMUP_STEPS} are not timed)")
-    p.add_argument("--block-tokens", type=int, default=256)
+    p.add_argument("--block-tokens", type=int, default=None,
+                   help="tokens per device chunk (default 256; with --attention hot 16, a page)")
     p.add_argument("--prefetch-depth", default="auto",
                    help="layers loaded ahead, 'auto' (default: the firmware model's window for the link), "
                         "or module:function (your own window function)")
@@ -40,12 +42,21 @@ def register_kv(bench: Any) -> None:
                    help="firmware policies: built-in names or module:Class (repeatable; default all online ones)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the DMA engine gets a core)")
     p.add_argument("--repeat", type=int, default=2, help="rounds over all modes; each keeps its fastest")
+    p.add_argument("--kv-format", action="append", choices=[f for f in FORMATS if f != "native"],
+                   help="also run each policy with the KV kept in this compressed format on the device "
+                        "(repeatable): link bytes per token, device bytes and step time against native")
     p.add_argument("--markdown", action="store_true", help="a markdown table (for BENCHMARKS.md)")
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
+    kv_hot.add_arguments(p)
     p.set_defaults(func=cmd_kv)
 
 
 def cmd_kv(args: Any) -> int:
+    if args.attention == "hot":
+        return kv_hot.cmd_kv_hot(args)
+    kv_hot.check_dense(args)
+    if args.block_tokens is None:
+        args.block_tokens = 256
     torch = need_extra("torch", "kv", "bench kv")
     need_extra("transformers", "kv", "bench kv")
     from emulator import presets
@@ -67,22 +78,10 @@ def cmd_kv(args: Any) -> int:
                 raise CliError(f"--prefetch-depth: {exc}") from None
     if args.repeat < 1:
         raise CliError("--repeat must be >= 1")
-    for flag, values, low in (("--layers", [args.layers], 2), ("--hidden", [args.hidden], 1),
-                              ("--heads", [args.heads], 1), ("--kv-heads", [args.kv_heads], 1),
-                              ("--context", args.context or [], 1), ("--block-tokens", [args.block_tokens], 1),
-                              ("--threads", [args.threads], 1)):
-        bad = [v for v in values if v < low]
-        if bad:
-            raise CliError(f"{flag} must be >= {low}, got {bad[0]}")
+    kv_hot.check_run(args)
     bad_budget = [b for b in args.budget or [] if not 0 < b <= 100]
     if bad_budget:
         raise CliError(f"--budget is a percentage of the KV in (0, 100], got {bad_budget[0]}")
-    if not args.time_scale > 0:
-        raise CliError(f"--time-scale must be > 0, got {args.time_scale}")
-    if args.steps <= WARMUP_STEPS:
-        raise CliError(f"--steps must be > {WARMUP_STEPS} (the warm-up steps are not timed)")
-    if args.hidden % args.heads or args.heads % args.kv_heads:
-        raise CliError("--hidden must be a multiple of --heads, and --heads of --kv-heads")
     policies = args.policy or list(ONLINE_POLICY_NAMES)
     unknown = {p for p in policies if ":" not in p} - set(ONLINE_POLICY_NAMES)
     if unknown:
@@ -105,14 +104,22 @@ def cmd_kv(args: Any) -> int:
                    contexts=args.context or [2048, 8192], budgets=args.budget or [100, 50, 25],
                    steps=args.steps, block_tokens=args.block_tokens, policies=policies, timing=timing,
                    prefetch_depth=prefetch_depth, repeat=args.repeat,
-                   progress=lambda m: status.update(f"bench kv: {m}"))
+                   progress=lambda m: status.update(f"bench kv: {m}"),
+                   kv_formats=tuple(dict.fromkeys(args.kv_format or ())))
     if args.json:
         print_json([r.to_dict() for r in rows])
     elif args.markdown:
         print(markdown(rows))
     else:
         Console(width=None if sys.stdout.isatty() else 140).print(render_kv(rows, args, timing))
-    return 0 if all(r.tokens_equal for r in rows) else 1
+    return 0 if all(r.tokens_equal for r in rows if r.kv_format == "native") else 1
+
+
+def _equal_cell(r: KvBenchRow) -> str:
+    """Native rows must equal resident's tokens; a quantized row shows how many it kept."""
+    if r.kv_format != "native":
+        return f"{r.token_agreement:.0%} (lossy)"
+    return "yes" if r.tokens_equal else "NO"
 
 
 def _goal_cells(g: KvGoals) -> list[str]:
@@ -138,18 +145,40 @@ def render_kv(rows: list[KvBenchRow], args: Any, timing: Any) -> Any:
     for r in rows:
         t.add_row(str(r.context), str(r.budget_pct), r.mode, str(r.frames), f"{r.step_ms:.2f}",
                   f"{r.tokens_per_s:.1f}", f"{r.ratio:.2f}", f"{r.hit_rate:.2f}", f"{r.gb_loaded:.3f}",
-                  f"{r.stall_ms:.2f}", "yes" if r.tokens_equal else "NO")
-    found = goals(rows)
-    if not found:
-        return t
+                  f"{r.stall_ms:.2f}", _equal_cell(r))
     from rich.console import Group
 
-    g = Table(title="goals for the best cxlemu policy in this run (budgets below 100 %)")
-    for col in _GOAL_COLUMNS:
-        g.add_column(col, justify="left" if col == "best" else "right")
-    for goal in found:
-        g.add_row(*_goal_cells(goal))
-    return Group(t, g)
+    parts: list[Any] = [t]
+    found = goals(rows)
+    if found:
+        parts.append(_side_table("goals for the best cxlemu policy in this run (budgets below 100 %)",
+                                 _GOAL_COLUMNS, "best", [_goal_cells(g) for g in found]))
+    fmts = format_rows(rows)
+    if fmts:
+        parts.append(_side_table("compressed KV on the device against native (same policy and budget)",
+                                 _FORMAT_COLUMNS, "mode", [_format_cells(r) for r in fmts]))
+    return Group(*parts)
+
+
+def _side_table(title: str, columns: tuple[str, ...], left: str, cells: list[list[str]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in columns:
+        t.add_column(col, justify="left" if col == left else "right")
+    for row in cells:
+        t.add_row(*row)
+    return t
+
+
+_FORMAT_COLUMNS = ("context", "budget %", "mode", "link KB/token", "x native", "device MB", "x native",
+                   "step ms", "x native", "tokens as resident")
+
+
+def _format_cells(r: FormatRow) -> list[str]:
+    return [str(r.context), str(r.budget_pct), r.mode, f"{r.link_kb_per_token:.1f}", f"{r.link_vs_native:.3f}",
+            f"{r.device_mb:.2f}", f"{r.device_vs_native:.3f}", f"{r.step_ms:.2f}", f"{r.step_vs_native:.2f}",
+            f"{r.token_agreement:.0%}"]
 
 
 def markdown(rows: list[KvBenchRow]) -> str:
@@ -160,11 +189,15 @@ def markdown(rows: list[KvBenchRow]) -> str:
     for r in rows:
         lines.append(f"| {r.context} | {r.budget_pct} | {r.mode} | {r.frames} | {r.step_ms:.2f} | "
                      f"{r.tokens_per_s:.1f} | {r.ratio:.2f} | {r.hit_rate:.2f} | {r.gb_loaded:.3f} | "
-                     f"{r.stall_ms:.2f} | {'yes' if r.tokens_equal else 'NO'} |")
+                     f"{r.stall_ms:.2f} | {_equal_cell(r)} |")
     found = goals(rows)
     if found:
         lines += ["", "| " + " | ".join(_GOAL_COLUMNS) + " |", "|---:|---:|---|---:|---:|---:|"]
         lines += ["| " + " | ".join(_goal_cells(g)) + " |" for g in found]
+    fmts = format_rows(rows)
+    if fmts:
+        lines += ["", "| " + " | ".join(_FORMAT_COLUMNS) + " |", "|---:|---:|---|" + "---:|" * 7]
+        lines += ["| " + " | ".join(_format_cells(r)) + " |" for r in fmts]
     return "\n".join(lines)
 
 

@@ -11,13 +11,13 @@ import time
 from typing import Any
 
 from tools.bench import serve, sim
-from tools.bench.serve import MODES, MiB
+from tools.bench.serve import MODES, Check, MiB
 from tools.bench.sim import TARGET_S
 from tools.cli._common import VLLM_MODULE, CliError, need_extra, print_json
 from tools.sim import hardware as hw
-from tools.sim.run import MODES as SIM_MODES
-from tools.sim.run import ConcurrencyError, Point, parse_modes
-from tools.sim.serve_workload import MAX_CONCURRENCY_KEY, Check
+from tools.sim.metrics import MAX_CONCURRENCY_KEY
+from tools.sim.modes import SIM_MODES, parse_modes
+from tools.sim.run import ConcurrencyError, Point
 
 
 def register_serve(bench: Any) -> None:
