@@ -31,23 +31,25 @@ ALL_RESIDENT = 1 << 30  # an HBM budget above the yardstick's KV: dense attentio
 @dataclass(frozen=True)
 class Mode:
     """One ``CxlCache`` configuration: the keywords it adds (``page_budget`` filled in when
-    ``budgeted``), the keyword that must exist, and whether the KV must live on the device (the
-    HBM budget at its minimum: a format applied on the device side changes only what crosses)."""
+    ``budgeted``) and the keywords that must exist."""
 
     name: str
     kwargs: dict[str, Any] = field(default_factory=dict)
-    needs: str | None = None
+    needs: tuple[str, ...] = ()
     budgeted: bool = False
     kv_format: str = "native"
-    on_device: bool = False
 
 
+# The quantized formats read every page back from the device through hot attention at
+# page_budget 1.0: the dense engine keeps all layers resident at its minimum HBM budget (two
+# layers: the whole yardstick), so it would move, and quantize, no byte at all.
+_FORMAT = ("kv_format", "attention")
 MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("dense"),
-    Mode("hot", {"attention": "hot"}, needs="attention", budgeted=True),
-    Mode("h2o", {"attention": "h2o"}, needs="attention", budgeted=True),
-    Mode("int8", {"kv_format": "int8"}, needs="kv_format", kv_format="int8", on_device=True),
-    Mode("int4", {"kv_format": "int4"}, needs="kv_format", kv_format="int4", on_device=True),
+    Mode("hot", {"attention": "hot"}, needs=("attention",), budgeted=True),
+    Mode("h2o", {"attention": "h2o"}, needs=("attention",), budgeted=True),
+    Mode("int8", {"kv_format": "int8", "attention": "hot", "page_budget": 1.0}, needs=_FORMAT, kv_format="int8"),
+    Mode("int4", {"kv_format": "int4", "attention": "hot", "page_budget": 1.0}, needs=_FORMAT, kv_format="int4"),
 )}
 
 #: goals against dense: (mode, accuracy ratio floor or None, perplexity ratio ceiling)
@@ -67,9 +69,10 @@ def check_modes(names: list[str]) -> None:
         mode = MODES.get(name)
         if mode is None:
             raise CliError(f"unknown mode {name!r}: choose from {', '.join(MODES)}")
-        if mode.needs is not None and mode.needs not in params:
-            raise ModeUnavailable(f"mode {name!r} needs CxlCache({mode.needs}=...), which this checkout's "
-                                  f"driver.kv lacks (issue 26 item {2 if mode.needs == 'attention' else 3})")
+        for keyword in mode.needs:
+            if keyword not in params:
+                raise ModeUnavailable(f"mode {name!r} needs CxlCache({keyword}=...), which this checkout's "
+                                      f"driver.kv lacks (issue 26 item {2 if keyword == 'attention' else 3})")
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class QualityRow:
     recall_acc: float
     perplexity: float
     agreement: float  # scored argmax equal to DynamicCache's
+    mb_loaded: float  # KV bytes read from the device per document (as moved: encoded when quantized)
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,32 +94,28 @@ class QualityRow:
 
 
 def _cache(mode: Mode, model: Any, device: str, context: int, page_budget: float) -> Any:
-    from driver.kv import KVLayout
     from driver.kv.cache import CxlCache
 
-    cfg = model.config
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
-    budget = ALL_RESIDENT
-    if mode.on_device:
-        budget = KVLayout(batch=1, kv_heads=cfg.num_key_value_heads, head_dim=head_dim, itemsize=4,
-                          block_tokens=16).min_budget(context)
     kw = dict(mode.kwargs) | ({"page_budget": page_budget} if mode.budgeted else {})
-    if mode.needs == "attention":
+    if "attention" in kw:
         kw["model"] = model  # hot / h2o route the model's attention through driver.kv
-    return CxlCache(budget, device=device, max_seq_len=context, prefix_sharing=False, **kw)
+    return CxlCache(ALL_RESIDENT, device=device, max_seq_len=context, **kw)
 
 
-def _run_mode(model: Any, docs: list, cache_for: Any) -> list[DocScore]:
-    out = []
+def _run_mode(model: Any, docs: list, cache_for: Any) -> tuple[list[DocScore], int]:
+    """Each document through a fresh cache; the scores and the KV bytes read from the device."""
+    out, loaded = [], 0
     for doc in docs:
         cache = cache_for()
         try:
             out.append(score(model, doc, cache))
+            stats = cache.stats() if hasattr(cache, "stats") else {}
+            loaded += stats.get("link_bytes_loaded", stats.get("bytes_loaded", 0))
         finally:
             close = getattr(cache, "close", None)
             if close is not None:
                 close()
-    return out
+    return out, loaded
 
 
 def run(model: Any, *, contexts: list[int], examples: int, modes: list[str], page_budget: float,
@@ -132,18 +132,19 @@ def run(model: Any, *, contexts: list[int], examples: int, modes: list[str], pag
             docs = [make_document(ctx, EVAL_SEED + i) for i in range(examples)]
             if progress:
                 progress(f"context {ctx}: DynamicCache")
-            ref = _run_mode(model, docs, DynamicCache)
+            ref, _ = _run_mode(model, docs, DynamicCache)
             for name in modes:
                 if progress:
                     progress(f"context {ctx}: {name}")
                 mode = MODES[name]
                 t0 = time.perf_counter()
-                scores = _run_mode(model, docs, lambda m=mode: _cache(m, model, dev.name, ctx, page_budget))
+                scores, loaded = _run_mode(model, docs, lambda m=mode: _cache(m, model, dev.name, ctx, page_budget))
                 tot = totals(scores)
                 same = sum(a == b for s, r in zip(scores, ref) for a, b in zip(s.argmax, r.argmax))
                 rows.append(QualityRow(name, page_budget if mode.budgeted else 1.0, mode.kv_format, ctx,
                                        tot.examples, tot.needle_acc, tot.recall_acc, tot.perplexity,
-                                       same / sum(len(r.argmax) for r in ref), time.perf_counter() - t0))
+                                       same / sum(len(r.argmax) for r in ref), loaded / len(docs) / 1e6,
+                                       time.perf_counter() - t0))
     return rows
 
 

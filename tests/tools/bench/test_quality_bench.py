@@ -27,7 +27,7 @@ def test_bad_flags_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv
 def test_a_mode_whose_keyword_cxlcache_lacks_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """The keyword is looked up in CxlCache's signature: a mode needing one it lacks is an error."""
     pytest.importorskip("transformers")
-    monkeypatch.setitem(MODES, "zip", Mode("zip", {"kv_format": "zip"}, needs="no_such_keyword"))
+    monkeypatch.setitem(MODES, "zip", Mode("zip", {"kv_format": "zip"}, needs=("kv_format", "no_such_keyword")))
     with pytest.raises(ModeUnavailable, match=r"mode 'zip' needs CxlCache\(no_such_keyword=\.\.\.\)"):
         check_modes(["dense", "zip"])
     check_modes(["dense"])
@@ -35,16 +35,18 @@ def test_a_mode_whose_keyword_cxlcache_lacks_is_refused(monkeypatch: pytest.Monk
 
 def test_the_modes_each_name_their_cxlcache_keywords() -> None:
     assert {n: (m.kwargs, m.needs, m.budgeted, m.kv_format) for n, m in MODES.items()} == {
-        "dense": ({}, None, False, "native"),
-        "hot": ({"attention": "hot"}, "attention", True, "native"),
-        "h2o": ({"attention": "h2o"}, "attention", True, "native"),
-        "int8": ({"kv_format": "int8"}, "kv_format", False, "int8"),
-        "int4": ({"kv_format": "int4"}, "kv_format", False, "int4"),
+        "dense": ({}, (), False, "native"),
+        "hot": ({"attention": "hot"}, ("attention",), True, "native"),
+        "h2o": ({"attention": "h2o"}, ("attention",), True, "native"),
+        "int8": ({"kv_format": "int8", "attention": "hot", "page_budget": 1.0}, ("kv_format", "attention"), False,
+                 "int8"),
+        "int4": ({"kv_format": "int4", "attention": "hot", "page_budget": 1.0}, ("kv_format", "attention"), False,
+                 "int4"),
     }
 
 
 def _row(mode: str, needle: float, recall: float, ppl: float, context: int = 2048) -> QualityRow:
-    return QualityRow(mode, 0.1, "native", context, 8, needle, recall, ppl, 1.0, 1.0)
+    return QualityRow(mode, 0.1, "native", context, 8, needle, recall, ppl, 1.0, 0.0, 1.0)
 
 
 def test_goals_against_dense() -> None:

@@ -71,12 +71,13 @@ def cmd_quality(args: Any) -> int:
 
 
 _COLUMNS = ("mode", "page budget", "kv format", "context", "examples", "needle acc", "recall acc", "perplexity",
-            "agrees with DynamicCache", "s")
+            "agrees with DynamicCache", "MB read / doc", "s")
 
 
 def _cells(r: Any) -> list[str]:
     return [r.mode, f"{r.page_budget:g}", r.kv_format, str(r.context), str(r.examples), f"{r.needle_acc:.3f}",
-            f"{r.recall_acc:.3f}", f"{r.perplexity:.4f}", f"{r.agreement:.3f}", f"{r.seconds:.0f}"]
+            f"{r.recall_acc:.3f}", f"{r.perplexity:.4f}", f"{r.agreement:.3f}", f"{r.mb_loaded:.2f}",
+            f"{r.seconds:.0f}"]
 
 
 def _goal_cells(g: Any) -> list[str]:
