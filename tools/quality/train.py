@@ -58,18 +58,18 @@ class TrainSpec:
     """What one training run does; the same spec gives the same weights (same machine, threads)."""
 
     seed: int = 0
-    steps: int = 1400
-    short_steps: int = 700  # curriculum: short contexts of small phrase books first
+    steps: int = 2400
+    short_steps: int = 1800  # curriculum: short contexts of small phrase books first
     short_contexts: tuple[int, ...] = (256,)
     short_batch_tokens: int = 1024
     early_phrases: tuple[int, ...] = (2, 4)
     long_contexts: tuple[int, ...] = (512, 1024, 2048)
-    tokens_per_pair: int = 32  # a short document's recall pairs: one per this many tokens
+    tokens_per_pair: int = 16  # a short document's recall pairs: one per this many tokens
     batch_tokens: int = 2048
     position_span: int = 10240  # PoSE: relative distances trained up to this
     pose_share: float = 0.5
-    answer_weight: float = 5.0  # the few answer tokens' loss weight against a filler token's 1
-    lr: float = 3e-3
+    answer_weight: float = 20.0  # the few answer tokens' loss weight against a filler token's 1
+    lr: float = 1e-3
     warmup: int = 30
     threads: int = 1
 
