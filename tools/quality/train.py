@@ -1,6 +1,6 @@
-"""Train the yardstick: a small Llama that has learned to attend to far tokens (``tasks``).
+"""Train the yardstick: a small Llama trained to attend to far tokens (``tasks``; what it learned: BENCHMARKS.md).
 
-    python -m tools.cli.main quality train            # rebuilds tools/quality/data/ (~15 min, 2 cores)
+    python -m tools.cli.main quality train   # rebuilds tools/quality/data/ (260 CPU-s, 1 thread)
 
 Deterministic: one seed for the weights and the data, ``torch.use_deterministic_algorithms``,
 a fixed number of threads (the weights' bytes are reproducible on one machine and torch build;
