@@ -152,22 +152,26 @@ def run(model: Any, *, contexts: list[int], examples: int, modes: list[str], pag
 class QualityGoal:
     mode: str
     context: int
-    needle_ratio: float
+    needle_ratio: float  # NaN: dense answered none, so the ratio is unmeasured
     recall_ratio: float
     ppl_ratio: float
     met: bool
 
 
+def _ratio(ours: float, dense: float) -> float:
+    return ours / dense if dense else float("nan")
+
+
 def goals(rows: list[QualityRow]) -> list[QualityGoal]:
-    """Each goal mode's row against dense's at the same context (pure)."""
+    """Each goal mode's row against dense's at the same context (pure). An accuracy goal is met
+    only when measured: where dense answers nothing its ratio is NaN and the goal not met."""
     dense = {r.context: r for r in rows if r.mode == "dense"}
     out = []
     for r in rows:
         if r.mode not in GOALS or r.context not in dense:
             continue
         d, (acc_floor, ppl_ceiling) = dense[r.context], GOALS[r.mode]
-        needle = r.needle_acc / d.needle_acc if d.needle_acc else float(r.needle_acc >= d.needle_acc)
-        recall = r.recall_acc / d.recall_acc if d.recall_acc else float(r.recall_acc >= d.recall_acc)
+        needle, recall = _ratio(r.needle_acc, d.needle_acc), _ratio(r.recall_acc, d.recall_acc)
         ppl = r.perplexity / d.perplexity
         met = ppl <= ppl_ceiling and (acc_floor is None or (needle >= acc_floor and recall >= acc_floor))
         out.append(QualityGoal(r.mode, r.context, needle, recall, ppl, met))

@@ -60,6 +60,16 @@ def test_goals_against_dense() -> None:
     assert quality.GOALS["hot"] == (0.99, 1.01)
 
 
+def test_an_accuracy_goal_is_not_met_where_dense_answers_nothing() -> None:
+    """0 / 0 is unmeasured (NaN), not "as good as dense"; a perplexity-only goal still counts."""
+    import math
+
+    rows = [_row("dense", 0.0, 0.5, 2.0), _row("hot", 0.0, 0.5, 2.0), _row("int4", 0.0, 0.0, 2.0)]
+    found = {g.mode: g for g in goals(rows)}
+    assert math.isnan(found["hot"].needle_ratio) and not found["hot"].met
+    assert math.isnan(found["int4"].needle_ratio) and found["int4"].met
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--steps", "0"], "--steps must be >= 1, got 0"),
     (["--check", "--out", "x"], "give --check or --out, not both"),
