@@ -2,8 +2,9 @@
 fabric-manager requests (vendor opcodes C000h-C002h, sent in-band on a port's mailbox).
 
     cfg = md.get_dc_config()                     # regions, extent and tag counts
-    offer = md.dc_events()                       # Add Capacity records, read and cleared
-    md.accept([(e.start_dpa, e.length) for e in offer])   # Add DC Response; [] declines
+    for offer in md.dc_offers():                 # closed More chains, judged by Linux's rules
+        md.accept_offer(offer)                   # Add DC Response: its extents, or [] (declined)
+    md.accept([(dpa, length)])                   # Add DC Response by hand; [] declines
     md.get_dc_extents()                          # this port's accepted extents
     md.release([(dpa, length)])                  # Release DC: access ends before it returns
 
@@ -16,28 +17,12 @@ Bad arguments raise ValueError before the device sees them; device refusals Mail
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from driver._cmd_base import CommandMixin
 from driver._cmd_events import EventRecord
+from driver._dc_rules import DcChain, DcChainOpen, DcExtent, DcOffer, offers_of
 from emulator.spec import payloads_dcd as D
 from emulator.spec.opcodes import Opcode
-
-
-@dataclass(frozen=True)
-class DcExtent:
-    """An extent as the device lists it; ``pending``/``host`` only in the fabric manager's list."""
-
-    start_dpa: int
-    length: int
-    tag: bytes = bytes(D.DC_TAG_LEN)
-    shared_seq: int = 0
-    host: int | None = None
-    pending: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        out = {"start_dpa": self.start_dpa, "length": self.length, "tag": self.tag.hex(), "shared_seq": self.shared_seq}
-        return out if self.host is None else {"host": self.host, "pending": self.pending, **out}
 
 
 @dataclass(frozen=True)
@@ -117,8 +102,19 @@ class DcdCommands(CommandMixin):
 
     def accept(self, extents: list[tuple[int, int]]) -> None:
         """Add DC Response: accept these (start_dpa, length) of the pending offer; [] declines it.
-        The access bits are set when this returns."""
+        The access bits are set when this returns. ``DcChainOpen`` while the offer's More chain
+        has not closed in what ``dc_events`` read (Linux answers a chain only once it closes)."""
+        if self.dc_chain.is_open:
+            raise DcChainOpen(f"{len(self.dc_chain.held)} Add Capacity records read so far end with More set: "
+                              "read dc_events() until the chain closes, then answer the offer")
         self._dc_list(Opcode.ADD_DC_RESPONSE, extents)
+
+    def accept_offer(self, offer: DcOffer) -> list[tuple[int, int]]:
+        """Answer a surfaced offer as Linux does: its extents (in their order) when the host's
+        rules take it, else an empty Add DC Response, which declines it. Returns what was accepted."""
+        taken = [] if offer.refused else offer.ranges
+        self.accept(taken)
+        return taken
 
     def release(self, extents: list[tuple[int, int]]) -> None:
         """Release DC: give back accepted capacity; the next transfer there fails (NoExtent)."""
@@ -126,10 +122,32 @@ class DcdCommands(CommandMixin):
             raise ValueError("release needs at least one extent")
         self._dc_list(Opcode.RELEASE_DC, extents)
 
+    @property
+    def dc_chain(self) -> DcChain:
+        """The Add Capacity records read but held: their More chain has not closed yet."""
+        chain = self.__dict__.get("_dc_chain")
+        if chain is None:
+            chain = self.__dict__["_dc_chain"] = DcChain()
+        return chain
+
     def dc_events(self) -> list[EventRecord]:
-        """The DC event log's records, read and cleared (oldest first)."""
+        """The DC event log's records, read and cleared (oldest first); Add Capacity records
+        surface only once their More chain closes, the whole chain at once (Linux v11)."""
         records, _ = self.drain_events("dcd")  # type: ignore[attr-defined]
-        return records
+        return self.dc_chain.feed(records)
+
+    def dc_offers(self, records: list[EventRecord] | None = None) -> list[DcOffer]:
+        """The closed Add Capacity chains of ``records`` (default: ``dc_events()``, so other
+        records read there are dropped) as offers, each judged by Linux's rules
+        (driver/_dc_rules.py) against the tags this port holds per region."""
+        records = self.dc_events() if records is None else records
+        bases = D.region_bases(self.config.capacity, self.config.dc_regions)
+        held: dict[int, set[bytes]] = {}
+        for e in self.get_dc_extents().extents:
+            region = max(i for i, base in enumerate(bases) if base <= e.start_dpa)
+            if e.tag != bytes(D.DC_TAG_LEN):
+                held.setdefault(region, set()).add(e.tag)
+        return offers_of(records, held)
 
     # the fabric manager ------------------------------------------------------------------------
     def _fm(self, opcode: int, host: int, region: int, extents: list[tuple[int, int]], tag: bytes | str | None,
@@ -165,12 +183,16 @@ class DcdCommands(CommandMixin):
                 for r in rows]
 
     def fm_create_pool(self, size: int, *, hosts: list[int] | None = None, region: int = 0, offset: int = 0,
-                       slot_bytes: int = 256 << 10, quota: int = 0) -> int:
+                       slot_bytes: int = 256 << 10, quota: int = 0, policy: str = "lru") -> int:
         """Create the shared KV pool (vendor C003h): an extent of ``size`` bytes at ``offset`` into
         ``region``, tagged kv-index, offered to ``hosts`` (default all) and formatted with slots of
-        ``slot_bytes`` and a per-host ``quota`` of unshared bytes (0: the data area / hosts). Each
+        ``slot_bytes``, a per-host ``quota`` of unshared bytes (0: the data area / hosts) and the
+        eviction ``policy`` the firmware runs (an online ``firmware_model.policies`` name or
+        ``package.module:Class``, importable by the serving process too; kept with the pool). Each
         host accepts it when it opens the pool (``driver.pool.KvPool.open``). Returns its DPA."""
-        from firmware_model.kv_index import MAX_HOSTS
+        from firmware_model.kv_index import MAX_HOSTS, check_policy
+
+        check_policy(policy)
 
         hosts = list(range(self.config.hosts)) if hosts is None else hosts
         if self.config.hosts > MAX_HOSTS:
@@ -185,5 +207,5 @@ class DcdCommands(CommandMixin):
             raise ValueError(f"slot bytes must be a positive multiple of 64, got {slot_bytes}")
         self.call(Opcode.FM_CREATE_KV_POOL, D.FM_KV_POOL.pack(
             region=region, hosts=sum(1 << h for h in hosts), offset=offset, len=length, slot_bytes=slot_bytes,
-            quota=quota))
+            quota=quota) + policy.encode())
         return dpa

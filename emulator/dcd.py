@@ -115,6 +115,8 @@ class DcState:
         if not ranges:
             port.pending = []
             return RetCode.SUCCESS
+        if len(port.accepted) + len(ranges) > DC_MAX_EXTENTS:
+            return RetCode.RESOURCES_EXHAUSTED  # QEMU checks this first, before the list itself
         bad = self.check_list(ranges)
         if bad is not None:
             return bad
@@ -124,8 +126,6 @@ class DcState:
             if offer is None or any(_overlap(dpa, dpa + length, e.start_dpa, e.end) for e in port.accepted):
                 return RetCode.INVALID_PHYSICAL_ADDRESS  # QEMU: not offered, or already held
             taken.append(Extent(dpa, length, offer.tag, offer.shared_seq))
-        if len(port.accepted) + len(taken) > DC_MAX_EXTENTS:
-            return RetCode.RESOURCES_EXHAUSTED
         for e in taken:
             self._set_bits(host, e.start_dpa, e.length, 1)
         port.accepted = sorted(port.accepted + taken, key=lambda e: e.start_dpa)
@@ -144,16 +144,23 @@ class DcState:
         for dpa, length in ranges:
             if self.held(port.accepted, dpa, length) < length:
                 return RetCode.INVALID_PHYSICAL_ADDRESS  # QEMU: not (wholly) accepted
-        self.revoke(host, ranges)
-        return RetCode.SUCCESS
+        return self.revoke(host, ranges)
 
-    def revoke(self, host: int, ranges: list[tuple[int, int]]) -> None:
-        """Drop ``ranges`` from the port's accepted extents, its bits cleared first."""
+    def revoke(self, host: int, ranges: list[tuple[int, int]]) -> RetCode:
+        """Drop ``ranges`` from the port's accepted extents, its bits cleared first. Resources
+        Exhausted, and nothing changed, when cutting them out would split extents past
+        ``DC_MAX_EXTENTS`` (QEMU's release dry run: a range inside an extent leaves two)."""
         port = self.ports[host]
+        after = port.accepted
+        for dpa, length in ranges:
+            after = _cut(after, dpa, dpa + length)
+        if len(after) > DC_MAX_EXTENTS:
+            return RetCode.RESOURCES_EXHAUSTED
         for dpa, length in ranges:
             self._set_bits(host, dpa, length, 0)
-            port.accepted = _cut(port.accepted, dpa, dpa + length)
+        port.accepted = after
         port.generation += 1
+        return RetCode.SUCCESS
 
     @staticmethod
     def held(extents: list[Extent], dpa: int, length: int) -> int:
@@ -164,6 +171,8 @@ class DcState:
         """Queue an offer for ``host``: Invalid Input while one is pending; an untagged extent must
         not touch any port's extents, a tagged one only those of its tag (shared capacity)."""
         port = self.ports[host]
+        if len(port.accepted) + len(extents) > DC_MAX_EXTENTS:
+            return RetCode.RESOURCES_EXHAUSTED  # QEMU's FM Initiate DC Add checks this first
         if port.pending:
             return RetCode.INVALID_INPUT
         for e in extents:
@@ -172,8 +181,6 @@ class DcState:
                     if _overlap(e.start_dpa, e.end, held.start_dpa, held.end) and (
                             e.tag == NO_TAG or held.tag != e.tag or p is port):
                         return RetCode.INVALID_PHYSICAL_ADDRESS
-        if len(port.accepted) + len(extents) > DC_MAX_EXTENTS:
-            return RetCode.RESOURCES_EXHAUSTED
         port.pending = list(extents)
         return RetCode.SUCCESS
 

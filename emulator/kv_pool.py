@@ -85,13 +85,15 @@ class KvPoolService:
         return any(e.tag == INDEX_TAG and e.start_dpa <= self.extent[0] < e.end
                    for e in self.fw.dcd.ports[host].accepted)
 
-    def create(self, dpa: int, length: int, slot_bytes: int, quota: int) -> None:
-        """Format an empty index over [dpa, dpa + length) of the media (ValueError if it cannot hold one)."""
+    def create(self, dpa: int, length: int, slot_bytes: int, quota: int, policy: str = POLICY) -> None:
+        """Format an empty index over [dpa, dpa + length) of the media, evicted by ``policy`` (kept
+        in its header, so a restarted firmware evicts by it too); ValueError if it cannot hold one."""
         self.detach()
         view = self.fw.media[dpa:dpa + length]
         cas = WordCas(view)
         try:
-            K.KvIndex.format(view, cas, base_dpa=dpa, slot_bytes=slot_bytes, hosts=len(self.fw.ports), quota=quota)
+            K.KvIndex.format(view, cas, base_dpa=dpa, slot_bytes=slot_bytes, hosts=len(self.fw.ports), quota=quota,
+                             policy=policy)
         finally:
             cas.release()
 
@@ -183,7 +185,7 @@ class KvPoolService:
     def _sync_policy(self, idx: K.KvIndex, cols: np.ndarray) -> EvictionPolicy:
         """The policy told of every row whose state or last use changed since the last pass."""
         if self._policy is None or self._prev is None:
-            self._policy = make_policy(POLICY, idx.slots)
+            self._policy = self._make_policy(idx)
             self._prev = np.zeros_like(cols)
             self._resident = {}
         policy = self._policy
@@ -204,6 +206,21 @@ class KvPoolService:
                 policy.touch(_pkey(s, word), self._passes)
         self._prev = cols
         return policy
+
+    @staticmethod
+    def _make_policy(idx: K.KvIndex) -> EvictionPolicy:
+        """The policy the index names (an index of before the field: ``POLICY``). One that no longer
+        imports here (a firmware restarted without its module on the path) falls back to ``POLICY``:
+        the pool goes on evicting rather than filling up."""
+        try:
+            return make_policy(idx.policy or POLICY, idx.slots)
+        except (ValueError, TypeError):
+            return make_policy(POLICY, idx.slots)
+
+    @property
+    def policy(self) -> EvictionPolicy | None:
+        """The eviction policy in use (built at the first pass over an index), or None."""
+        return self._policy
 
     def evict(self, idx: K.KvIndex) -> None:
         tw = idx.table_words

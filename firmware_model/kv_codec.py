@@ -6,10 +6,12 @@ vLLM CPU block). A piece is encoded into a fixed number of bytes, so an encoded 
 size whatever it holds. Elements come in as ``f16``, ``bf16`` or ``f32`` and are decoded into
 the same element type. All multi-byte fields are little-endian.
 
-``int8`` -- symmetric, one fp16 scale per token (per token of one head: ``head_dim`` values)::
+``int8`` -- symmetric, one fp16 scale per token (per token of one head: ``head_dim`` values),
+one record per token, so the first v tokens of a piece are its first ``v * (2 + head_dim)`` bytes
+(a partial block moves only its valid tokens: :meth:`PieceCodec.prefix_bytes`)::
 
-    scale  f16[tokens]              s_t = fp16(max_c |x[t, c]| / 127)
-    codes  i8 [tokens, head_dim]    q = clip(rint(x / s_t), -127, 127);  x' = q * s_t
+    record[tokens]:  f16 scale     s_t = fp16(max_c |x[t, c]| / 127)
+                     i8  code[head_dim]    q = clip(rint(x / s_t), -127, 127);  x' = q * s_t
 
   Per token rather than per channel: a token's codes depend on that token alone, so the bytes
   past the valid tokens of a partly filled block (stale frame memory the shim writes whole)
@@ -138,6 +140,15 @@ class PieceCodec:
             return _HEADER + 4 * self._meta + t * d // 2
         return self.native_bytes
 
+    def prefix_bytes(self, valid: int) -> int | None:
+        """Encoded bytes holding the first ``valid`` tokens alone, where the format has such a
+        prefix (int8's per-token records, native); None for int4 (a key block is one group)."""
+        if self.fmt == "int8":
+            return valid * (2 + self.head_dim)
+        if self.fmt == "native":
+            return valid * self.native_bytes // self.tokens
+        return None
+
     # ------------------------------------------------------------------ bytes in, bytes out
     def encode(self, raw: np.ndarray, values: np.ndarray, valid: int | None = None) -> np.ndarray:
         """``raw`` (n, native_bytes) uint8 pieces -> (n, encoded_bytes) uint8. ``values[i]``:
@@ -159,6 +170,16 @@ class PieceCodec:
         words = encode_elements(x.reshape(n, -1), self.elem)
         return words.view(np.uint8).reshape(n, self.native_bytes)
 
+    def decode_into(self, enc: np.ndarray, out: np.ndarray) -> None:
+        """:meth:`decode` straight into ``out``, (n, native_bytes) uint8 (a load's destination):
+        f32 and f16 elements are written by the dequantizing arithmetic itself, no copy."""
+        n = enc.shape[0]
+        if self.elem == "bf16" or self.fmt == "native":
+            out[:] = self.decode(enc)
+            return
+        view = out.view(np.float32 if self.elem == "f32" else np.float16).reshape(n, self.tokens, self.head_dim)
+        self.dequantize(enc, out=view)
+
     # ------------------------------------------------------------------ values in, values out
     def quantize(self, x: np.ndarray, values: np.ndarray, valid: int | None = None) -> np.ndarray:
         """float32 (n, tokens, head_dim) -> (n, encoded_bytes) uint8."""
@@ -169,18 +190,23 @@ class PieceCodec:
                 return self._q8(x)
             return self._q4(x, values, self.tokens if valid is None else valid)
 
-    def dequantize(self, enc: np.ndarray) -> np.ndarray:
-        """(n, encoded_bytes) uint8 -> float32 (n, tokens, head_dim)."""
+    def dequantize(self, enc: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """(n, encoded_bytes) uint8 -> float32 (n, tokens, head_dim), or into ``out`` (float32
+        or float16 of that shape)."""
         enc = np.ascontiguousarray(enc)
         n, t, d = enc.shape[0], self.tokens, self.head_dim
-        if self.fmt == "native":
-            return decode_elements(enc, self.elem).reshape(n, t, d)
+        if out is None:
+            out = np.empty((n, t, d), np.float32)
         with np.errstate(invalid="ignore", over="ignore"):  # a NaN scale: garbage past the valid tokens
-            if self.fmt == "int8":
-                s = enc[:, :2 * t].view(np.float16).astype(np.float32)
-                q = enc[:, 2 * t:].view(np.int8).reshape(n, t, d).astype(np.float32)
-                return q * s[:, :, None]
-            return self._dq4(enc)
+            if self.fmt == "native":
+                out[...] = decode_elements(enc, self.elem).reshape(n, t, d)
+            elif self.fmt == "int8":
+                rec = enc.reshape(n, t, 2 + d)
+                s = rec[:, :, :2].copy().view(np.float16).astype(np.float32)  # (n, t, 1)
+                np.multiply(rec[:, :, 2:].view(np.int8), s, out=out, casting="unsafe")  # int8 -> float32 in the loop
+            else:
+                self._dq4(enc, out)
+        return out
 
     def _q8(self, x: np.ndarray) -> np.ndarray:
         n, t, d = x.shape
@@ -193,10 +219,10 @@ class PieceCodec:
         s = s16.astype(np.float32)
         q = np.clip(np.rint(x / _safe(s)[:, :, None]), -127, 127)
         q[np.isnan(q)] = 0
-        out = np.empty((n, self.encoded_bytes), np.uint8)
-        out[:, :2 * t] = s16.view(np.uint8).reshape(n, 2 * t)
-        out[:, 2 * t:] = q.astype(np.int8).view(np.uint8).reshape(n, t * d)
-        return out
+        out = np.empty((n, t, 2 + d), np.uint8)
+        out[:, :, :2] = s16.view(np.uint8).reshape(n, t, 2)
+        out[:, :, 2:] = q.astype(np.int8).view(np.uint8)
+        return out.reshape(n, self.encoded_bytes)
 
     def _groups(self, x: np.ndarray, per_channel: bool) -> np.ndarray:
         """x (n, t, d) as (n, groups, group size): a channel's tokens, or G channels of a token."""
@@ -218,7 +244,9 @@ class PieceCodec:
                 continue
             g = self._groups(x[sel], mode)
             z = _f16_down(np.min(g, axis=2))
-            s = _f16_up((np.minimum(np.max(g, axis=2), _F16_MAX) - z) / np.float32(15))
+            span = np.minimum(np.max(g, axis=2), _F16_MAX) - z
+            s = _f16_up(span / np.float32(15))
+            s[(s == 0) & (span > 0)] = np.float32(2.0 ** -24)  # span / 15 underflowed: fp16's least step
             codes = np.clip(np.rint((g - z[:, :, None]) / _safe(s)[:, :, None]), 0, 15)
             codes[np.isnan(codes)] = 0
             codes = codes.astype(np.uint8)
@@ -233,7 +261,7 @@ class PieceCodec:
         out[:, _HEADER + 4 * m:] = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).reshape(n, t * d // 2)
         return out
 
-    def _dq4(self, enc: np.ndarray) -> np.ndarray:
+    def _dq4(self, enc: np.ndarray, out: np.ndarray) -> None:
         n, t, d, m = enc.shape[0], self.tokens, self.head_dim, self._meta
         per_channel = enc[:, :_HEADER].view(np.uint16)[:, 1].astype(bool)
         s = enc[:, _HEADER:_HEADER + 2 * m].view(np.float16).astype(np.float32)
@@ -241,13 +269,17 @@ class PieceCodec:
         packed = enc[:, _HEADER + 4 * m:].reshape(n, t, d // 2)
         q = np.empty((n, t, d), np.float32)
         q[:, :, 0::2], q[:, :, 1::2] = packed & 0x0F, packed >> 4
-        out = np.empty((n, t, d), np.float32)
-        if per_channel.any():
+        k = t * d // self.group
+        if per_channel.all():  # a layer of full key blocks: one pass, no gather
+            np.multiply(q, s[:, None, :d], out=q)
+            np.add(q, z[:, None, :d], out=out, casting="unsafe")
+        elif not per_channel.any():  # values, or partial key blocks
+            g = q.reshape(n, k, self.group)
+            np.multiply(g, s[:, :k, None], out=g)
+            np.add(g, z[:, :k, None], out=out.reshape(n, k, self.group), casting="unsafe")
+        else:
             i = np.flatnonzero(per_channel)
             out[i] = z[i, None, :d] + q[i] * s[i, None, :d]
-        if not per_channel.all():
             i = np.flatnonzero(~per_channel)
-            k = t * d // self.group
             g = q[i].reshape(i.size, k, self.group)
             out[i] = (z[i, :k, None] + g * s[i, :k, None]).reshape(i.size, t, d)
-        return out

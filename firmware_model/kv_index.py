@@ -38,7 +38,7 @@ import numpy as np
 
 __all__ = ["ALLOC", "ENTRY", "ENTRY_BYTES", "EVICTING", "FREE", "Fingerprint", "HEADER", "HEADER_BYTES", "HOST",
            "INDEX_TAG", "KEY_BYTES", "KvIndex", "LIVE", "MAX_HOSTS", "SEALED", "TOMB", "Cas", "IDLE", "JOINING",
-           "IndexFormatError", "checksum", "entry_word", "host_word", "kind_of", "layout_slots"]
+           "IndexFormatError", "check_policy", "checksum", "entry_word", "host_word", "kind_of", "layout_slots"]
 
 Cas = Callable[[int, int, int], bool]
 
@@ -58,6 +58,7 @@ KEY_BYTES = FP_BYTES + HASH_BYTES
 HEADER = struct.Struct("<8s15Q")
 H_MAGIC, H_VERSION, H_SLOTS, H_SLOT_BYTES, H_TABLE, H_DATA, H_TOTAL, H_BASE_DPA, H_PROBE, H_HOSTS = range(10)
 H_EVICTIONS, H_REAPED_ALLOCS, H_CLEARED_PINS, H_PASSES, H_LIVE_ENTRIES, H_QUOTA_EVICTIONS = range(10, 16)
+POLICY_AT, POLICY_BYTES = HEADER.size, 256  # the eviction policy's spec, UTF-8, NUL padded ("": the default)
 HOST = struct.Struct("<8Q")
 HS_STATE, HS_PID, HS_START, HS_QUOTA, HS_UNSHARED, HS_EVICTED, HS_HITS, HS_CROSS_HITS = range(8)
 # an entry: u64 words
@@ -65,7 +66,7 @@ ENTRY = struct.Struct("<2Q16s32s6Q")
 E_STATE, E_PINS, E_DPA, E_LENGTH, E_CRC, E_LAST_USE, E_READERS = 0, 1, 8, 9, 10, 11, 12
 ENTRY_WORDS = ENTRY_BYTES // 8
 assert HEADER.size == 128 and HOST.size == HOST_BYTES and ENTRY.size == 112 <= ENTRY_BYTES
-assert HOST_TABLE + MAX_HOSTS * HOST_BYTES <= HEADER_BYTES
+assert HOST_TABLE + MAX_HOSTS * HOST_BYTES <= HEADER_BYTES and POLICY_AT + POLICY_BYTES <= HOST_TABLE
 
 FREE, ALLOC, SEALED, EVICTING, TOMB = 0, 1, 2, 3, 4
 KIND_NAMES = ("FREE", "ALLOC", "SEALED", "EVICTING", "TOMB")
@@ -124,6 +125,24 @@ class Fingerprint:
         return hashlib.blake2b(text.encode(), digest_size=FP_BYTES).digest()
 
 
+def check_policy(spec: str) -> str:
+    """``spec`` when the firmware can evict the index with it: an online ``firmware_model.policies``
+    name or ``package.module:Class`` that fits the protocol (built once to check it), at most
+    ``POLICY_BYTES`` of UTF-8. Raises ValueError saying what to change."""
+    from firmware_model.policies import ONLINE_POLICY_NAMES, make_policy
+
+    if len(spec.encode()) > POLICY_BYTES:
+        raise ValueError(f"an index keeps a policy spec of at most {POLICY_BYTES} bytes, got {len(spec.encode())}")
+    if spec == "opt" or not spec:
+        raise ValueError(f"the pool's policy must run online: one of {', '.join(ONLINE_POLICY_NAMES)}, "
+                         "or 'package.module:Class'")
+    try:
+        make_policy(spec, MAX_PROBE)  # resolves it, builds one and checks it against the protocol
+    except TypeError as exc:  # PolicyProtocolError is one too; a constructor that refuses f(capacity)
+        raise ValueError(str(exc)) from None
+    return spec
+
+
 def layout_slots(total: int, slot_bytes: int) -> tuple[int, int]:
     """(slots, data offset) of an index in ``total`` bytes: the header, the table, then the data
     area page-aligned, as many slots as fit."""
@@ -161,14 +180,17 @@ class KvIndex:
 
     @classmethod
     def format(cls, buf: object, cas: Cas, *, base_dpa: int, slot_bytes: int, hosts: int,
-               quota: int = 0) -> "KvIndex":
+               quota: int = 0, policy: str = "") -> "KvIndex":
         """Write an empty index over all of ``buf`` (zeroing it); ``quota``: the unshared bytes each
-        host may hold (0: the data area divided by ``hosts``)."""
+        host may hold (0: the data area divided by ``hosts``); ``policy``: the firmware's eviction
+        policy, kept in the header (``check_policy``; "" leaves the firmware's default)."""
         mv = memoryview(buf).cast("B")  # type: ignore[arg-type]
         if not 1 <= hosts <= MAX_HOSTS:
             raise ValueError(f"an index serves 1..{MAX_HOSTS} hosts, got {hosts}")
+        text = check_policy(policy).encode() if policy else b""
         slots, data = layout_slots(len(mv), slot_bytes)
         mv[:data] = bytes(data)
+        mv[POLICY_AT:POLICY_AT + len(text)] = text
         quota = quota or slots * slot_bytes // hosts
         words = np.frombuffer(mv, dtype=np.uint64)
         for i, v in ((H_VERSION, VERSION), (H_SLOTS, slots), (H_SLOT_BYTES, slot_bytes), (H_TABLE, HEADER_BYTES),
@@ -179,6 +201,11 @@ class KvIndex:
             words[(HOST_TABLE + h * HOST_BYTES) // 8 + HS_QUOTA] = quota
         words[H_MAGIC] = MAGIC  # last: an index is valid once its magic is there
         return cls(buf, cas)
+
+    @property
+    def policy(self) -> str:
+        """The eviction policy's spec the index was formatted with ("": the firmware's default)."""
+        return bytes(self.buf[POLICY_AT:POLICY_AT + POLICY_BYTES]).rstrip(b"\0").decode("utf-8", "replace")
 
     # words ----------------------------------------------------------------------------------------
     def _ew(self, slot: int, field: int) -> int:

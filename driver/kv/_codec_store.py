@@ -17,8 +17,8 @@ pool's chunk count is the region over the *encoded* size, so the same device hol
 set by the chunk tables when they place a block (int4 quantizes keys and values differently).
 
 A write extent's last chunk may be partial (``nbytes`` not a whole chunk: the valid tokens of a
-block); it is encoded with those tokens only and moves whole, as every encoded chunk does
-(block-granular, like the shim's own whole-block moves).
+block); it is encoded with those tokens only, and moves as the valid tokens' records where the
+format keeps a token's bytes together (int8), else whole (int4: a key block is one group).
 """
 from __future__ import annotations
 
@@ -143,15 +143,18 @@ class CompressedStore:
         self.chunk_bytes = chunk_bytes
 
     def _spans(self, extents: Sequence[Extent]) -> tuple[list[Extent], list[tuple[int, int, int]]]:
-        """The encoded extents (consecutive in one staging buffer) and, per extent, its first
-        encoded row, chunk count and the valid tokens of its last chunk."""
-        cb, ecb = self.chunk_bytes, self.codec.encoded_bytes
-        token = cb // self.codec.tokens
+        """The encoded extents (rows of one staging buffer) and, per extent, its first encoded
+        row, chunk count and the valid tokens of its last chunk. A partial last chunk moves only
+        its valid tokens' bytes where the format has them first (int8), else whole (int4)."""
+        cb, ecb, codec = self.chunk_bytes, self.codec.encoded_bytes, self.codec
+        token = cb // codec.tokens
         out, rows, row = [], [], 0
         for e in extents:
             k = -(-e.nbytes // cb)
-            out.append(Extent(e.chunk, k * ecb, row * ecb))
-            rows.append((row, k, (e.nbytes - (k - 1) * cb) // token))
+            valid = (e.nbytes - (k - 1) * cb) // token
+            last = codec.prefix_bytes(valid) if valid < codec.tokens else None
+            out.append(Extent(e.chunk, (k - 1) * ecb + (ecb if last is None else last), row * ecb))
+            rows.append((row, k, valid))
             row += k
         return out, rows
 
@@ -167,16 +170,17 @@ class CompressedStore:
         pool = self.pool
         assert pool is not None
         values = pool.values[chunks]
-        partial = [(row + k - 1, valid) for row, k, valid in rows if valid < codec.tokens]
-        whole = np.ones(n, bool)
-        whole[[r for r, _ in partial]] = False
+        # rows by the valid tokens of their block (a partial block's rest is not KV): the tail
+        # blocks of one save share one count, so a write is one or two encode calls
+        valid = np.full(n, codec.tokens)
+        for row, k, v in rows:
+            valid[row + k - 1] = v
         staging = np.empty((n, codec.encoded_bytes), np.uint8)
-        if whole.any():
-            staging[whole] = codec.encode(raw[whole], values[whole])
-        for r, valid in partial:  # the valid tokens of a block: the rest of the row is not KV
-            staging[r:r + 1] = codec.encode(raw[r:r + 1], values[r:r + 1], valid)
+        for v in np.unique(valid).tolist():
+            sel = valid == v
+            staging[sel] = codec.encode(raw[sel], values[sel], v)
         self.counters["native_bytes_written"] += sum(e.nbytes for e in extents)
-        self.counters["link_bytes_written"] += n * codec.encoded_bytes
+        self.counters["link_bytes_written"] += sum(e.nbytes for e in enc_extents)
         return self.inner.write(enc_extents, staging.reshape(-1))
 
     def read(self, extents: Sequence[Extent], host: np.ndarray) -> Transfer:
@@ -185,13 +189,20 @@ class CompressedStore:
         codec, cb = self.codec, self.chunk_bytes
         staging = np.empty((n, codec.encoded_bytes), np.uint8)
 
-        def decode() -> None:
-            native = codec.decode(staging).reshape(-1)
-            for e, (row, _, _) in zip(extents, rows, strict=True):
-                host[e.host_offset:e.host_offset + e.nbytes] = native[row * cb:row * cb + e.nbytes]
+        def decode() -> None:  # whole chunks straight into the caller's buffer; a partial one via a copy
+            for i, (e, (row, _, _)) in enumerate(zip(extents, rows, strict=True)):
+                whole, rest = divmod(e.nbytes, cb)
+                at = e.host_offset
+                if whole:
+                    codec.decode_into(staging[row:row + whole], host[at:at + whole * cb].reshape(whole, cb))
+                if rest:  # what the read left of this row is not this chunk's: zeros, not garbage
+                    moved = enc_extents[i].nbytes - whole * codec.encoded_bytes
+                    staging[row + whole, moved:] = 0
+                    part = codec.decode(staging[row + whole:row + whole + 1]).reshape(-1)
+                    host[at + whole * cb:at + e.nbytes] = part[:rest]
 
         self.counters["native_bytes_read"] += sum(e.nbytes for e in extents)
-        self.counters["link_bytes_read"] += n * codec.encoded_bytes
+        self.counters["link_bytes_read"] += sum(e.nbytes for e in enc_extents)
         transfer = _DecodingRead(self.inner.read(enc_extents, staging.reshape(-1)), decode)
         if self._pending.depth:
             self._pending.reads.append(transfer)  # its handle exists once the batch is submitted

@@ -279,9 +279,11 @@ class DeviceInUse(CxlemuError):
 
 
 def claim_kv(md: Any, stack: contextlib.ExitStack) -> None:
-    """One process's KV cache per device: an flock on the device's kv.lock, held while it is open
-    (released by the kernel if the process dies), so a second process is refused, never overlapped."""
-    path = md.files.path / "kv.lock"
+    """One process's KV cache per device host port: an flock on the device's kv.lock (kv.h<h>.lock
+    for port h > 0), held while it is open (released by the kernel if the process dies), so a
+    second process is refused, never overlapped."""
+    host = md.files.host
+    path = md.files.path / ("kv.lock" if host == 0 else f"kv.h{host}.lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -3,13 +3,14 @@
 Per attention layer of a decode step::
 
     update(l, k, v) ──► append to the window; a page that completes is written to the device
-         │              and its key min / max kept (``_pages.LayerPages``); progress to the
-         │              firmware's prefetch queue, which issues layer l+1's predicted pages
+         │              and its key min / max kept (``_pages.LayerPages``)
          ▼
     attention (through driver.kv's attention function, with the query):
          candidates = pages off the window and the sink; k = what the budget leaves
          selector(query, kmin, kmax, candidates, k, CHMU counts) ──► pages (B, Hkv, k)
          the predicted pages already read (prefetch) + the rest read now (a stall)
+         layer l+1's pages chosen for its guessed query; progress to the firmware's prefetch
+         queue, which issues their read
          sdpa over  sink | chosen pages | window  (their mask columns), in token order
 
 The budget: a step of a layer attends to ``max(resident, ceil(page_budget * pages))`` pages of
@@ -19,11 +20,13 @@ layer), and ``page_budget=1.0`` reads every page: the same keys in the same orde
 dense attention. A prefill (no KV on the device yet) is dense attention itself; a later forward
 of several tokens reads every page.
 
-Prediction (InfiniGen's idea, with the cheapest predictor): layer l+1 of this step will want the
-pages it chose at the last step. The prefetch queue (``firmware_model.prefetch``, one block per
-layer as the residency engine uses it) issues that read when layer l begins, so it crosses the link
-while layer l computes; the pages chosen but not predicted are read on demand. Counted: pages
-predicted, predicted and used, read on demand, and the queue's useful / late prefetches.
+Prediction (InfiniGen, OSDI'24): layer l+1's query is guessed from layer l's input
+(``_speculate.Speculator``: layer l+1's own ``q_proj`` and rotary embedding) and its pages chosen
+for it; for layer 0 of the next step, the pages it chose at this one. The prefetch queue
+(``firmware_model.prefetch``, one block per layer as the residency engine uses it) issues that read
+during layer l's attention, so it crosses the link while layer l computes; the pages chosen but not
+predicted are read on demand. Counted: pages predicted, predicted and used, read on demand, and the
+queue's useful / late / wasted prefetches. The CHMU counts (``_page_heat``) are the device's.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from driver.kv import _attention
 from driver.kv._chunkio import ChunkTables
 from driver.kv._engine import _Landed  # a prefetch's completion, as the residency engine fires it
 from driver.kv._layout import BudgetTooSmall, KVLayout
+from driver.kv._page_heat import DeviceHeat, ModelHeat, page_heat
 from driver.kv._pages import LayerPages
 from driver.kv._speculate import Speculator
 from driver.kv._store import BlockStore, Transfer
@@ -46,7 +50,6 @@ from driver.kv.selectors import PageSelector, resolve_selector
 from emulator.timing.clock import WallClock
 from firmware_model.clock import Clock
 from firmware_model.hot_pages import SINK_PAGES, WINDOW_PAGES
-from firmware_model.hotness import HotnessConfig, HotnessUnit
 from firmware_model.prefetch import PrefetchQueue
 
 __all__ = ["SINK_PAGES", "WINDOW_PAGES", "HotBudgetTooSmall", "HotEngine"]
@@ -113,7 +116,7 @@ class HotEngine:
         self.layers: list[LayerPages] = []
         self.counters = dict.fromkeys(self.COUNTERS, 0)
         self.tables = ChunkTables(prefix_sharing=False, counters=self.counters)
-        self.hotness: HotnessUnit | None = None
+        self.heat: DeviceHeat | ModelHeat | None = None  # the CHMU's counts of page reads
         self._record = record
         self.speculator = Speculator(model) if model is not None and prefetch else None
         self._step, self._num_layers, self._checked = -1, 0, False
@@ -142,6 +145,8 @@ class HotEngine:
         st.reap_writes()
         if layer == 0 and self._step == 1 and not self._checked:
             self._check_budget()
+        if layer == 0 and self._step and self.heat is not None:
+            self.heat.refresh()  # the hotlist the device's CHMU published since the last step
         if first:
             _attention.check(self)
             return k, v
@@ -157,10 +162,7 @@ class HotEngine:
                                block_tokens=self.block_tokens)
         self.store.configure(self.layout.chunk_bytes)
         self.tables.configure(self.layout, self.store.pool)
-        cb = self.layout.chunk_bytes
-        # the CHMU's counting unit over the KV chunks: one counter per chunk (or per 256 B of one)
-        unit = max(256, 1 << (cb.bit_length() - 1))
-        self.hotness = HotnessUnit(max(1, self.store.capacity_chunks) * cb, HotnessConfig(unit_size=unit))
+        self.heat = page_heat(self.store, self.layout.chunk_bytes)
 
     def attend(self, layer: int, module: torch.nn.Module, query: torch.Tensor, mask: torch.Tensor | None,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -194,10 +196,9 @@ class HotEngine:
             pages = np.broadcast_to(np.arange(cand.start, cand.stop), (lay.batch, lay.kv_heads, k))
         else:
             pages = self._select(st, query[:, :, -1], cand, k)
-        if k and self.hotness is not None:  # the CHMU counts a read of each chosen page
-            self.hotness.record(st.chunks.ids[:, :lay.kv_heads][np.arange(lay.batch)[:, None, None],
-                                                                 np.arange(lay.kv_heads)[None, :, None],
-                                                                 pages].ravel() * lay.chunk_bytes)
+        if k and self.heat is not None:  # the CHMU counts a read of each chosen page
+            self.heat.read(st.chunks.ids[:, :lay.kv_heads][np.arange(lay.batch)[:, None, None],
+                                                           np.arange(lay.kv_heads)[None, :, None], pages])
         self.counters["pages_chosen"] += pages.size
         if self._record is not None:
             self._record(layer, pages.copy())
@@ -213,11 +214,11 @@ class HotEngine:
     def _select(self, st: LayerPages, query: torch.Tensor, cand: range, k: int) -> np.ndarray:
         """The selector's ``k`` pages of ``cand`` for ``query`` ``(B, Hq, D)``."""
         lay = self.layout
-        assert lay is not None and st.kmin is not None and st.kmax is not None and self.hotness is not None
+        assert lay is not None and st.kmin is not None and st.kmax is not None and self.heat is not None
         b, hq, d = query.shape
         grouped = query.reshape(b, lay.kv_heads, hq // lay.kv_heads, d).to(st.kmin.dtype)
         ids = st.chunks.ids[:, :lay.kv_heads, :st.complete]
-        counts = self.hotness.counters[(np.maximum(ids, 0) * lay.chunk_bytes) >> self._unit_shift()]
+        counts = self.heat.counts(ids)
         chosen = self.selector.select(grouped, st.kmin[:, :, :st.complete], st.kmax[:, :, :st.complete],
                                       torch.arange(cand.start, cand.stop), k, torch.from_numpy(counts))
         return chosen.to("cpu").numpy()
@@ -234,10 +235,6 @@ class HotEngine:
         query = self.speculator.query(nxt, layer) if 0 < k < len(cand) else None
         if query is not None:
             st.predicted = self._select(st, query[:, :, -1], cand, k)
-
-    def _unit_shift(self) -> int:
-        assert self.hotness is not None
-        return self.hotness.config.unit_size.bit_length() - 1
 
     # ------------------------------------------------------------------------- reads
     def _gather(self, layer: int, st: LayerPages, pages: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

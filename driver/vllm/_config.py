@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.spec.errors import ConfigError
+from firmware_model.kv_codec import FORMATS
 from firmware_model.policies import POLICY_NAMES, resolve_policy
 
-__all__ = ["PREFETCH_MODES", "TierConfig", "chunk_of_dpa", "hotlist_unit", "kv_transfer_config", "parse_extra_config"]
+__all__ = ["PREFETCH_MODES", "TierConfig", "chunk_of_dpa", "hotlist_unit", "kv_transfer_config", "parse_extra_config",
+           "tier_region"]
 
 PREFETCH_MODES = ("forward", "layer")
 """``forward``: a request's blocks are loaded before its forward starts (vLLM's offload).
@@ -20,7 +22,8 @@ PREFETCH_MODES = ("forward", "layer")
 
 _KNOWN = {"spec_name", "spec_module_path", "device", "policy", "cxl_bytes_to_use", "prefetch",
           "channels", "block_size", "offload_prompt_only", "self_describing_kv_events",
-          "store_threshold", "max_tracker_size", "hotlist_every", "window", "staging", "staging_bytes"}
+          "store_threshold", "max_tracker_size", "hotlist_every", "window", "staging", "staging_bytes",
+          "kv_format", "shared", "host"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,9 @@ class TierConfig:
     window: str = "auto"  # layer-wise: layers issued ahead, firmware_model.prefetch.resolve_window
     staging: bool | None = None  # KV through a host bounce buffer; None: where the KV is not on the CPU
     staging_bytes: int = 2 << 30  # the bounce buffer: whole blocks (>= 1); a 7B's 4096-token context at fp16
+    kv_format: str = "native"  # blocks on the device: the KV's bytes, or firmware_model.kv_codec's int8 / int4
+    shared: bool = False  # the device's KV pool is shared with the other engines on it (driver.pool)
+    host: int = 0  # the device's host port this engine uses (MemDev.open(device, host=host))
 
 
 def _int(extra: Mapping[str, Any], key: str, default: int | None, low: int) -> int:
@@ -82,22 +88,43 @@ def parse_extra_config(extra: Mapping[str, Any]) -> TierConfig:
     if staging is not None and not isinstance(staging, bool):
         raise ConfigError(f"kv_connector_extra_config['staging'] must be true, false or absent (staged where "
                           f"the KV is not in host memory: CUDA), got {staging!r}")
+    kv_format = extra.get("kv_format", "native")
+    if kv_format not in FORMATS:
+        raise ConfigError(f"kv_connector_extra_config['kv_format'] must be one of {', '.join(map(repr, FORMATS))} "
+                          f"(native: the KV's own bytes; int8, int4: quantized on the device), got {kv_format!r}")
+    if kv_format != "native" and staging:
+        raise ConfigError(f"kv_connector_extra_config['kv_format']={kv_format!r} encodes KV in host memory (CPU); "
+                          "staged KV (CUDA) is moved native: leave kv_format out or staging false")
+    shared = extra.get("shared", False)
+    if not isinstance(shared, bool):
+        raise ConfigError(f"kv_connector_extra_config['shared'] must be true or false, got {shared!r}")
+    if shared and device is None:
+        raise ConfigError("kv_connector_extra_config['shared']: a pool is shared on a served device; name it in "
+                          "'device' (cxlemu serve --name NAME --hosts N)")
+    if shared and kv_format != "native":
+        raise ConfigError(f"kv_connector_extra_config['kv_format']={kv_format!r} with 'shared': the pool keeps "
+                          "blocks as the engines' own bytes, which every engine reads; leave kv_format out")
     return TierConfig(device=device, policy=policy, cxl_bytes_to_use=_int(extra, "cxl_bytes_to_use", None, 1),
                       prefetch=prefetch, channels=_int(extra, "channels", 2, 1),
                       hotlist_every=_int(extra, "hotlist_every", 64, 1), window=window, staging=staging,
-                      staging_bytes=_int(extra, "staging_bytes", 2 << 30, 1))
+                      staging_bytes=_int(extra, "staging_bytes", 2 << 30, 1), kv_format=kv_format, shared=shared,
+                      host=_int(extra, "host", 0, 0))
 
 
 def kv_transfer_config(*, device: str | None = None, policy: str = "lru", prefetch: str = "forward",
-                       cxl_bytes_to_use: int, recompute_failed_loads: bool = True,
-                       **extra: Any) -> dict[str, Any]:
+                       cxl_bytes_to_use: int, recompute_failed_loads: bool = True, shared: bool = False,
+                       host: int = 0, **extra: Any) -> dict[str, Any]:
     """vLLM's ``kv_transfer_config`` for the cxlemu tier through :class:`CxlConnector`.
+
+    ``shared``: the engine looks up, loads and publishes blocks in the device's KV pool, which
+    every engine on the device shares (``host``: this engine's host port; each engine process
+    takes its own).
 
     ``recompute_failed_loads``: vLLM's ``kv_load_failure_policy`` "recompute" (a block that fails
     to load is computed again; the request goes on) rather than "fail" (the request ends with an
     error)."""
     cfg = {"device": device, "policy": policy, "prefetch": prefetch, "cxl_bytes_to_use": cxl_bytes_to_use,
-           **extra}
+           **({"shared": shared} if shared else {}), **({"host": host} if host else {}), **extra}
     if device is None:
         del cfg["device"]
     parse_extra_config(cfg)
@@ -118,3 +145,14 @@ def chunk_of_dpa(dpa: int, page: int, num_chunks: int) -> int:
     """The chunk a DPA of the tier's region belongs to, for equal pages of ``page`` bytes per
     layer (the worker's layer-major layout, driver/vllm/_worker.py)."""
     return (dpa // page) % num_chunks
+
+
+def tier_region(capacity: int, hosts: int, host: int) -> tuple[int, int]:
+    """``(base, size)`` of host port ``host``'s private tier on a device of ``capacity`` static
+    bytes and ``hosts`` ports: the static capacity cut in equal 1 MiB-aligned parts, one per port,
+    so engines on different ports never overlap (the shared pool lives in Dynamic Capacity)."""
+    if not 0 <= host < hosts:
+        raise ConfigError(f"kv_connector_extra_config['host'] must be a host port of the device: 0 to {hosts - 1}, "
+                          f"got {host}")
+    size = (capacity // hosts) & ~((1 << 20) - 1)
+    return host * size, size

@@ -155,6 +155,9 @@ class CxlConnector(OffloadingConnector):
             raise ConfigError("CxlConnector runs the cxlemu tier only: leave spec_name / spec_module_path out "
                               f"(got {extra['spec_name']!r} from {extra['spec_module_path']!r})")
         self.tier = parse_extra_config(extra)
+        if self.tier.shared:  # both roles: the scheduler side's spec sees no vLLM config of its own
+            cache = vllm_config.cache_config
+            _compat.check_shared_hash(cache.prefix_caching_hash_algo, cache.enable_prefix_caching)
         self.layerwise = self.tier.prefetch == "layer"
         self._sync_loads: dict[int, Any] = {}  # layer-wise load job -> its request's context
         super().__init__(vllm_config, role, kv_cache_config)

@@ -10,7 +10,8 @@ __all__ = ["ManagerCounters"]
 
 
 class ManagerCounters:
-    """The scheduler side's counters on a page beside the device (``<device dir>/tier-manager``).
+    """The scheduler side's counters on a page beside the device (``<device dir>/tier-manager``,
+    ``tier-manager.h<h>`` for the engine on host port h > 0).
 
     With vLLM's default multiprocessing the scheduler (the tier's manager) and the worker run in
     different processes, and the worker publishes the device's telemetry page: it reads the
@@ -24,8 +25,9 @@ class ManagerCounters:
     FILE = "tier-manager"
     RETRY_S = 1.0
 
-    def __init__(self, device: str, *, writer: bool) -> None:
+    def __init__(self, device: str, *, writer: bool, host: int = 0) -> None:
         self.device, self.writer = device, writer
+        self.file = self.FILE if host == 0 else f"{self.FILE}.h{host}"  # one page per engine (host port)
         self._page: Any = None
         self._retry_at = 0.0
         self._open()
@@ -39,7 +41,7 @@ class ManagerCounters:
 
         if self._page is None and not (self.writer and time.monotonic() < self._retry_at):
             self._retry_at = time.monotonic() + self.RETRY_S
-            path = device_path(self.device) / self.FILE
+            path = device_path(self.device) / self.file
             size = 8 * (1 + len(self.FIELDS))
             try:
                 if self.writer and path.parent.is_dir():

@@ -26,6 +26,7 @@ from driver.vllm._compat import (
     ChunkStatus,
     CPULoadStoreSpec,
     CPUOffloadingManager,
+    LoadStoreSpec,
     LookupResult,
     OffloadingEvent,
     OffloadingManager,
@@ -38,15 +39,16 @@ from driver.vllm._compat import (
     init_logger,
     order_request_keys,
 )
-from driver.vllm._config import TierConfig, chunk_of_dpa, hotlist_unit, parse_extra_config
+from driver.vllm._codec import PageCodec, piece_codec
+from driver.vllm._config import TierConfig, chunk_of_dpa, hotlist_unit, parse_extra_config, tier_region
 from driver.vllm._counters import ManagerCounters
 from driver.vllm._stats import TierStats, register_manager, tier_stats, unregister_manager
 from emulator.device_dir import device_path
 from emulator.liveness import dead_firmware
-from emulator.spec.errors import ConfigError
+from emulator.spec.errors import ConfigError, PortClaimed
 from firmware_model.policies import HotnessPolicy, NoVictimError, resolve_policy
 
-__all__ = ["CxlOffloadingManager", "CxlOffloadingSpec", "DeviceHotlist", "private_device_name"]
+__all__ = ["CxlOffloadingManager", "CxlOffloadingSpec", "DeviceHotlist", "PoolLoadSpec", "private_device_name"]
 
 logger = init_logger(__name__)
 
@@ -63,12 +65,25 @@ def private_capacity(cxl_bytes_to_use: int) -> int:
     return -(-cxl_bytes_to_use // CAPACITY_UNIT) * CAPACITY_UNIT
 
 
-def device_capacity(name: str) -> int:
-    """The capacity of served device ``name`` (DeviceNotFound, naming it, when none is served)."""
-    from driver.memdev import MemDev
+def device_ports(name: str, host: int = 0) -> tuple[int, int]:
+    """``(capacity, host ports)`` of served device ``name`` (DeviceNotFound, naming it, when none
+    is served; NoSuchHost past its ports). Read from its configuration, not by opening port
+    ``host``: vLLM's scheduler runs in a process of its own by default, and the worker's process
+    has claimed the port by the time the scheduler's spec is made."""
+    from emulator.device_dir import check_host, load_config
 
-    with MemDev.open(name) as md:
-        return int(md.config.capacity)
+    config = load_config(name)
+    check_host(name, host, config.hosts)
+    return int(config.capacity), int(config.hosts)
+
+
+class PoolLoadSpec(CPULoadStoreSpec):
+    """A load's source: tier chunks, and where ``pool_hashes[i]`` is not None (chunk -1), the
+    device pool's block of that hash, which the worker reads into the engine's KV block itself."""
+
+    def __init__(self, block_ids: list[int], pool_hashes: list[bytes | None]) -> None:
+        super().__init__(block_ids)
+        self.pool_hashes = pool_hashes
 
 
 class _Pinned(Container[Hashable]):
@@ -192,13 +207,13 @@ class DeviceHotlist:
     units the 1023-entry hotlist overflowed within a few jobs (a 16-block job of a 32-layer
     model touches 512 pages)."""
 
-    def __init__(self, device: str, page: int, num_chunks: int) -> None:
+    def __init__(self, device: str, page: int, num_chunks: int, host: int = 0) -> None:
         from driver.chmu import ChmuRegs
         from driver.memdev import MemDev
 
         self.page, self.num_chunks = page, num_chunks
         self.unit = hotlist_unit(page)
-        self._md = MemDev.open(device)
+        self._md = MemDev.open(device, host=host)
         try:
             self.regs = ChmuRegs.of_bar(self._md.bar)
             self.regs.configure(unit_size=self.unit, threshold=1, mode="epoch", epoch_ns=10_000_000)
@@ -222,7 +237,7 @@ class CxlOffloadingManager(CPUOffloadingManager):
     counting lookups, hits and evictions into the tier's ``TierStats``."""
 
     def __init__(self, num_chunks: int, tier: TierConfig, stats: TierStats, device_name: str, *,
-                 enable_events: bool = False, hotlist: DeviceHotlist | None = None) -> None:
+                 enable_events: bool = False, hotlist: DeviceHotlist | None = None, pool: Any = None) -> None:
         super().__init__(num_chunks=num_chunks, cache_policy="lru", enable_events=enable_events)
         self.firmware_policy = _FirmwarePolicy(num_chunks, tier.policy)
         _compat.set_cache_policy(self, self.firmware_policy)  # vLLM's bookkeeping asks it
@@ -233,17 +248,53 @@ class CxlOffloadingManager(CPUOffloadingManager):
         self._steps = 0
         # for a worker in another process, which publishes the telemetry page: written every
         # scheduler step (four words: a few us against a step's ms)
-        self._remote = ManagerCounters(device_name, writer=True)
+        self._remote = ManagerCounters(device_name, writer=True, host=tier.host)
         self._served_dir = device_path(device_name) if tier.device is not None else None
         self._check_at = 0.0
+        self.pool = pool  # shared=True: a driver.vllm._pool.PoolLink
+        self._pool_keys: dict[OffloadKey, list[bytes]] = {}  # pool hits of this step, a pin each
 
     @override
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         if self.stats.device_lost:  # found gone (check_device, or the worker in this process): no tier
             return LookupResult.MISS
         got = super().lookup(key, req_context)
+        if got is LookupResult.MISS and self.pool is not None:
+            block_hash = _compat.get_offload_block_hash(key)
+            if self.pool.pin(block_hash):  # pinned until the worker loaded it, or this step ends
+                self._pool_keys.setdefault(key, []).append(block_hash)
+                got = LookupResult.HIT
         self.stats.add(lookups=1, hits=int(got is LookupResult.HIT))
         return got
+
+    @override
+    def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        """A load of blocks from the tier and, shared=True, from the device's pool: the pool's
+        go straight into the engine's KV blocks (``PoolLoadSpec``: chunk -1 and the block hash),
+        one crossing of the link, as a tier hit."""
+        pooled = {k for k in keys if k not in self.firmware_policy.chunks and self._pool_keys.get(k)}
+        if not pooled:
+            return super().prepare_load(keys, req_context)
+        local = [k for k in keys if k not in pooled]
+        spec = super().prepare_load(local, req_context) if local else None
+        chunks = iter(spec.block_ids.tolist() if spec is not None else ())
+        hashes = [self._pool_keys[k].pop() if k in pooled else None for k in keys]
+        return PoolLoadSpec([-1 if h is not None else next(chunks) for h in hashes], hashes)
+
+    @override
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        super().complete_load([k for k in keys if k in self.firmware_policy.chunks], req_context)
+
+    @override
+    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        fresh = []
+        if self.pool is not None and success:  # what this store makes ready, published once ready
+            fresh = [k for k in keys if (c := self.firmware_policy.get(k)) is not None and not c.is_ready]
+        super().complete_store(keys, req_context, success)
+        for key in fresh:
+            chunk = self.firmware_policy.get(key)
+            if chunk is not None and chunk.is_ready:
+                self.pool.publish(_compat.get_offload_block_hash(key), chunk.chunk_id)
 
     @override
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
@@ -259,6 +310,11 @@ class CxlOffloadingManager(CPUOffloadingManager):
     @override
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._steps += 1
+        if self._pool_keys:  # pool blocks found this step that no load took: their pins go
+            for hashes in self._pool_keys.values():
+                for block_hash in hashes:
+                    self.pool.unpin(block_hash)
+            self._pool_keys.clear()
         self.check_device()
         if self._hotlist is not None and self._steps % self.tier.hotlist_every == 0 and not self.stats.device_lost:
             self.feed_hotlist()
@@ -326,6 +382,9 @@ class CxlOffloadingManager(CPUOffloadingManager):
         self._publish()
         self._remote.close()
         unregister_manager(self.device_name, self)
+        if self.pool is not None:
+            self.pool.release()
+            self.pool = None
         if self._hotlist is not None:
             self._hotlist.close()
             self._hotlist = None
@@ -354,19 +413,36 @@ class CxlOffloadingSpec(OffloadingSpec):
         self.layers = max(1, sum(len(g.layer_names) for g in config.groups))
         if self.tier.device is not None:
             self.device_name = self.tier.device
-            capacity = device_capacity(self.tier.device)
-            if self.tier.cxl_bytes_to_use > capacity:
+            capacity, hosts = device_ports(self.tier.device, self.tier.host)
+            share = tier_region(capacity, hosts, self.tier.host)[1]
+            if self.tier.cxl_bytes_to_use > share:
                 raise ConfigError(f"cxl_bytes_to_use {self.tier.cxl_bytes_to_use} is more than device "
-                                  f"{self.tier.device!r} holds ({capacity} bytes): lower it or serve a larger device")
+                                  f"{self.tier.device!r} holds for host port {self.tier.host} ({share} bytes of "
+                                  f"{capacity}, {hosts} ports): lower it or serve a larger device")
         else:
             self.device_name = private_device_name(config.engine_id)
             capacity = private_capacity(self.tier.cxl_bytes_to_use)
         self.device_capacity = capacity
-        self.num_chunks = self.tier.cxl_bytes_to_use // self.chunk_bytes if self.chunk_bytes else 0
+        #: the codec of a compressed kv_format (None: native); a chunk then takes its encoded size
+        self.codec = None if self.tier.kv_format == "native" or not self.chunk_bytes else piece_codec(
+            self.tier.kv_format, model=config.model.name, dtype=config.model.dtype,
+            block_size=config.groups[0].tokens_per_block)
+        stored = self.chunk_bytes if self.codec is None else PageCodec.block_bytes(self.codec, self.chunk_bytes)
+        self.stored_chunk_bytes = stored  # a block of every layer on the device
+        self.num_chunks = self.tier.cxl_bytes_to_use // stored if stored else 0
         if self.chunk_bytes and self.num_chunks < 1:
             raise ConfigError(f"cxl_bytes_to_use {self.tier.cxl_bytes_to_use} holds no KV block of "
                               f"{self.chunk_bytes} bytes: raise it")
         self.stats = tier_stats(self.device_name)
+        self.fingerprint: Any = None
+        if self.tier.shared:
+            vllm_config = _compat.get_current_vllm_config_or_none()  # the worker side's; the
+            if vllm_config is not None:  # scheduler side's is checked by CxlConnector, or was by the worker's
+                cache = vllm_config.cache_config
+                _compat.check_shared_hash(cache.prefix_caching_hash_algo, cache.enable_prefix_caching)
+            from driver.vllm._pool import fingerprint
+
+            self.fingerprint = fingerprint(config, vllm_config)
         self._manager: CxlOffloadingManager | None = None
         self._worker: OffloadingWorker | None = None
         self._lock = threading.Lock()
@@ -376,12 +452,32 @@ class CxlOffloadingSpec(OffloadingSpec):
         if self._manager is None:
             hotlist = None
             if self.tier.policy == "hotness" and self.tier.device is not None and self.chunk_bytes:
-                hotlist = DeviceHotlist(self.tier.device, self.chunk_bytes // self.layers, self.num_chunks)
+                hotlist = DeviceHotlist(self.tier.device, self.stored_chunk_bytes // self.layers, self.num_chunks,
+                                        self.tier.host)
             self._manager = CxlOffloadingManager(self.num_chunks, self.tier, self.stats, self.device_name,
                                                  enable_events=self.kv_events_config.enable_kv_cache_events,
-                                                 hotlist=hotlist)
+                                                 hotlist=hotlist, pool=self.pool_link())
             register_manager(self.device_name, self._manager)
         return self._manager
+
+    def pool_link(self) -> Any:
+        """shared=True: this process's handle on the device's pool through the engine's port
+        (``PoolLink.acquire``: the manager's and the worker's are one), the tier laid out as the
+        worker lays it (a page per layer, every layer's page the same: vLLM's one KV group)."""
+        if not self.tier.shared or not self.chunk_bytes:
+            return None
+        from driver.vllm._pool import PoolLink, layer_offsets
+
+        capacity, hosts = device_ports(self.device_name, self.tier.host)
+        base = tier_region(capacity, hosts, self.tier.host)[0]
+        pages = [self.chunk_bytes // self.layers] * self.layers
+        try:
+            return PoolLink.acquire(self.device_name, self.tier.host, self.fingerprint,
+                                    layer_offsets(base, self.num_chunks, pages), pages, self.stats)
+        except PortClaimed as exc:  # the worker, in a process of its own (vLLM's default)
+            raise ConfigError(f"kv_connector_extra_config['shared']: the tier's scheduler side and its worker share "
+                              f"host port {self.tier.host} and must run in one process: set "
+                              f"VLLM_ENABLE_V1_MULTIPROCESSING=0 ({exc})") from None
 
     @override
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:

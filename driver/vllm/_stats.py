@@ -21,6 +21,8 @@ class TierStats:
     blocks_stored: int = 0  # blocks moved KV space -> device
     bytes_loaded: int = 0
     bytes_stored: int = 0
+    link_bytes_loaded: int = 0  # bytes the link moved for them: encoded where kv_format compresses
+    link_bytes_stored: int = 0
     load_jobs: int = 0
     store_jobs: int = 0
     failed_loads: int = 0  # load jobs that failed (poison, DMA error, device gone)
@@ -34,6 +36,12 @@ class TierStats:
     host_ns: int = 0  # the tier's own time in submit / get_finished (the emulator's cost)
     host_blocks: int = 0  # blocks those calls handled
     hotlist_entries: int = 0  # CHMU hotlist entries the "hotness" policy took as heat
+    pool_lookups: int = 0  # shared=True: blocks the tier lacked, looked up in the device's pool
+    pool_hits: int = 0  # ... found there (published by any engine on the device, this one too)
+    pool_loaded: int = 0  # ... copied from the pool into the tier (then loaded as tier hits)
+    pool_load_misses: int = 0  # ... gone or torn when loaded (vLLM recomputes them)
+    pool_published: int = 0  # blocks this engine stored and the pool took
+    pool_errors: int = 0  # pool operations that raised (the engine went on with its own tier)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:

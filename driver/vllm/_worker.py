@@ -20,6 +20,10 @@ a forward has been measured, every layer is issued at once.
 KV tensors the DMA engine cannot address (CUDA) are staged through a host bounce buffer
 (``driver.vllm._staging``): the engine's descriptors then move the buffer's slots, and the copies
 between the slots and the KV tensors run on a side stream (a layer-wise load's, on the forward's).
+
+A compressed ``kv_format`` (``driver.vllm._codec``): each layer's page takes its encoded size on
+the device; a job's descriptors move an encoded staging array, encoded at a store's submission
+and decoded into the KV blocks when a load is waited for (layer by layer) or reported.
 """
 from __future__ import annotations
 
@@ -41,7 +45,10 @@ from driver.vllm._compat import (
     TransferResult,
     init_logger,
 )
+from driver.vllm._codec import CodedJob, PageCodec
+from driver.vllm._config import tier_region
 from driver.vllm._counters import ManagerCounters
+from driver.vllm._pool import layer_offsets
 from driver.vllm._stats import TierStats, live_manager
 from driver.vllm._staging import Pump, Staging
 from emulator.dma import BlockRuns, DescriptorArray, DmaHandle, PinnedHosts
@@ -78,7 +85,7 @@ def _host_bytes(tensor: torch.Tensor) -> tuple[np.ndarray, int]:
 class _Job:
     """One transfer job: its handles, and for a layer-wise load the layers still to issue."""
 
-    __slots__ = ("blocks", "error", "handles", "is_load", "job_id", "layer_handles", "nbytes",
+    __slots__ = ("blocks", "coded", "error", "handles", "is_load", "job_id", "layer_handles", "nbytes",
                  "pending_layers", "pieces", "start")
 
     def __init__(self, job_id: int, is_load: bool, blocks: int, nbytes: int, start: float) -> None:
@@ -88,6 +95,7 @@ class _Job:
         self.layer_handles: dict[int, DmaHandle] = {}
         self.error: str | None = None
         self.pieces: list[Any] | None = None  # a staged job's pieces (driver.vllm._staging)
+        self.coded: CodedJob | None = None  # a compressed kv_format's staging (driver.vllm._codec)
 
 
 def _link_done(job: _Job, now: float, link_now_ns: int) -> float | None:
@@ -114,12 +122,22 @@ class CxlOffloadingWorker(OffloadingWorker):
                 from emulator.device import DeviceConfig, serve
 
                 self._stack.enter_context(serve(DeviceConfig(name=spec.device_name, capacity=spec.device_capacity)))
-            md = self._stack.enter_context(MemDev.open(spec.device_name))
-            claim_kv(md, self._stack)  # one process's KV per device: a second one is refused
+            md = self._stack.enter_context(MemDev.open(spec.device_name, host=spec.tier.host))
+            claim_kv(md, self._stack)  # one process's KV per host port: a second one is refused
             self.memdev = md
-            self._layout(kv_caches, md.config.capacity)
-            self.store = DeviceBlockStore(md, base=0, size=self.region_bytes, channels=max(2, spec.tier.channels))
+            # each host port's tier in a part of its own of the static capacity
+            base, size = tier_region(md.config.capacity, md.config.hosts, spec.tier.host)
+            self._layout(kv_caches, base, size)
+            self.store = DeviceBlockStore(md, base=base, size=self.region_bytes,
+                                          channels=max(2, spec.tier.channels))
             self._stack.callback(self.store.close)
+            self.pool = None  # shared=True: the device's pool, which loads read from directly
+            if spec.tier.shared:
+                if self.staging is not None:
+                    raise ConfigError("kv_connector_extra_config['shared']: pool blocks are read into the KV "
+                                      "tensors on the host; staged KV (CUDA, or staging=True) is not shared yet")
+                self.pool = spec.pool_link()
+                self._stack.callback(self.pool.release)
         except BaseException:
             self._stack.close()
             raise
@@ -146,7 +164,7 @@ class CxlOffloadingWorker(OffloadingWorker):
                     spec.tier.prefetch)
 
     # -- layout -------------------------------------------------------------------------------
-    def _layout(self, kv_caches: CanonicalKVCaches, capacity: int) -> None:
+    def _layout(self, kv_caches: CanonicalKVCaches, base: int, size: int) -> None:
         self.tensors = [t.tensor for t in kv_caches.tensors]
         self.pages: list[int] = [int(t.page_size_bytes) for t in kv_caches.tensors]
         self.chunk_bytes = sum(self.pages)
@@ -162,27 +180,39 @@ class CxlOffloadingWorker(OffloadingWorker):
             buffers = self.tensors
         self.hosts: list[np.ndarray] = []
         self.strides: list[int] = []
-        self.offsets: list[int] = []
-        off = 0
-        for t, page in zip(buffers, self.pages):
+        # a compressed kv_format: each layer's page takes its encoded size on the device
+        self.codec = None if self.spec.codec is None else PageCodec(self.spec.codec, self.pages)
+        device_pages = self.pages if self.codec is None else self.codec.device_pages
+        for t in buffers:
             host, stride = _host_bytes(t)
             self.hosts.append(host)
             self.strides.append(stride)
-            self.offsets.append(off)
-            off += self.num_chunks * page
+        self.offsets: list[int] = layer_offsets(base, self.num_chunks, device_pages)
+        off = base + self.num_chunks * sum(device_pages)
+        self.device_pages = device_pages
+        if self.spec.tier.shared and len(set(self.pages)) > 1:  # the manager copies pool blocks so
+            raise ConfigError(f"kv_connector_extra_config['shared']: the tier's layers must have one page size "
+                              f"to share blocks; this model's are {sorted(set(self.pages))} bytes")
         self._pinned = PinnedHosts(self.hosts, writable=True)  # pinned once, as a driver registers buffers
         self._planner = BlockRuns(self._pinned, self.num_chunks, self.strides, self.offsets, self.pages)
         self._pump = None if self.staging is None else Pump(
             self.staging, self._plan, self._submit_array, lambda job: self._issue_layers(job, len(self.hosts)),
             self._device_lost, DeviceGone)
-        self.region_bytes = off
-        if off > capacity:
-            raise ConfigError(f"{self.num_chunks} chunks of {self.chunk_bytes} bytes need {off} bytes; device "
-                              f"{self.spec.device_name!r} has {capacity}: lower cxl_bytes_to_use")
+        self.region_base, self.region_bytes = base, off - base
+        if off - base > size:
+            raise ConfigError(f"{self.num_chunks} chunks of {self.chunk_bytes} bytes need {off - base} bytes; device "
+                              f"{self.spec.device_name!r} has {size} for host port {self.spec.tier.host}: lower "
+                              "cxl_bytes_to_use")
 
     def chunk_dpa(self, chunk: int, layer: int = 0) -> int:
         """Where layer ``layer`` of chunk ``chunk`` lies on the device (tests poison it)."""
-        return self.offsets[layer] + chunk * self.pages[layer]
+        return self.offsets[layer] + chunk * self.device_pages[layer]
+
+    def blocks(self, layer: int) -> np.ndarray:
+        """Layer ``layer``'s KV tensor as a writable (num_blocks, page) uint8 view (what a
+        compressed job gathers from and decodes into)."""
+        return np.lib.stride_tricks.as_strided(self.hosts[layer], (len(self.tensors[layer]), self.pages[layer]),
+                                               (self.strides[layer], 1), writeable=True)
 
     # -- jobs ---------------------------------------------------------------------------------
     def _descriptors(self, direction: str, kv: np.ndarray, chunks: np.ndarray,
@@ -220,13 +250,22 @@ class CxlOffloadingWorker(OffloadingWorker):
             raise ValueError(f"job {job_id}: {len(kv)} KV blocks for {len(chunks)} device chunks")
         job = _Job(job_id, is_load, len(kv), len(kv) * self.chunk_bytes, time.perf_counter())
         self._open_jobs[job_id] = job
-        if self._lost:
+        pool_hashes = getattr(dev_spec, "pool_hashes", None)
+        if is_load and pool_hashes is not None:  # the pool's blocks first, the tier's by DMA below
+            kv, chunks, unread = self._load_from_pool(kv, chunks, pool_hashes)
+            if unread:
+                job.error = f"{unread} block(s) of the shared pool could not be read (evicted, or torn)"
+        if job.error is None and self._lost:
             job.error = "device gone"
+        if job.error is not None:
+            pass  # failed already: nothing more moves for it
         elif self._pump is not None:
             self._pump.add(job, np.asarray(kv, np.int64), np.asarray(chunks, np.int64), layerwise)
             if job.pending_layers:
                 self._issue_layers(job, self._window(job))
             self._pump.pump()
+        elif self.codec is not None and len(kv):
+            self._submit_coded(job, np.asarray(kv, np.int64), np.asarray(chunks, np.int64), layerwise)
         elif len(kv):
             arrays = self._descriptors("read" if is_load else "write", kv, chunks, layerwise)
             try:
@@ -241,6 +280,48 @@ class CxlOffloadingWorker(OffloadingWorker):
         self.stats.add(host_ns=time.perf_counter_ns() - t0, host_blocks=len(kv),
                        **({"load_jobs": 1} if is_load else {"store_jobs": 1}))
         return True
+
+    def _submit_coded(self, job: _Job, kv: np.ndarray, chunks: np.ndarray, layerwise: bool) -> None:
+        """A job of a compressed kv_format: a store's pages encoded now, its staging DMA'd; a
+        load's staging DMA'd, decoded into the KV when waited for or reported (``CodedJob``)."""
+        assert self.codec is not None
+        coded = CodedJob(self.codec, self.blocks, self.offsets, kv, chunks, job.is_load)
+        job.coded = coded
+        feed = self.memdev.access_feed  # the CHMU counts what the tier touches
+        if feed.enabled:
+            for _, descs in coded.descriptors:
+                for d in descs:
+                    feed.note(d.dpa, d.length, not job.is_load)
+        try:
+            if layerwise:
+                job.pending_layers.extend(coded.descriptors)
+                self._issue_layers(job, self._window(job))
+            else:
+                descs = [d for _, layer_descs in coded.descriptors for d in layer_descs]
+                job.handles.append(self.dma.submit(descs, channel=LOAD_CHANNEL if job.is_load else STORE_CHANNEL))
+        except DeviceGone as exc:
+            self._device_lost(exc)
+            job.error = str(exc)
+
+    def _load_from_pool(self, kv: np.ndarray, chunks: np.ndarray,
+                        pool_hashes: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray, int]:
+        """Read the job's pool blocks (chunk -1) into their KV blocks: each the pool's verified
+        copy, its pages scattered to the layers' tensors (host memory). Returns the job's tier
+        blocks and chunks, and how many pool blocks could not be read."""
+        keep, unread = [], 0
+        for i, block_hash in enumerate(pool_hashes):
+            if block_hash is None:
+                keep.append(i)
+                continue
+            buf = self.pool.load(block_hash)
+            if buf is None:
+                unread += 1
+                continue
+            block, pos = int(kv[i]), 0
+            for host, stride, page in zip(self.hosts, self.strides, self.pages):
+                host[block * stride:block * stride + page] = buf[pos:pos + page]
+                pos += page
+        return np.asarray(kv)[keep], np.asarray(chunks)[keep], unread
 
     def _window(self, job: _Job) -> int:
         """Layers to issue ahead of the one the forward needs (see the module doc)."""
@@ -298,6 +379,8 @@ class CxlOffloadingWorker(OffloadingWorker):
                     handles = [job.layer_handles[layer]] if layer in job.layer_handles else []
                 for h in handles:
                     h.wait()
+                if job.coded is not None and not any(h.errors for h in handles):
+                    job.coded.land(layer)  # the forward reads these pages next
                 if job.pieces is not None and layer is not None:
                     self._pump.layer_arrived(job, layer)  # type: ignore[union-attr]
             except DeviceGone as exc:
@@ -344,10 +427,14 @@ class CxlOffloadingWorker(OffloadingWorker):
             if not self._lost:  # a lost device was reported once, as an error
                 logger.warning("cxlemu tier: %s job %d of %d blocks failed: %s",
                                "load" if job.is_load else "store", job.job_id, job.blocks, failed)
-        elif job.is_load:
-            self.stats.add(blocks_loaded=job.blocks, bytes_loaded=job.nbytes)
         else:
-            self.stats.add(blocks_stored=job.blocks, bytes_stored=job.nbytes)
+            link = job.nbytes if job.coded is None else job.coded.link_bytes
+            if job.is_load:
+                if job.coded is not None:
+                    job.coded.land()  # what no wait decoded yet, before vLLM may read it
+                self.stats.add(blocks_loaded=job.blocks, bytes_loaded=job.nbytes, link_bytes_loaded=link)
+            else:
+                self.stats.add(blocks_stored=job.blocks, bytes_stored=job.nbytes, link_bytes_stored=link)
         return TransferResult(job.job_id, failed is None, job.nbytes, elapsed)
 
     def _finished(self, job: _Job) -> bool:
@@ -390,7 +477,8 @@ class _Publisher:
         self.worker = worker
         self._last = 0.0
         self._writer: Any = host_writer(md, "tier")
-        self._manager = ManagerCounters(worker.spec.device_name, writer=False)  # a scheduler elsewhere
+        self._manager = ManagerCounters(worker.spec.device_name, writer=False,  # a scheduler elsewhere
+                                        host=worker.spec.tier.host)
 
     def publish(self, force: bool = False) -> None:
         now = time.monotonic()

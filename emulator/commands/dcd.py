@@ -14,13 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from emulator.dcd import NO_TAG, Extent
-from emulator.kv_pool import INDEX_TAG
-from firmware_model.kv_index import MAX_HOSTS, layout_slots
+from emulator.kv_pool import INDEX_TAG, POLICY
+from firmware_model.kv_index import MAX_HOSTS, POLICY_BYTES, check_policy, layout_slots
 from emulator.events import header
 from emulator.mailbox import Effect, command
 from emulator.spec import payloads_dcd as D
 from emulator.spec.opcodes import Opcode
-from emulator.spec.payloads_events import EventLog
+from emulator.spec.payloads_events import EVENT_LOG_SIZES, EventLog
 from emulator.spec.payloads_memdev import CAPACITY_UNIT
 from emulator.spec.retcodes import RetCode
 
@@ -71,9 +71,7 @@ def _ranges(payload: memoryview) -> list[tuple[int, int]] | RetCode:
     """The extent list of Add DC Response / Release DC, or the code refusing its length."""
     count = D.DC_RESPONSE.unpack(payload)["updated_extent_list_size"]
     if len(payload) != D.DC_RESPONSE.size + count * D.DC_EXTENT_ENTRY.size:
-        return RetCode.INVALID_PAYLOAD_LENGTH
-    if count > D.DC_MAX_EXTENTS:
-        return RetCode.RESOURCES_EXHAUSTED
+        return RetCode.INVALID_PAYLOAD_LENGTH  # a 2 KiB payload holds 85 entries: the extent limit is DcState's
     entries = (D.DC_EXTENT_ENTRY.unpack(payload, D.DC_RESPONSE.size + i * D.DC_EXTENT_ENTRY.size)
                for i in range(count))
     return [(e["start_dpa"], e["len"]) for e in entries]
@@ -109,8 +107,6 @@ def _fm_request(fw: Firmware, payload: memoryview) -> tuple[dict, list[Extent]] 
         return RetCode.INVALID_PAYLOAD_LENGTH
     if req["host"] >= len(fw.dcd.ports) or req["region"] >= len(fw.dcd.regions) or req["count"] == 0:
         return RetCode.INVALID_INPUT
-    if req["count"] > D.DC_MAX_EXTENTS:
-        return RetCode.RESOURCES_EXHAUSTED
     base, _ = fw.dcd.regions[req["region"]]
     items = [D.FM_EXTENT.unpack(payload, D.FM_DC_REQUEST.size + i * D.FM_EXTENT.size) for i in range(req["count"])]
     seq = 1 if req["tag"] != NO_TAG else 0  # shared extents are numbered in offer order
@@ -119,6 +115,14 @@ def _fm_request(fw: Firmware, payload: memoryview) -> tuple[dict, list[Extent]] 
     if bad is not None or any(fw.dcd.region_of(e.start_dpa) != req["region"] for e in extents):
         return bad or RetCode.INVALID_PHYSICAL_ADDRESS
     return req, extents
+
+
+def _log_room(fw: Firmware, hosts: list[int], records: int) -> bool:
+    """Whether each host's DC event log has room for ``records`` more: an offer whose last record
+    (the one that closes its More chain) would overflow the log could never surface to the host.
+    cxlemu's own check (QEMU lets its 8-record log overflow); refused as Resources Exhausted."""
+    size = EVENT_LOG_SIZES[EventLog.DYNAMIC_CAPACITY]
+    return all(fw.ports[h].events.count(EventLog.DYNAMIC_CAPACITY) + records <= size for h in hosts)
 
 
 def _log(fw: Firmware, kind: D.DcEventType, req: dict, extents: list[Extent]) -> None:
@@ -138,6 +142,9 @@ def fm_add_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
         return parsed, b""
     req, extents = parsed
     rc = fw.dcd.offer(req["host"], extents)
+    if rc == RetCode.SUCCESS and not _log_room(fw, [req["host"]], len(extents)):
+        fw.dcd.ports[req["host"]].pending = []
+        rc = RetCode.RESOURCES_EXHAUSTED
     if rc == RetCode.SUCCESS:
         _log(fw, D.DcEventType.ADD_CAPACITY, req, extents)
     return rc, b""
@@ -154,7 +161,9 @@ def fm_release_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     if any(fw.dcd.held(port.accepted, e.start_dpa, e.length) < e.length for e in extents):
         return RetCode.INVALID_PHYSICAL_ADDRESS  # the host does not hold all of it
     if req["flags"] & D.FM_FORCED:
-        fw.dcd.revoke(req["host"], [(e.start_dpa, e.length) for e in extents])
+        rc = fw.dcd.revoke(req["host"], [(e.start_dpa, e.length) for e in extents])
+        if rc != RetCode.SUCCESS:
+            return rc, b""  # the cut would split past the extents a port can hold
         _log(fw, D.DcEventType.FORCED_CAPACITY_RELEASE, req, extents)
     else:
         _log(fw, D.DcEventType.RELEASE_CAPACITY, req, extents)
@@ -173,13 +182,29 @@ def fm_list_dc(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     return RetCode.SUCCESS, D.FM_LIST_OUT.pack(count=min(len(rows), fits)) + b"".join(rows[:fits])
 
 
-@command(Opcode.FM_CREATE_KV_POOL, "FM Create KV Pool", in_len=D.FM_KV_POOL.size, effects=_CHANGES,
+def _pool_policy(payload: memoryview) -> str | None:
+    """The eviction policy the payload names after its header (none: ``POLICY``), or None when it
+    is not one the firmware can evict with (``check_policy``)."""
+    text = bytes(payload[D.FM_KV_POOL.size:]).rstrip(b"\0")
+    try:
+        return check_policy(text.decode()) if text else POLICY
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+@command(Opcode.FM_CREATE_KV_POOL, "FM Create KV Pool", in_len=None, min_len=D.FM_KV_POOL.size, effects=_CHANGES,
          persistent=True)
 def fm_create_kv_pool(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes]:
     """Offer one extent tagged kv-index to every host of the mask and format the index in it
-    (emulator/kv_pool.py). Invalid Input: no hosts, a pool already offered or held, a host with an
-    offer pending, or an extent too small for the slots; the extent checks are Add's."""
+    (emulator/kv_pool.py), evicted by the policy named after the header. Invalid Input: no hosts,
+    a pool already offered or held, a host with an offer pending, an extent too small for the
+    slots, or a policy the firmware cannot build; the extent checks are Add's."""
+    if len(payload) > D.FM_KV_POOL.size + POLICY_BYTES:
+        return RetCode.INVALID_PAYLOAD_LENGTH, b""
     req = D.FM_KV_POOL.unpack(payload)
+    policy = _pool_policy(payload)
+    if policy is None:
+        return RetCode.INVALID_INPUT, b""
     hosts = [h for h in range(len(fw.ports)) if req["hosts"] >> h & 1]
     if not hosts or req["hosts"] >> len(fw.ports) or len(fw.ports) > MAX_HOSTS or req["region"] >= len(fw.dcd.regions):
         return RetCode.INVALID_INPUT, b""
@@ -194,13 +219,15 @@ def fm_create_kv_pool(fw: Firmware, payload: memoryview) -> tuple[RetCode, bytes
         layout_slots(extent.length, req["slot_bytes"])
     except ValueError:
         return RetCode.INVALID_INPUT, b""
+    if not _log_room(fw, hosts, 1):
+        return RetCode.RESOURCES_EXHAUSTED, b""
     for h in hosts:
         rc = fw.dcd.offer(h, [extent])
         if rc != RetCode.SUCCESS:  # another host's extents overlap it: no offer stays, nothing is formatted
             for p in hosts:
                 fw.dcd.ports[p].pending = []
             return rc, b""
-    fw.kv_pool.create(extent.start_dpa, extent.length, req["slot_bytes"], req["quota"])
+    fw.kv_pool.create(extent.start_dpa, extent.length, req["slot_bytes"], req["quota"], policy)
     for h in hosts:
         _log(fw, D.DcEventType.ADD_CAPACITY, {"host": h, "region": req["region"]}, [extent])
     return RetCode.SUCCESS, b""

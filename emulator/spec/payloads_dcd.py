@@ -105,7 +105,8 @@ FM_LIST_ENTRY = Layout("cxlemu FM list entry", "vendor", 48, [
 
 # C003h: create the shared KV pool (docs/pool-design.md section 3): the extent [region base +
 # offset, + len) is offered to every host of the mask, tagged "kv-index", and formatted as an
-# empty index of slot_bytes slots (quota 0: the data area divided by the device's hosts).
+# empty index of slot_bytes slots (quota 0: the data area divided by the device's hosts). After this
+# header, optionally, the eviction policy's spec as UTF-8 (at most kv_index.POLICY_BYTES; none: lru).
 FM_KV_POOL = Layout("cxlemu FM create KV pool", "vendor", 40, [
     ("region", "B"), ("hosts", "B"), ("rsvd", "6s"), ("offset", "Q"), ("len", "Q"), ("slot_bytes", "Q"),
     ("quota", "Q")])

@@ -35,9 +35,9 @@ def fw2(device_name: str) -> Iterator[Firmware]:
 
 
 def _create(fw: Firmware, *, hosts: int = 0b11, length: int = MB2, slot: int = SLOT, quota: int = 0,
-            offset: int = 0) -> RetCode:
+            offset: int = 0, policy: bytes = b"") -> RetCode:
     payload = D.FM_KV_POOL.pack(region=0, hosts=hosts, offset=offset, len=length, slot_bytes=slot, quota=quota)
-    return dispatch(fw, Opcode.FM_CREATE_KV_POOL, payload)[0]
+    return dispatch(fw, Opcode.FM_CREATE_KV_POOL, payload + policy)[0]
 
 
 def _accept(fw: Firmware, host: int) -> None:
@@ -214,6 +214,72 @@ def test_an_erased_index_is_let_go(fw2: Firmware) -> None:
     fw2.media[BASE:BASE + 8] = 0  # sanitize wiped the media
     _pass(fw2)
     assert fw2.kv_pool.index is None
+
+
+# the eviction policy, chosen at create and kept in the index's header -------------------------------
+def test_the_policy_is_kept_in_the_header(fw2: Firmware) -> None:
+    assert _create(fw2, policy=b"lfu") == RetCode.SUCCESS
+    assert bytes(fw2.media[BASE + 128:BASE + 132]) == b"lfu\0" and not fw2.media[BASE + 131:BASE + 384].any()
+    idx, cas = _index(fw2)
+    assert idx.policy == "lfu"
+    del idx
+    cas.release()
+
+
+@pytest.mark.parametrize(("policy", "rc"), [
+    (b"opt", RetCode.INVALID_INPUT),                 # offline: needs the future
+    (b"nosuch", RetCode.INVALID_INPUT),
+    (b"os:getcwd", RetCode.INVALID_INPUT),           # imports, but is no policy
+    (b"\xff\xfe", RetCode.INVALID_INPUT),            # not UTF-8
+    (b"l" * 257, RetCode.INVALID_PAYLOAD_LENGTH),    # past the header's 256 bytes
+])
+def test_a_policy_the_firmware_cannot_run_is_refused(fw2: Firmware, policy: bytes, rc: RetCode) -> None:
+    assert _create(fw2, policy=policy) == rc
+    assert fw2.dcd.ports[0].pending == [] and bytes(fw2.media[BASE:BASE + 8]) == bytes(8)
+
+
+@pytest.mark.parametrize(("policy", "victims"), [
+    # by recency: the 70 touched longest ago are 0..69 (their last touch came first)
+    (b"lru", list(range(70))),
+    # by count: the 40 just published (1 use each), then the oldest of the twice-used 70..399
+    (b"lfu", list(range(70, 100)) + list(range(400, 440))),
+])
+def test_the_chosen_policy_picks_the_victims(fw2: Firmware, policy: bytes, victims: list[int]) -> None:
+    _create(fw2, quota=1 << 40, policy=policy)
+    _accept(fw2, 0)
+    idx, cas = _index(fw2)
+    try:
+        _join(idx, 0, os.getpid())
+        _pass(fw2)
+        slots = [_seal(idx, n) for n in range(400)]
+        for keys, at in ((range(400), 1000), (range(70), 2000), (range(70), 2500), (range(70, 400), 3000)):
+            for n in keys:
+                idx.touch(slots[n], 0, at + n)
+            _pass(fw2)  # one pass each: 0..69 are used 3 times, 70..399 twice; nothing evicted yet
+        slots += [_seal(idx, n) for n in range(400, 440)]  # past 7/8 of 494 slots: 70 go (down to 370)
+        for n in range(400, 440):
+            idx.touch(slots[n], 0, 4000 + n)
+        _pass(fw2)
+        kinds = [K.kind_of(idx.word(s)) for s in slots]  # evicted: TOMB, or FREE once swept (a chain's end)
+        assert [n for n, k in enumerate(kinds) if k != K.SEALED] == victims
+        assert fw2.kv_pool.policy is not None and fw2.kv_pool.policy.name == policy.decode()
+    finally:
+        del idx
+        cas.release()
+
+
+def test_a_restarted_firmware_evicts_by_the_pools_policy(device_name: str) -> None:
+    from emulator.device_dir import DeviceFiles
+    with firmware(capacity=M256, name=device_name, hosts=2, dc_regions=(M256,)) as fw:
+        assert _create(fw, policy=b"firmware_model.policies.arc:ARCPolicy") == RetCode.SUCCESS
+        _accept(fw, 0)
+        fw.persist.save()
+        fw2 = Firmware(DeviceFiles.open(device_name))
+        try:
+            _pass(fw2)
+            assert fw2.kv_pool.policy is not None and fw2.kv_pool.policy.name == "arc"
+        finally:
+            fw2.close()
 
 
 def test_the_telemetry_page_publishes_hosts_extents_and_the_pool_census(fw2: Firmware) -> None:

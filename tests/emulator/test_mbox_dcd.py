@@ -13,7 +13,7 @@ from emulator.firmware import Firmware
 from emulator.mailbox import dispatch
 from emulator.spec import payloads_dcd as D
 from emulator.spec.opcodes import Opcode
-from emulator.spec.payloads_events import EventLog
+from emulator.spec.payloads_events import EVENT_HEADER, EventLog
 from emulator.spec.retcodes import RetCode
 
 M256 = 256 << 20
@@ -211,3 +211,77 @@ def test_the_telemetry_page_counts_the_dc_regions_in_the_capacity(fw2: Firmware)
     pages = [TelemetryReader(p.bar).snapshot().firmware for p in fw2.ports]
     assert [page.capacity_bytes for page in pages] == [4 * M256, 4 * M256]
     assert all(page.capacity_used_bytes <= page.capacity_bytes for page in pages)
+
+
+# Resources Exhausted (0x1D), as QEMU answers it: a port holds at most DC_MAX_EXTENTS (512) extents.
+@pytest.fixture
+def fw_big(device_name: str) -> Iterator[Firmware]:
+    """One host port and a 2 GiB region (1024 blocks): room for 512 extents with gaps."""
+    with firmware(capacity=M256, name=device_name, dc_regions=(8 * M256,)) as fw:
+        yield fw
+
+
+def _clear_dc_log(fw: Firmware, host: int) -> None:
+    logs = fw.ports[host].events
+    batch = logs.get(EventLog.DYNAMIC_CAPACITY, 64)
+    assert logs.clear(EventLog.DYNAMIC_CAPACITY, [EVENT_HEADER.unpack(r)["handle"] for r in batch.records]) \
+        == RetCode.SUCCESS
+
+
+def _hold(fw: Firmware, blocks: list[int], *, first_len: int = MB2) -> None:
+    """Port 0 offered and accepting one extent at each block of region 0 (64 per round, the log's size);
+    the first extent is ``first_len`` long."""
+    for at in range(0, len(blocks), 64):
+        chunk = [(b * MB2, first_len if b == blocks[0] else MB2) for b in blocks[at:at + 64]]
+        assert on(fw, 0, Opcode.FM_ADD_DC, fm(0, 0, *chunk))[0] == RetCode.SUCCESS
+        assert on(fw, 0, Opcode.ADD_DC_RESPONSE, response(*[(BASE + o, n) for o, n in chunk]))[0] == RetCode.SUCCESS
+        _clear_dc_log(fw, 0)
+
+
+def test_an_offer_past_the_extents_a_port_can_hold_is_resources_exhausted(fw_big: Firmware) -> None:
+    _hold(fw_big, [2 * i for i in range(510)])  # 510 extents, every other block
+    rc, out = on(fw_big, 0, Opcode.GET_DC_CONFIG, bytes([1, 0]))
+    assert struct.unpack_from("<IIII", out, 48) == (512, 2, 512, 512)
+    # 510 + 3 > 512: QEMU's FM add checks the count first, so an overlapping offer says so too
+    assert on(fw_big, 0, Opcode.FM_ADD_DC, fm(0, 0, (1 * MB2, MB2), (3 * MB2, MB2), (5 * MB2, MB2)))[0] == \
+        RetCode.RESOURCES_EXHAUSTED
+    assert on(fw_big, 0, Opcode.FM_ADD_DC, fm(0, 0, (0, MB2), (3 * MB2, MB2), (5 * MB2, MB2)))[0] == \
+        RetCode.RESOURCES_EXHAUSTED
+    assert fw_big.dcd.ports[0].pending == [] and fw_big.ports[0].events.count(EventLog.DYNAMIC_CAPACITY) == 0
+    assert on(fw_big, 0, Opcode.FM_ADD_DC, fm(0, 0, (1 * MB2, MB2), (3 * MB2, MB2)))[0] == RetCode.SUCCESS
+
+
+def test_an_offer_that_would_overflow_the_dc_event_log_is_resources_exhausted(fw_big: Firmware) -> None:
+    """cxlemu's own rule: the record that closes a More chain must fit the 64-record log."""
+    assert on(fw_big, 0, Opcode.FM_ADD_DC, fm(0, 0, *[(2 * i * MB2, MB2) for i in range(65)]))[0] == \
+        RetCode.RESOURCES_EXHAUSTED
+    assert fw_big.dcd.ports[0].pending == [] and fw_big.ports[0].events.count(EventLog.DYNAMIC_CAPACITY) == 0
+    assert on(fw_big, 0, Opcode.FM_ADD_DC, fm(0, 0, *[(2 * i * MB2, MB2) for i in range(64)]))[0] == RetCode.SUCCESS
+    assert fw_big.ports[0].events.count(EventLog.DYNAMIC_CAPACITY) == 64
+
+
+def test_accepting_past_the_limit_is_resources_exhausted_before_the_list_is_checked(fw_big: Firmware) -> None:
+    _hold(fw_big, [0] + [3 + 2 * i for i in range(509)], first_len=3 * MB2)  # 510; the first: blocks 0-2
+    assert on(fw_big, 0, Opcode.FM_ADD_DC, fm(0, 0, (1021 * MB2, MB2), (1023 * MB2, MB2)))[0] == RetCode.SUCCESS
+    assert on(fw_big, 0, Opcode.RELEASE_DC, response((BASE + MB2, MB2)))[0] == RetCode.SUCCESS  # splits: 511 held
+    assert len(fw_big.dcd.ports[0].accepted) == 511
+    offered = response((BASE + 1021 * MB2, MB2), (BASE + 1023 * MB2, MB2))
+    assert on(fw_big, 0, Opcode.ADD_DC_RESPONSE, offered)[0] == RetCode.RESOURCES_EXHAUSTED
+    misaligned = response((BASE + 1021 * MB2, MB2), (BASE + 4096, MB2))
+    assert on(fw_big, 0, Opcode.ADD_DC_RESPONSE, misaligned)[0] == RetCode.RESOURCES_EXHAUSTED  # QEMU's order
+    assert len(fw_big.dcd.ports[0].pending) == 2 and access(fw_big, 0)[127] == 0x0A  # blocks 1017, 1019 only
+    assert on(fw_big, 0, Opcode.ADD_DC_RESPONSE, response((BASE + 1023 * MB2, MB2)))[0] == RetCode.SUCCESS
+    assert len(fw_big.dcd.ports[0].accepted) == 512 and access(fw_big, 0)[127] == 0x8A
+
+
+def test_a_release_that_splits_past_the_limit_is_resources_exhausted(fw_big: Firmware) -> None:
+    _hold(fw_big, [0] + [3 + 2 * i for i in range(511)], first_len=3 * MB2)  # 512; the first: blocks 0-2
+    bits = access(fw_big, 0)
+    assert on(fw_big, 0, Opcode.RELEASE_DC, response((BASE + MB2, MB2)))[0] == RetCode.RESOURCES_EXHAUSTED
+    forced = fm(0, 0, (MB2, MB2), forced=True)
+    assert on(fw_big, 0, Opcode.FM_RELEASE_DC, forced)[0] == RetCode.RESOURCES_EXHAUSTED
+    assert access(fw_big, 0) == bits and fw_big.dcd.ports[0].accepted[0] == Extent(BASE, 3 * MB2)
+    assert fw_big.ports[0].events.count(EventLog.DYNAMIC_CAPACITY) == 0  # no Forced Release logged
+    # cutting an end leaves one extent: no more than before
+    assert on(fw_big, 0, Opcode.RELEASE_DC, response((BASE, MB2)))[0] == RetCode.SUCCESS
+    assert fw_big.dcd.ports[0].accepted[0] == Extent(BASE + MB2, 2 * MB2) and access(fw_big, 0)[0] == 0b1010_1110  # blocks 1, 2, 3, 5, 7

@@ -17,7 +17,7 @@ def raw_of(x: np.ndarray, elem: str = "f32") -> np.ndarray:
 
 
 def test_encoded_sizes_are_exact() -> None:
-    """int8: a fp16 scale per token + a byte per value; int4: header, M (scale, zero), nibbles."""
+    """int8: a record per token (fp16 scale, a byte per value); int4: header, M (scale, zero), nibbles."""
     assert PieceCodec("int8", 16, 128, "f16").encoded_bytes == 16 * 2 + 16 * 128 == 2080
     assert PieceCodec("int4", 16, 128, "f16").encoded_bytes == 4 + 4 * 128 + 16 * 64 == 1540
     assert PieceCodec("int4", 16, 64, "f32").encoded_bytes == 4 + 4 * 64 + 16 * 32 == 772
@@ -43,9 +43,11 @@ def test_int8_layout_byte_for_byte() -> None:
     c = PieceCodec("int8", 2, 4, "f32")
     x = np.array([[[254.0, -127.0, 0.5, 0.0], [0, 0, 0, 0]]], np.float32)
     enc = c.encode(raw_of(x), np.array([False]))
-    assert enc.shape == (1, 2 * 2 + 8)
-    assert enc[0, :4].view(np.float16).tolist() == [2.0, 0.0]
-    assert enc[0, 4:].view(np.int8).tolist() == [127, -64, 0, 0, 0, 0, 0, 0]  # -127/2 = -63.5 -> -64 (even)
+    assert enc.shape == (1, 2 * (2 + 4))  # a record per token: scale, then its codes
+    assert enc[0, [0, 1, 6, 7]].copy().view(np.float16).tolist() == [2.0, 0.0]
+    assert enc[0, 2:6].view(np.int8).tolist() == [127, -64, 0, 0]  # -127/2 = -63.5 -> -64 (even)
+    assert enc[0, 8:12].view(np.int8).tolist() == [0, 0, 0, 0]
+    assert c.prefix_bytes(1) == 6 and PieceCodec("int4", 2, 4).prefix_bytes(1) is None
     assert decode_elements(c.decode(enc), "f32")[0].tolist() == [254.0, -128.0, 0.0, 0.0, 0, 0, 0, 0]
 
 
@@ -84,7 +86,8 @@ def scale_of(c: PieceCodec, enc: np.ndarray) -> np.ndarray:
     """Each element's scale, read back from the encoded layout."""
     n, t, d = enc.shape[0], c.tokens, c.head_dim
     if c.fmt == "int8":
-        return np.broadcast_to(enc[:, :2 * t].view(np.float16).astype(np.float32)[:, :, None], (n, t, d))
+        s = enc.reshape(n, t, 2 + d)[:, :, :2].copy().view(np.float16).astype(np.float32)
+        return np.broadcast_to(s, (n, t, d))
     m = max(d, t * d // c.group)
     s = enc[:, 4:4 + 2 * m].view(np.float16).astype(np.float32)
     out = np.empty((n, t, d), np.float32)

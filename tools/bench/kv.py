@@ -9,10 +9,10 @@ one by one. Modes, on the same device and the same run:
 * ``layerwise``  — transformers' offloaded cache: two layer frames, every layer offloaded
                    whole after use and the next one prefetched (same DMA engine and link);
 * ``cxlemu:<p>`` — ``CxlCache`` with the firmware policy ``p`` and its prefetch;
-* ``cxlemu:<p>/<fmt>`` — the same with ``kv_format=<fmt>`` (``int8``, ``int4``): the KV kept
-                   quantized on the device, the link moving the encoded bytes (``int4`` rows run
-                   with prefix sharing on, which it needs; no decode step shares a block, so
-                   it only hashes the saved tail).
+* ``cxlemu:<p>/<fmt>`` — with ``--kv-format``: the same with ``kv_format=<fmt>`` (``int8``,
+                   ``int4``: the KV kept quantized on the device, the link moving the encoded
+                   bytes) and its twin ``cxlemu:<p>/native``, all three with prefix sharing on,
+                   which ``int4`` needs (so each format is compared with native on one save path).
 
 Per row also the bytes the link carried per generated token (loads and write-backs, as moved:
 encoded for a compressed format) and the device bytes the KV takes at the end. Tokens of the
@@ -154,8 +154,8 @@ def run(*, layers: int, hidden: int, heads: int, kv_heads: int, contexts: list[i
                 plan += [(f"cxlemu:{p}", pct, dict(policy=p, prefetch_depth=prefetch_depth, hbm_budget_bytes=budget))
                          for p in policies]
                 plan += [(f"cxlemu:{p}/{fmt}", pct, dict(policy=p, prefetch_depth=prefetch_depth, hbm_budget_bytes=budget,
-                                                         kv_format=fmt, prefix_sharing=fmt == "int4"))
-                         for p in policies for fmt in kv_formats]
+                                                         kv_format=fmt, prefix_sharing=True))
+                         for p in policies for fmt in (("native", *kv_formats) if kv_formats else ())]
             best: dict[tuple[str, int], tuple[float, list[int], list[float], dict[str, int]]] = {}
             for rnd in range(repeat):
                 for name, pct, kw in plan:
@@ -236,11 +236,12 @@ class FormatRow:
 
 
 def format_rows(rows: list[KvBenchRow]) -> list[FormatRow]:
-    """Each compressed row beside its native twin (same context, budget and policy; pure)."""
+    """Each compressed row beside its native twin (``cxlemu:<p>/native``: same context, budget,
+    policy and save path; pure)."""
     native = {(r.context, r.budget_pct, r.mode): r for r in rows if r.kv_format == "native"}
     out = []
     for r in rows:
-        base = native.get((r.context, r.budget_pct, r.mode.partition("/")[0]))
+        base = native.get((r.context, r.budget_pct, r.mode.partition("/")[0] + "/native"))
         if r.kv_format == "native" or base is None:
             continue
         out.append(FormatRow(r.context, r.budget_pct, r.mode, r.kv_format, r.link_kb_per_token,
@@ -275,7 +276,7 @@ def goals(rows: list[KvBenchRow]) -> list[KvGoals]:
     its ratio, and how much faster it is than demand fetch and whole-layer offload (pure)."""
     out = []
     for key in dict.fromkeys((r.context, r.budget_pct) for r in rows if r.budget_pct < 100):
-        group = {r.mode: r for r in rows if (r.context, r.budget_pct) == key and r.kv_format == "native"}
+        group = {r.mode: r for r in rows if (r.context, r.budget_pct) == key and "/" not in r.mode}
         ours = [r for m, r in group.items() if m.startswith("cxlemu:")]
         if not ours or "demand" not in group or "layerwise" not in group:
             continue

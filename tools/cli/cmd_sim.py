@@ -6,6 +6,8 @@
     cxlemu sim sweep ...        models x accelerators x pools x policies x workloads on Dask
     cxlemu sim validate FILE    the simulator against a `cxlemu bench serve --save FILE` run
     cxlemu sim check [--json]   the step cost models against published first-token latencies
+    cxlemu sim fleet --trace F  many instances behind a router on a Mooncake trace, each KV home
+    cxlemu sim fleet-sweep ...  fleets over speeds, sizes, homes, routers, admissions on Dask; break-even
 """
 from __future__ import annotations
 
@@ -25,11 +27,15 @@ def register(subparsers: Any) -> None:
     sub = p.add_subparsers(dest="sim_command", metavar="ACTION", parser_class=type(p))
     sub.required = True
     _register_serve(sub)
+    from tools.cli._sim_fleet import register_fleet
+    from tools.cli._sim_fleet_sweep import register_fleet_sweep
     from tools.cli._sim_sweep import register_sweep
     from tools.cli._sim_validate import register_validate
 
     register_sweep(sub)
     register_validate(sub)
+    register_fleet(sub)
+    register_fleet_sweep(sub)
     c = sub.add_parser("check", help="the step cost models (Vidur's profiles, the roofline) against published "
                                      "first-token latencies")
     c.add_argument("--json", action="store_true", help="the rows as a JSON list")
@@ -110,7 +116,9 @@ def _register_serve(sub: Any) -> None:
     s.add_argument("--system-prompts", type=_positive(int), default=4, help="sessions: distinct shared prompts (4)")
     s.add_argument("--user-tokens", type=_positive(int), default=256, help="sessions: new tokens a turn (default 256)")
     s.add_argument("--think-s", type=float, default=5.0, help="sessions: mean think time, s (default 5)")
-    s.add_argument("--trace", metavar="FILE", help="a session trace (cxlemu trace gen sessions)")
+    s.add_argument("--trace", metavar="FILE", help="a session trace (cxlemu trace gen sessions) or a Mooncake trace "
+                   "(JSON lines with hash_ids: one request a client, at its timestamp)")
+    s.add_argument("--speed", type=_positive(float), default=1.0, help="trace: a Mooncake trace's arrival rate x this")
     s.add_argument("--offload", type=parse_modes, default=None,
                    help="modes, comma-separated: none, host-lru, cxl-lru, cxl-smart (default all)")
     s.add_argument("--concurrency", type=_levels, default=None,
@@ -186,7 +194,7 @@ def _workload(args: argparse.Namespace) -> dict[str, Any]:
                 "user_tokens": args.user_tokens, "output_tokens": args.output_tokens, "think_s": args.think_s}
     if not args.trace:
         raise CliError("--workload trace needs --trace FILE (write one with `cxlemu trace gen sessions`)")
-    return {"kind": "trace", "path": args.trace}
+    return {"kind": "trace", "path": args.trace, "speed": args.speed}
 
 
 def base_point(args: argparse.Namespace) -> Any:

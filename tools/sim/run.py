@@ -215,7 +215,13 @@ def build_scripts(workload: dict[str, Any], concurrency: int, point: Point | Non
     if kind == "sessions":
         return wl.sessions(concurrency=concurrency, **spec)
     if kind == "trace":
+        from tools.sim import mooncake
+
         with open(spec["path"]) as f:
+            first = next((line for line in f if line.strip()), "")
+            f.seek(0)
+            if mooncake.is_mooncake(first):  # Mooncake's format, read as it is: one open-loop client a request
+                return mooncake.to_scripts(list(mooncake.read(f, spec.get("speed", 1.0))))
             return wl.load_trace(f)
     if kind == "bench":
         return wl.from_bench(WorkloadConfig(**spec["config"]), concurrency, spec["think_s"])

@@ -33,12 +33,15 @@ def _run_point(p: Point) -> dict[str, Any]:
     return {**metrics, **ident}
 
 
-def run_sweep(points: Sequence[Point], *, address: str | None = None, workers: int | None = None,
-              progress: Callable[[int, int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+def run_sweep(points: Sequence[Any], *, address: str | None = None, workers: int | None = None,
+              progress: Callable[[int, int, dict[str, Any]], None] | None = None,
+              task: Callable[[Any], dict[str, Any]] = _run_point, fields: Callable[[Any], dict[str, Any]] = point_fields,
+              order: Callable[[Any], Any] = sort_key) -> list[dict[str, Any]]:
     """Run every point as a task on a LocalCluster (``workers`` processes, default one per
     core) or on the scheduler at ``address``; the rows sorted by :func:`sort_key`. A task that
     fails (a lost worker, an exception) is a row with ``error``. ``progress(done, total, row)``
-    is called as each row arrives."""
+    is called as each row arrives. Other kinds of points (the fleet's) bring their ``task``,
+    the identifying ``fields`` of a failed one's row and the rows' ``order``."""
     import logging
     from contextlib import ExitStack
 
@@ -56,17 +59,17 @@ def run_sweep(points: Sequence[Point], *, address: str | None = None, workers: i
             client = stack.enter_context(Client(cluster))
         else:
             client = stack.enter_context(Client(address))
-        futures = client.map(_run_point, points, pure=False)
+        futures = client.map(task, points, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         for fut in as_completed(futures):
             if fut.status == "finished":
                 row = fut.result()
             else:
                 exc = fut.exception()
-                row = {**point_fields(points[index[fut.key]]), "error": f"{type(exc).__name__}: {exc}"}
+                row = {**fields(points[index[fut.key]]), "error": f"{type(exc).__name__}: {exc}"}
             fut.release()
             rows.append(row)
             if progress is not None:
                 progress(len(rows), len(points), row)
-    rows.sort(key=sort_key)
+    rows.sort(key=order)
     return rows

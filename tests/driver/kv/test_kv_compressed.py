@@ -38,8 +38,9 @@ def store(fmt: str, capacity: int = 1 << 16) -> tuple[CompressedStore, MemoryBlo
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_the_store_moves_and_holds_encoded_chunks(fmt: str) -> None:
-    """Extents of 2 whole chunks and of 1.5 chunks: 4 encoded chunks each way, the pool sized
-    by the encoded chunk, every value back within half its scale."""
+    """Extents of 2 whole chunks and of 1.5 chunks: 3 encoded chunks and the half chunk's 2
+    tokens each way (int8: their 2 records; int4: the whole chunk), the pool sized by the
+    encoded chunk, every value back within half its scale."""
     s, inner, codec = store(fmt)
     assert s.capacity_chunks == (1 << 16) // codec.encoded_bytes
     assert s.pool is not None
@@ -51,16 +52,17 @@ def test_the_store_moves_and_holds_encoded_chunks(fmt: str) -> None:
     cb = codec.native_bytes
     extents = [Extent(c[0], 2 * cb, 0), Extent(c[2], cb + cb // 2, 2 * cb)]
     s.write(extents, host).wait()
-    assert inner.bytes_written == 4 * codec.encoded_bytes
+    moved = 3 * codec.encoded_bytes + (2 * (2 + 16) if fmt == "int8" else codec.encoded_bytes)
+    assert inner.bytes_written == moved
     back = np.zeros_like(host)
     s.read(extents, back).wait()
-    assert inner.bytes_read == 4 * codec.encoded_bytes
+    assert inner.bytes_read == moved
     got = decode_elements(back, "f32").reshape(4, 4, 16)
     assert np.all(got[3, 2:] == 0)  # past the half chunk written: nothing read into the buffer
     bound = 0.5 * np.abs(x).max() / (127 if fmt == "int8" else 7.5) * (1 + 2.0 ** -9)
     assert np.abs(got[:3] - x[:3]).max() <= bound and np.abs(got[3, :2] - x[3, :2]).max() <= bound
     assert s.counters == {"native_bytes_read": 3.5 * cb, "native_bytes_written": 3.5 * cb,
-                          "link_bytes_read": 4 * codec.encoded_bytes, "link_bytes_written": 4 * codec.encoded_bytes}
+                          "link_bytes_read": moved, "link_bytes_written": moved}
 
 
 def test_a_batched_read_is_decoded_when_its_batch_lands() -> None:
@@ -107,7 +109,7 @@ def test_compressed_kv_decodes_close_to_dense(model: torch.nn.Module, fmt: str, 
     assert first_diff >= 4 and (got[1:first_diff] - ref[1:first_diff]).abs().max() <= tolerance
     encoded = PieceCodec(fmt, 4, 16, "f32").encoded_bytes
     assert stats["link_bytes_loaded"] == inner.bytes_read and stats["link_bytes_offloaded"] == inner.bytes_written
-    assert stats["link_bytes_loaded"] % encoded == 0 and stats["device_chunk_bytes"] == encoded
+    assert stats["device_chunk_bytes"] == encoded
     assert stats["link_bytes_loaded"] < stats["bytes_loaded"] * encoded / 256 * 1.2
 
 

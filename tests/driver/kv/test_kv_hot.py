@@ -5,6 +5,7 @@ keeping its heavy hitters, the selector plug point and its conformance kit."""
 from __future__ import annotations
 
 import sys
+import time
 import types
 
 import pytest
@@ -330,4 +331,28 @@ def test_page_chunks_are_marked_key_or_value_for_a_compressing_store() -> None:
     ids = eng.layers[0].chunks.ids[:, :, :6]
     values = eng.store.pool.values
     assert not values[ids[:, :3]].any() and values[ids[:, 3:]].all()
+    eng.close()
+
+
+def test_tie_break_counts_come_from_the_device_chmu(model) -> None:
+    """On a device the counts are its CHMU's: programmed by the engine, fed the page reads by the
+    device's access feed, drained from its hotlist; the pages read most have the most counts."""
+    from driver.kv._page_heat import DeviceHeat, ModelHeat
+
+    ids, mask = padded_batch([64])
+    cache = CxlCache(1 << 30, block_tokens=4, model=model, attention="hot", page_budget=0.3)
+    generate(model, ids, mask, cache, NEW)
+    heat = cache._engine.heat
+    assert isinstance(heat, DeviceHeat)
+    deadline = time.monotonic() + 5
+    while heat.total() == 0 and time.monotonic() < deadline:  # the epoch ends 10 ms after the reads
+        time.sleep(0.02)
+        heat.refresh()
+    st = cache._engine.layers[0]
+    counts = heat.counts(st.chunks.ids[:, :2, :st.complete])
+    cache.close()
+    assert heat.total() > 0 and counts.sum() > 0
+    eng = engine(0.5)
+    eng.update(0, *hand_made_prompt())
+    assert isinstance(eng.heat, ModelHeat)
     eng.close()

