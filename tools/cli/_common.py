@@ -6,7 +6,8 @@ place."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -23,6 +24,29 @@ class ArgumentError(CliError, argparse.ArgumentTypeError):
 
 
 PORT_RANGE = (1, 65535)
+
+
+def positive(kind: type) -> Callable[[str], Any]:
+    """An argparse ``type=`` for a number > 0 of ``kind`` (int or float; not NaN or infinite):
+    a bad one is one line, exit 2."""
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise ArgumentError(f"expected a {'whole number' if kind is int else 'number'}, got {text!r}") from None
+        if not v > 0 or (isinstance(v, float) and not math.isfinite(v)):
+            raise ArgumentError(f"must be > 0, got {text!r}")
+        return v
+    return parse
+
+
+def choice(options: Any, what: str) -> Callable[[str], str]:
+    """An argparse ``type=`` for one of ``options`` (named ``what`` in the error)."""
+    def parse(text: str) -> str:
+        if text not in options:
+            raise ArgumentError(f"unknown {what} {text!r}: choose from {', '.join(options)}")
+        return text
+    return parse
 
 
 def parse_port(text: str | int) -> int:

@@ -9,7 +9,7 @@ import re
 import sys
 from typing import Any
 
-from tools.cli._common import ArgumentError, CliError
+from tools.cli._common import ArgumentError, CliError, choice, positive
 
 __all__ = ["add_fleet_flags", "parse_tokens", "point_from_args", "register_fleet"]
 
@@ -25,26 +25,6 @@ def parse_tokens(text: str) -> int:
         raise ArgumentError(f"malformed token count {text!r}: use a whole number with an optional K, M or G "
                             "suffix (powers of 1000), e.g. 3M")
     return int(float(m.group(1)) * _SCALE[m.group(2).upper()])
-
-
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            v = kind(text)
-        except ValueError:
-            raise ArgumentError(f"expected a {'whole number' if kind is int else 'number'}, got {text!r}") from None
-        if not v > 0 or (isinstance(v, float) and not math.isfinite(v)):
-            raise ArgumentError(f"must be > 0, got {text!r}")
-        return v
-    return parse
-
-
-def _choice(options: Any, what: str) -> Any:
-    def parse(text: str) -> str:
-        if text not in options:
-            raise ArgumentError(f"unknown {what} {text!r}: choose from {', '.join(options)}")
-        return text
-    return parse
 
 
 def _price(text: str) -> float:
@@ -64,19 +44,19 @@ def add_fleet_flags(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--trace", required=True, metavar="FILE", help="a Mooncake trace (JSON lines: timestamp, "
                    "input_length, output_length, hash_ids)")
-    p.add_argument("--model", default="llama-3-70b", type=_choice(hw.MODELS, "model"),
+    p.add_argument("--model", default="llama-3-70b", type=choice(hw.MODELS, "model"),
                    help=f"{', '.join(hw.MODELS)} (default llama-3-70b)")
-    p.add_argument("--accelerator", default="h100", type=_choice(hw.ACCELERATORS, "accelerator"),
+    p.add_argument("--accelerator", default="h100", type=choice(hw.ACCELERATORS, "accelerator"),
                    help=f"{', '.join(hw.ACCELERATORS)} (default h100)")
-    p.add_argument("--tp", type=_positive(int), default=8, help="accelerators per instance, tensor parallel (8)")
-    p.add_argument("--limit", type=_positive(int), default=None, help="only the trace's first N requests")
-    p.add_argument("--cost", default="roofline", type=_choice(COST_MODELS, "cost model"),
+    p.add_argument("--tp", type=positive(int), default=8, help="accelerators per instance, tensor parallel (8)")
+    p.add_argument("--limit", type=positive(int), default=None, help="only the trace's first N requests")
+    p.add_argument("--cost", default="roofline", type=choice(COST_MODELS, "cost model"),
                    help="the step cost: roofline (default) or profile (Vidur's measured operators where profiled)")
-    p.add_argument("--slo-ttft-ms", type=_positive(float), default=5000.0, help="goodput's TTFT SLO (5000 ms)")
-    p.add_argument("--slo-tpot-ms", type=_positive(float), default=100.0, help="goodput's TPOT SLO (100 ms)")
-    p.add_argument("--kv-blocks", type=_positive(int), default=0,
+    p.add_argument("--slo-ttft-ms", type=positive(float), default=5000.0, help="goodput's TTFT SLO (5000 ms)")
+    p.add_argument("--slo-tpot-ms", type=positive(float), default=100.0, help="goodput's TPOT SLO (100 ms)")
+    p.add_argument("--kv-blocks", type=positive(int), default=0,
                    help="each instance's HBM KV space in 16-token blocks instead of what its memory leaves")
-    p.add_argument("--rdma-gbps", type=_positive(float), default=None, help="rdma: GB/s per node (87)")
+    p.add_argument("--rdma-gbps", type=positive(float), default=None, help="rdma: GB/s per node (87)")
     p.add_argument("--rdma-latency-us", type=float, default=None, help="rdma: us per transfer (25, an assumption)")
     p.add_argument("--price", type=_price, default=0.0, metavar="USD_PER_HOUR",
                    help="one accelerator's price per hour (adds $/M output tokens)")
@@ -96,15 +76,15 @@ def register_fleet(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                    "instance's HBM prefix cache and a KV home (none, per-host DRAM, one RDMA store "
                                    "or one CXL pool shared by all).")
     add_fleet_flags(p)
-    p.add_argument("--speed", type=_positive(float), default=1.0, help="arrival rate x this (default 1: the trace's)")
-    p.add_argument("--admission", default="fcfs", type=_choice(ADMISSIONS, "admission"),
+    p.add_argument("--speed", type=positive(float), default=1.0, help="arrival rate x this (default 1: the trace's)")
+    p.add_argument("--admission", default="fcfs", type=choice(ADMISSIONS, "admission"),
                    help="fcfs (vLLM, default) or memory-aware (early rejection by predicted load)")
     p.add_argument("--policy", default="lru", help="the CXL pool's eviction policy: lru (default), arc, s3fifo, "
                    "... or package.module:Class")
-    p.add_argument("--instances", type=_positive(int), default=16, help="instances (default 16)")
-    p.add_argument("--router", default="prefix", type=_choice(ROUTERS, "router"),
+    p.add_argument("--instances", type=positive(int), default=16, help="instances (default 16)")
+    p.add_argument("--router", default="prefix", type=choice(ROUTERS, "router"),
                    help="rr, least-loaded or prefix (uncached prefill + queued work; default)")
-    p.add_argument("--kv", default="none", type=_choice(HOMES, "KV home"), help=", ".join(HOMES) + " (default none)")
+    p.add_argument("--kv", default="none", type=choice(HOMES, "KV home"), help=", ".join(HOMES) + " (default none)")
     p.add_argument("--cache-tokens", type=parse_tokens, default=0,
                    help="each instance's share of its KV home in tokens, K/M/G accepted (3M); shared homes hold "
                         "instances x this")

@@ -15,12 +15,14 @@ import importlib
 
 _TIMING, _KV, _DEVICE, _SERVING = ("tools.cli.bench.timing", "tools.cli.bench.kv", "tools.cli.bench.device",
                                    "tools.cli.bench.serving")
+_QUALITY = "tools.cli.bench.quality"
 BENCHES: dict[str, str] = {  # name -> module, in the order `cxlemu bench --help` lists them
     "latency": _TIMING,
     "bandwidth": _TIMING,
     "overhead": _TIMING,
     "fidelity": _TIMING,
     "kv": _KV,
+    "quality": _QUALITY,
     "mailbox": _DEVICE,
     "liveness": _DEVICE,
     "tier": _KV,

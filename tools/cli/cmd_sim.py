@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from tools.cli._common import ArgumentError, CliError, need_extra, print_json
+from tools.cli._common import ArgumentError, CliError, choice, need_extra, positive, print_json
 
 
 def register(subparsers: Any) -> None:
@@ -42,14 +42,6 @@ def register(subparsers: Any) -> None:
     c.set_defaults(func=cmd_check)
 
 
-def _choice(options: Any, what: str) -> Any:
-    def parse(text: str) -> str:
-        if text not in options:
-            raise ArgumentError(f"unknown {what} {text!r}: choose from {', '.join(options)}")
-        return text
-    return parse
-
-
 def parse_modes(text: str) -> list[str]:
     """Comma-separated offload modes (an argparse ``type=``: ArgumentError names the known ones)."""
     from tools.sim.modes import parse_modes as parse
@@ -66,20 +58,8 @@ def _levels(text: str) -> list[int]:
     return parse_levels(text)
 
 
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            v = kind(text)
-        except ValueError:
-            raise ArgumentError(f"expected a {kind.__name__}, got {text!r}") from None
-        if not v > 0 or (isinstance(v, float) and not math.isfinite(v)):
-            raise ArgumentError(f"must be > 0, got {text!r}")
-        return v
-    return parse
-
-
 def _fraction(text: str) -> float:
-    v = _positive(float)(text)
+    v = positive(float)(text)
     if v > 1:
         raise ArgumentError(f"must be in (0, 1], got {text!r}")
     return v
@@ -93,11 +73,11 @@ def _register_serve(sub: Any) -> None:
                        description="Simulate a vLLM-like engine (continuous batching, chunked prefill, paged KV "
                                    "with a prefix cache, preemption) with an offload tier made of cxlemu's "
                                    "firmware model, on an accelerator's roofline.")
-    s.add_argument("--model", default="llama-2-7b", type=_choice(hw.MODELS, "model"),
+    s.add_argument("--model", default="llama-2-7b", type=choice(hw.MODELS, "model"),
                    help=f"{', '.join(hw.MODELS)} (default llama-2-7b)")
-    s.add_argument("--accelerator", default="h100", type=_choice(hw.ACCELERATORS, "accelerator"),
+    s.add_argument("--accelerator", default="h100", type=choice(hw.ACCELERATORS, "accelerator"),
                    help=f"{', '.join(hw.ACCELERATORS)} (default h100)")
-    s.add_argument("--tp", type=_positive(int), default=1,
+    s.add_argument("--tp", type=positive(int), default=1,
                    help="tensor parallelism: accelerators per instance, the weights and the KV split over them, two "
                         "NVLink all-reduces a layer (default 1)")
     s.add_argument("--cost", default="roofline", choices=("profile", "roofline"),
@@ -107,37 +87,37 @@ def _register_serve(sub: Any) -> None:
     s.add_argument("--workload", default="fixed", choices=("fixed", "sessions", "trace"),
                    help="fixed: the seed's fixed-length sequences (default); sessions: multi-turn chat with "
                         "shared system prompts; trace: --trace FILE")
-    s.add_argument("--context", type=_positive(int), default=4096, help="fixed: tokens per sequence (default 4096)")
-    s.add_argument("--output-tokens", type=_positive(int), default=128, help="output tokens per request (default 128)")
-    s.add_argument("--requests", type=_positive(int), default=8, help="fixed: sequences per client (default 8)")
-    s.add_argument("--sessions", type=_positive(int), default=256, help="sessions: how many (default 256)")
-    s.add_argument("--turns", type=_positive(int), default=4, help="sessions: turns each (default 4)")
-    s.add_argument("--system-tokens", type=_positive(int), default=1024, help="sessions: shared prompt (default 1024)")
-    s.add_argument("--system-prompts", type=_positive(int), default=4, help="sessions: distinct shared prompts (4)")
-    s.add_argument("--user-tokens", type=_positive(int), default=256, help="sessions: new tokens a turn (default 256)")
+    s.add_argument("--context", type=positive(int), default=4096, help="fixed: tokens per sequence (default 4096)")
+    s.add_argument("--output-tokens", type=positive(int), default=128, help="output tokens per request (default 128)")
+    s.add_argument("--requests", type=positive(int), default=8, help="fixed: sequences per client (default 8)")
+    s.add_argument("--sessions", type=positive(int), default=256, help="sessions: how many (default 256)")
+    s.add_argument("--turns", type=positive(int), default=4, help="sessions: turns each (default 4)")
+    s.add_argument("--system-tokens", type=positive(int), default=1024, help="sessions: shared prompt (default 1024)")
+    s.add_argument("--system-prompts", type=positive(int), default=4, help="sessions: distinct shared prompts (4)")
+    s.add_argument("--user-tokens", type=positive(int), default=256, help="sessions: new tokens a turn (default 256)")
     s.add_argument("--think-s", type=float, default=5.0, help="sessions: mean think time, s (default 5)")
     s.add_argument("--trace", metavar="FILE", help="a session trace (cxlemu trace gen sessions) or a Mooncake trace "
                    "(JSON lines with hash_ids: one request a client, at its timestamp)")
-    s.add_argument("--speed", type=_positive(float), default=1.0, help="trace: a Mooncake trace's arrival rate x this")
+    s.add_argument("--speed", type=positive(float), default=1.0, help="trace: a Mooncake trace's arrival rate x this")
     s.add_argument("--offload", type=parse_modes, default=None,
                    help="modes, comma-separated: none, host-lru, cxl-lru, cxl-smart (default all)")
     s.add_argument("--concurrency", type=_levels, default=None,
                    help="N, a list 1,2,4, or a range 1..32 (step: 1..32:4); default 1,2,4,8,16,24,32; at most "
                         "what the KV space holds (one block a request); not with --workload trace (its "
                         "clients are its concurrency)")
-    s.add_argument("--pool-gb", type=_positive(float), default=1024.0, help="CXL pool size, GB (default 1024)")
-    s.add_argument("--host-gb", type=_positive(float), default=256.0, help="host memory for host-lru, GB (256)")
-    s.add_argument("--host-link", default="pcie-host", type=_choice(("pcie-host", "pcie5-host"), "host link"),
+    s.add_argument("--pool-gb", type=positive(float), default=1024.0, help="CXL pool size, GB (default 1024)")
+    s.add_argument("--host-gb", type=positive(float), default=256.0, help="host memory for host-lru, GB (256)")
+    s.add_argument("--host-link", default="pcie-host", type=choice(("pcie-host", "pcie5-host"), "host link"),
                    help="pcie-host (Gen4 x16, default) or pcie5-host")
-    s.add_argument("--smart-policy", default="arc", type=_choice(ONLINE_POLICY_NAMES, "policy"),
+    s.add_argument("--smart-policy", default="arc", type=choice(ONLINE_POLICY_NAMES, "policy"),
                    help="cxl-smart's eviction policy (default arc)")
     s.add_argument("--preemption", default="recompute", choices=("recompute", "swap"),
                    help="none's preemption: recompute (vLLM v1) or swap to host over the host link")
-    s.add_argument("--block-tokens", type=_positive(int), default=16, help="KV block size (vLLM's default 16)")
-    s.add_argument("--max-num-seqs", type=_positive(int), default=256)
-    s.add_argument("--max-num-batched-tokens", type=_positive(int), default=8192)
+    s.add_argument("--block-tokens", type=positive(int), default=16, help="KV block size (vLLM's default 16)")
+    s.add_argument("--max-num-seqs", type=positive(int), default=256)
+    s.add_argument("--max-num-batched-tokens", type=positive(int), default=8192)
     s.add_argument("--memory-utilization", type=_fraction, default=0.9, help="vLLM's gpu_memory_utilization")
-    s.add_argument("--kv-blocks", type=_positive(int), default=0,
+    s.add_argument("--kv-blocks", type=positive(int), default=0,
                    help="the KV space in blocks instead of what the accelerator's memory leaves (e.g. a huge "
                         "one: the all-resident reference)")
     s.add_argument("--mfu", type=_fraction, default=None, help="fraction of peak FLOP/s reached (assumed 0.5)")

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, help), in the order
     "trace": ("tools.cli.cmd_trace", "replay, generate and record KV block-access traces"),
     "sim": ("tools.cli.cmd_sim", "simulate serving at datacenter scale: a vLLM-like engine, an "
                                  "accelerator's roofline and the offload tier's firmware model"),
+    "quality": ("tools.cli.cmd_quality", "rebuild the quality yardstick (a small Llama that attends far)"),
     "chmu": ("tools.cli.cmd_chmu", "show or configure a device's CHMU (hotness monitoring unit)"),
     "monitor": ("tools.cli.cmd_monitor", "live dashboard of devices (rich)"),
     "exporter": ("tools.cli.cmd_monitor", "Prometheus metrics of devices over HTTP"),

@@ -1,0 +1,52 @@
+"""The shipped yardstick: its weights match their sha256; through CxlCache's dense attention it
+predicts exactly what it does through DynamicCache on a held-out 2k document, and its perplexity
+there is the trained one (the filler's grammar learned; a random model's is the vocabulary's)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tools.common import CliError  # noqa: E402
+from tools.quality import model as yardstick  # noqa: E402
+from tools.quality.evaluate import score  # noqa: E402
+from tools.quality.tasks import make_document  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    import torch
+
+    torch.set_num_threads(1)
+    return yardstick.load()
+
+
+def test_damaged_weights_are_refused(tmp_path: Path) -> None:
+    for name in (yardstick.WEIGHTS, yardstick.META):
+        shutil.copy(yardstick.DATA_DIR / name, tmp_path / name)
+    data = bytearray((tmp_path / yardstick.WEIGHTS).read_bytes())
+    data[-1] ^= 1
+    (tmp_path / yardstick.WEIGHTS).write_bytes(bytes(data))
+    with pytest.raises(CliError, match=r"has sha256 [0-9a-f]{64}, yardstick.json says"):
+        yardstick.load(tmp_path)
+
+
+def test_dense_cxlcache_predicts_as_dynamiccache_with_the_trained_perplexity(model: Any) -> None:
+    import math
+
+    from transformers import DynamicCache
+
+    from driver.kv import MemoryBlockStore
+    from driver.kv.cache import CxlCache
+
+    doc = make_document(2048, 1 << 62)  # bench quality's first held-out document
+    with CxlCache(1 << 30, store=MemoryBlockStore(1 << 24), max_seq_len=2048) as cache:
+        ours = score(model, doc, cache)
+    ref = score(model, doc, DynamicCache())
+    assert ours.argmax == ref.argmax and ours.nll_sum == pytest.approx(ref.nll_sum, rel=1e-5)
+    assert math.exp(ours.nll_sum / ours.nll_count) < 20  # the filler's 112 tokens: 112 if untrained

@@ -1,0 +1,178 @@
+"""`cxlemu bench quality`: what each KV mode of ``CxlCache`` costs in answers, on a model that has
+learned to attend (the yardstick, ``tools.quality``).
+
+For each context, the same held-out documents (``tools.quality.tasks``: a needle and 8 recall
+pairs buried in filler, asked at the end) go through every mode; the prompt is prefilled, then
+every token from the perplexity tail on is a decode step through the mode's cache
+(``tools.quality.evaluate``). Each mode is one ``CxlCache`` configuration (``MODES``); every
+mode's argmax at every scored position is compared with ``DynamicCache``'s (``agreement``), and
+``dense`` must agree exactly. A mode whose keyword this checkout's ``CxlCache`` lacks is refused
+(``ModeUnavailable``), never approximated.
+
+The goals (issue 26, item 4) against ``dense`` at the same context: ``hot`` at the page budget:
+needle and recall accuracy >= 99 % of dense's, perplexity <= +1 %; ``int8``: perplexity <= +0.5 %,
+accuracies >= 99 %; ``int4``: perplexity <= +3 %. ``h2o`` is measured beside them (no goal).
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tools.common import CliError
+from tools.quality.evaluate import DocScore, score, totals
+from tools.quality.tasks import make_document
+
+EVAL_SEED = 1 << 62  # training draws its documents' seeds below this: these are held out
+ALL_RESIDENT = 1 << 30  # an HBM budget above the yardstick's KV: dense attention moves nothing
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One ``CxlCache`` configuration: the keywords it adds (``page_budget`` filled in when
+    ``budgeted``) and the keywords that must exist."""
+
+    name: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()
+    budgeted: bool = False
+    kv_format: str = "native"
+
+
+# The quantized formats read every page back from the device through hot attention at
+# page_budget 1.0: the dense engine keeps all layers resident at its minimum HBM budget (two
+# layers: the whole yardstick), so it would move, and quantize, no byte at all.
+_FORMAT = ("kv_format", "attention")
+MODES: dict[str, Mode] = {m.name: m for m in (
+    Mode("dense"),
+    Mode("hot", {"attention": "hot"}, needs=("attention",), budgeted=True),
+    Mode("h2o", {"attention": "h2o"}, needs=("attention",), budgeted=True),
+    Mode("int8", {"kv_format": "int8", "attention": "hot", "page_budget": 1.0}, needs=_FORMAT, kv_format="int8"),
+    Mode("int4", {"kv_format": "int4", "attention": "hot", "page_budget": 1.0}, needs=_FORMAT, kv_format="int4"),
+)}
+
+#: goals against dense: (mode, accuracy ratio floor or None, perplexity ratio ceiling)
+GOALS: dict[str, tuple[float | None, float]] = {"hot": (0.99, 1.01), "int8": (0.99, 1.005), "int4": (None, 1.03)}
+
+
+class ModeUnavailable(CliError):
+    """A mode whose ``CxlCache`` keyword this checkout lacks."""
+
+
+def check_modes(names: list[str]) -> None:
+    """Every name a known mode whose keyword ``CxlCache`` takes, or ``ModeUnavailable``."""
+    from driver.kv.cache import CxlCache
+
+    params = inspect.signature(CxlCache.__init__).parameters
+    for name in names:
+        mode = MODES.get(name)
+        if mode is None:
+            raise CliError(f"unknown mode {name!r}: choose from {', '.join(MODES)}")
+        for keyword in mode.needs:
+            if keyword not in params:
+                raise ModeUnavailable(f"mode {name!r} needs CxlCache({keyword}=...), which this checkout's "
+                                      f"driver.kv lacks (issue 26 item {2 if keyword == 'attention' else 3})")
+
+
+@dataclass(frozen=True)
+class QualityRow:
+    mode: str
+    page_budget: float
+    kv_format: str
+    context: int
+    examples: int
+    needle_acc: float
+    recall_acc: float
+    perplexity: float
+    agreement: float  # scored argmax equal to DynamicCache's
+    mb_loaded: float  # KV bytes read from the device per document (as moved: encoded when quantized)
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _cache(mode: Mode, model: Any, device: str, context: int, page_budget: float) -> Any:
+    from driver.kv.cache import CxlCache
+
+    kw = dict(mode.kwargs) | ({"page_budget": page_budget} if mode.budgeted else {})
+    if "attention" in kw:
+        kw["model"] = model  # hot / h2o route the model's attention through driver.kv
+    return CxlCache(ALL_RESIDENT, device=device, max_seq_len=context, **kw)
+
+
+def _run_mode(model: Any, docs: list, cache_for: Any) -> tuple[list[DocScore], int]:
+    """Each document through a fresh cache; the scores and the KV bytes read from the device."""
+    out, loaded = [], 0
+    for doc in docs:
+        cache = cache_for()
+        try:
+            out.append(score(model, doc, cache))
+            stats = cache.stats() if hasattr(cache, "stats") else {}
+            loaded += stats.get("link_bytes_loaded", stats.get("bytes_loaded", 0))
+        finally:
+            close = getattr(cache, "close", None)
+            if close is not None:
+                close()
+    return out, loaded
+
+
+def run(model: Any, *, contexts: list[int], examples: int, modes: list[str], page_budget: float,
+        progress: Any = None) -> list[QualityRow]:
+    """Every mode at every context over ``examples`` held-out documents (dense first)."""
+    from transformers import DynamicCache
+
+    from emulator.device import DeviceConfig, serve
+
+    check_modes(modes)
+    rows: list[QualityRow] = []
+    with serve(DeviceConfig(name=f"benchq-{time.monotonic_ns() % 10**8}", capacity=1 << 30)) as dev:
+        for ctx in contexts:
+            docs = [make_document(ctx, EVAL_SEED + i) for i in range(examples)]
+            if progress:
+                progress(f"context {ctx}: DynamicCache")
+            ref, _ = _run_mode(model, docs, DynamicCache)
+            for name in modes:
+                if progress:
+                    progress(f"context {ctx}: {name}")
+                mode = MODES[name]
+                t0 = time.perf_counter()
+                scores, loaded = _run_mode(model, docs, lambda m=mode: _cache(m, model, dev.name, ctx, page_budget))
+                tot = totals(scores)
+                same = sum(a == b for s, r in zip(scores, ref) for a, b in zip(s.argmax, r.argmax))
+                rows.append(QualityRow(name, page_budget if mode.budgeted else 1.0, mode.kv_format, ctx,
+                                       tot.examples, tot.needle_acc, tot.recall_acc, tot.perplexity,
+                                       same / sum(len(r.argmax) for r in ref), loaded / len(docs) / 1e6,
+                                       time.perf_counter() - t0))
+    return rows
+
+
+@dataclass(frozen=True)
+class QualityGoal:
+    mode: str
+    context: int
+    needle_ratio: float  # NaN: dense answered none, so the ratio is unmeasured
+    recall_ratio: float
+    ppl_ratio: float
+    met: bool
+
+
+def _ratio(ours: float, dense: float) -> float:
+    return ours / dense if dense else float("nan")
+
+
+def goals(rows: list[QualityRow]) -> list[QualityGoal]:
+    """Each goal mode's row against dense's at the same context (pure). An accuracy goal is met
+    only when measured: where dense answers nothing its ratio is NaN and the goal not met."""
+    dense = {r.context: r for r in rows if r.mode == "dense"}
+    out = []
+    for r in rows:
+        if r.mode not in GOALS or r.context not in dense:
+            continue
+        d, (acc_floor, ppl_ceiling) = dense[r.context], GOALS[r.mode]
+        needle, recall = _ratio(r.needle_acc, d.needle_acc), _ratio(r.recall_acc, d.recall_acc)
+        ppl = r.perplexity / d.perplexity
+        met = ppl <= ppl_ceiling and (acc_floor is None or (needle >= acc_floor and recall >= acc_floor))
+        out.append(QualityGoal(r.mode, r.context, needle, recall, ppl, met))
+    return out

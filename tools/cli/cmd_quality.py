@@ -1,0 +1,47 @@
+"""`cxlemu quality train`: rebuild the quality yardstick's weights (``tools.quality``)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from tools.cli._common import CliError, need_extra, print_json
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("quality", help="rebuild the quality yardstick (a small Llama that attends far)")
+    sub = p.add_subparsers(dest="quality", metavar="ACTION", parser_class=type(p))
+    sub.required = True
+    t = sub.add_parser("train", help="train the yardstick from its seed (deterministic; about 260 CPU-s on 1 thread)")
+    t.add_argument("--out", type=Path, help="write the weights here instead of the shipped tools/quality/data/")
+    t.add_argument("--steps", type=int, help="training steps (default: the shipped run's)")
+    t.add_argument("--check", action="store_true",
+                   help="train into a temporary folder and compare the sha256 with the shipped weights'")
+    t.set_defaults(func=cmd_train)
+
+
+def cmd_train(args: Any) -> int:
+    if args.steps is not None and args.steps < 1:
+        raise CliError(f"--steps must be >= 1, got {args.steps}")
+    if args.check and args.out is not None:
+        raise CliError("give --check or --out, not both")
+    need_extra("torch", "kv", "quality train")
+    need_extra("transformers", "kv", "quality train")
+    import dataclasses
+    import tempfile
+
+    from tools.quality import model as store
+    from tools.quality.train import ModelSpec, TrainSpec, train
+
+    spec = TrainSpec() if args.steps is None else dataclasses.replace(TrainSpec(), steps=args.steps)
+    model, figures = train(ModelSpec(), spec, progress=lambda step, loss, s: print(
+        f"step {step}/{spec.steps}: loss {loss:.4f}, {s:.0f} s", file=sys.stderr, flush=True))
+    if args.check:
+        with tempfile.TemporaryDirectory() as tmp:
+            digest = store.save(model, ModelSpec(), spec, figures, Path(tmp))
+        shipped = store.read_meta()["sha256"]
+        print_json({"sha256": digest, "shipped": shipped, "equal": digest == shipped} | figures)
+        return 0 if digest == shipped else 1
+    digest = store.save(model, ModelSpec(), spec, figures, args.out or store.DATA_DIR)
+    print_json({"sha256": digest} | figures)
+    return 0
