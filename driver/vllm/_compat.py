@@ -111,7 +111,9 @@ try:
     from vllm.v1.kv_offload.base import (
         BlockIDsLoadStoreSpec,
         get_offload_block_hash,
+        CanonicalKVCacheRef,
         CanonicalKVCaches,
+        CanonicalKVCacheTensor,
         GPULoadStoreSpec,
         LoadStoreSpec,
         LookupResult,
@@ -134,7 +136,7 @@ except ImportError as exc:
                           f"vLLM {TESTED_VLLM}): pip install -e '.[vllm]' in the cxlemu checkout") from exc
 
 __all__ += ["BlockIDsLoadStoreSpec", "CPULoadStoreSpec", "CPUOffloadingManager", "CPUOffloadingSpec", "CachePolicy",
-            "CanonicalKVCaches", "ChunkStatus", "GPULoadStoreSpec", "KVConnectorRole", "LoadStoreSpec",
+            "CanonicalKVCacheRef", "CanonicalKVCacheTensor", "CanonicalKVCaches", "ChunkStatus", "GPULoadStoreSpec", "KVConnectorRole", "LoadStoreSpec",
             "LookupResult", "OffloadKey", "OffloadingConnector", "OffloadingConnectorWorker", "OffloadingEvent",
             "OffloadingManager", "OffloadingSpec", "OffloadingWorker", "OffloadingWorkerMetadata",
             "PrepareStoreOutput", "ReqContext", "ScheduleEndContext", "TransferResult",

@@ -70,8 +70,7 @@ def bare_worker(name: str, tensors: list[Any], page: int, num_chunks: int, **tie
     the codec of a compressed ``kv_format`` (None: native, the only one without an engine)."""
     import types
 
-    from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
-
+    from driver.vllm._compat import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
     from driver.vllm._config import TierConfig
     from driver.vllm._stats import tier_stats
     from driver.vllm._worker import CxlOffloadingWorker
