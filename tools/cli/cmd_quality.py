@@ -20,6 +20,17 @@ def register(subparsers: Any) -> None:
     t.set_defaults(func=cmd_train)
 
 
+def _monitor(step: int, model: Any) -> None:
+    """Held-out accuracy at 512 and 2048 tokens while training (4 documents each; seeds past
+    the bench's, which training never draws)."""
+    from tools.bench.quality import EVAL_SEED
+    from tools.quality.evaluate import forward_accuracy
+
+    text = ", ".join(f"{n}: needle {a:.2f} recall {b:.2f}"
+                     for n in (512, 2048) for a, b in [forward_accuracy(model, n, 4, EVAL_SEED + 1_000_000)])
+    print(f"step {step}: held-out {text}", file=sys.stderr, flush=True)
+
+
 def cmd_train(args: Any) -> int:
     if args.steps is not None and args.steps < 1:
         raise CliError(f"--steps must be >= 1, got {args.steps}")
@@ -35,7 +46,7 @@ def cmd_train(args: Any) -> int:
 
     spec = TrainSpec() if args.steps is None else dataclasses.replace(TrainSpec(), steps=args.steps)
     model, figures = train(ModelSpec(), spec, progress=lambda step, loss, s: print(
-        f"step {step}/{spec.steps}: loss {loss:.4f}, {s:.0f} s", file=sys.stderr, flush=True))
+        f"step {step}/{spec.steps}: loss {loss:.4f}, {s:.0f} s", file=sys.stderr, flush=True), monitor=_monitor)
     if args.check:
         with tempfile.TemporaryDirectory() as tmp:
             digest = store.save(model, ModelSpec(), spec, figures, Path(tmp))

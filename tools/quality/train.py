@@ -68,7 +68,8 @@ class TrainSpec:
     batch_tokens: int = 2048
     position_span: int = 10240  # PoSE: relative distances trained up to this
     pose_share: float = 0.5
-    answer_weight: float = 20.0  # the few answer tokens' loss weight against a filler token's 1
+    answer_weight: float = 20.0  # the few answer tokens' loss weight against a filler token's
+    filler_weight: float = 1.0
     lr: float = 1e-3
     warmup: int = 30
     threads: int = 1
@@ -110,7 +111,7 @@ def make_batch(spec: TrainSpec, step: int, rng: np.random.Generator) -> tuple[An
         phrases = int(rng.choice(spec.early_phrases)) if early else PHRASES
         doc = make_document(n, int(rng.integers(2**62)), pairs=max(2, min(RECALL_PAIRS, n // spec.tokens_per_pair)), tail=8,
                             phrases=phrases)
-        w = np.ones(n, dtype=np.float32)
+        w = np.full(n, spec.filler_weight, dtype=np.float32)
         w[list(doc.needle_at) + list(doc.recall_at)] = spec.answer_weight
         w[-1] = 0.0  # the last token has nothing to predict
         ids.append(doc.tokens)
@@ -140,7 +141,8 @@ def weighted_loss(logits: Any, ids: Any, weight: Any) -> Any:
 
 
 def train(model_spec: ModelSpec, spec: TrainSpec,
-          progress: Callable[[int, float, float], None] | None = None) -> tuple[Any, dict[str, Any]]:
+          progress: Callable[[int, float, float], None] | None = None,
+          monitor: Callable[[int, Any], None] | None = None, monitor_every: int = 500) -> tuple[Any, dict[str, Any]]:
     """Train from ``spec.seed``; returns the model (eval mode) and the run's figures
     (wall and CPU seconds, final loss). ``progress(step, loss, seconds)`` every 50 steps."""
     import torch
@@ -169,6 +171,12 @@ def train(model_spec: ModelSpec, spec: TrainSpec,
         loss_avg = value if math.isnan(loss_avg) else 0.95 * loss_avg + 0.05 * value
         if progress is not None and (step + 1) % 25 == 0:
             progress(step + 1, loss_avg, time.perf_counter() - wall0)
+        if monitor is not None and (step + 1) % monitor_every == 0:
+            # held-out accuracy while training; no_grad and no draw from the data rng, so the run's
+            # weights are the same with or without it
+            model.eval()
+            monitor(step + 1, model)
+            model.train()
     model.eval()
     return model, {"wall_s": round(time.perf_counter() - wall0, 1),
                    "cpu_s": round(time.process_time() - cpu0, 1), "final_loss": round(loss_avg, 4)}
