@@ -12,7 +12,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("quality", help="rebuild the quality yardstick (a small Llama that attends far)")
     sub = p.add_subparsers(dest="quality", metavar="ACTION", parser_class=type(p))
     sub.required = True
-    t = sub.add_parser("train", help="train the yardstick from its seed (deterministic; about 260 CPU-s on 1 thread)")
+    t = sub.add_parser("train", help="train the yardstick from its seed (deterministic; about 430 CPU-s on 1 thread)")
     t.add_argument("--out", type=Path, help="write the weights here instead of the shipped tools/quality/data/")
     t.add_argument("--steps", type=int, help="training steps (default: the shipped run's)")
     t.add_argument("--check", action="store_true",
