@@ -69,3 +69,22 @@ def totals(scores: list[DocScore]) -> Totals:
     recall = sum(s.recall_hits for s in scores) / max(1, sum(s.recall_total for s in scores))
     nll = math.fsum(s.nll_sum for s in scores) / max(1, sum(s.nll_count for s in scores))
     return Totals(n, sum(s.needle_ok for s in scores) / max(1, n), recall, math.exp(nll))
+
+
+def forward_accuracy(model: Any, context: int, examples: int, first_seed: int) -> tuple[float, float]:
+    """(needle, recall) accuracy of one full forward per document (no cache), on the documents
+    of seeds ``first_seed``, ``first_seed + 1``, ...: the cheap check ``quality train`` prints
+    while it trains (the bench's decode-step scoring gives the same argmax, slower)."""
+    import torch
+
+    from tools.quality.tasks import make_document
+
+    found = hits = total = 0
+    for i in range(examples):
+        doc = make_document(context, first_seed + i)
+        with torch.no_grad():
+            argmax = model(input_ids=torch.from_numpy(doc.tokens)[None]).logits[0].argmax(-1).tolist()
+        found += all(argmax[p] == a for p, a in zip(doc.needle_at, doc.answers(doc.needle_at)))
+        hits += sum(argmax[p] == a for p, a in zip(doc.recall_at, doc.answers(doc.recall_at)))
+        total += len(doc.recall_at)
+    return found / max(1, examples), hits / max(1, total)

@@ -1,6 +1,7 @@
 """The shipped yardstick: its weights match their sha256; through CxlCache's dense attention it
 predicts exactly what it does through DynamicCache on a held-out 2k document, and its perplexity
-there is the trained one (the filler's grammar learned; a random model's is the vocabulary's)."""
+there is the trained one (the filler's grammar learned; a random model's is the vocabulary's), and it
+retrieves: the needle at 2k."""
 from __future__ import annotations
 
 import shutil
@@ -50,3 +51,12 @@ def test_dense_cxlcache_predicts_as_dynamiccache_with_the_trained_perplexity(mod
     ref = score(model, doc, DynamicCache())
     assert ours.argmax == ref.argmax and ours.nll_sum == pytest.approx(ref.nll_sum, rel=1e-5)
     assert math.exp(ours.nll_sum / ours.nll_count) < 20  # the filler's 112 tokens: 112 if untrained
+
+
+def test_trained_model_finds_the_needle_and_some_recall_values_at_2k(model: Any) -> None:
+    from tools.bench.quality import EVAL_SEED
+    from tools.quality.evaluate import forward_accuracy
+
+    # bench quality's first 4 held-out 2k documents: every passkey (4 tokens, 1 in 4096 by chance)
+    # and 7 of the 32 recall values (1 in 32 by chance)
+    assert forward_accuracy(model, 2048, 4, EVAL_SEED) == (1.0, 7 / 32)
