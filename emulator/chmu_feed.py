@@ -70,6 +70,29 @@ class AccessFeed:
         if self._count >= FLUSH_ENTRIES:
             self.flush()
 
+    def note_many(self, dpas: np.ndarray, nbytes: np.ndarray, is_write: bool) -> None:
+        """:meth:`note` of every transfer ``(dpas[i], nbytes[i])``, in order, in a few array
+        operations (hot-page attention reads hundreds of scattered pages a layer)."""
+        if not int(self._cfg0[0]) & ENABLE:
+            return
+        dpas, nbytes = np.asarray(dpas, np.int64).ravel(), np.asarray(nbytes, np.int64).ravel()
+        keep = nbytes > 0
+        dpas, nbytes = dpas[keep], nbytes[keep]
+        first = dpas // FEED_GRANULE
+        span = (dpas + nbytes - 1) // FEED_GRANULE - first + 1  # granules each transfer touches
+        starts = np.repeat(first, span)
+        step = np.arange(starts.size) - np.repeat(np.cumsum(span) - span, span)
+        pages = ((starts + step) * FEED_GRANULE).astype(np.uint64)
+        single = span == 1  # a small access keeps its exact DPA
+        pages[(np.cumsum(span) - span)[single]] = dpas[single].astype(np.uint64)
+        if is_write:
+            pages |= WRITE_BIT
+        if pages.size:
+            self._pending.append(pages)
+            self._count += pages.size
+            if self._count >= FLUSH_ENTRIES:
+                self.flush()
+
     def flush(self) -> None:
         if not self._pending:
             return

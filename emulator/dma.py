@@ -3,7 +3,7 @@
 ::
 
     submit([Descriptor, ...])
-      ├─ <= INLINE_BYTES, channel k idle: issued here, in the caller (io_uring's inline issue)
+      ├─ <= INLINE_BYTES (or inline=True), channel k idle: issued here, in the caller (io_uring's inline issue)
       │    completion already passed → returned done (one C call for one descriptor: issue,
       │    done handle, CQ entry); else → at the head of channel k, for its thread to wait on
       └─ otherwise → channel k's submission queue (depth queue_depth, FIFO); its thread issues
@@ -173,15 +173,17 @@ class DmaEngine:
         return host_view(buffer, writable=True)
 
     def submit(self, descriptors: Sequence[Descriptor] | Iterable[Descriptor] | DescriptorArray, *,
-               channel: int | None = None, timeout: float | None = None) -> DmaHandle:
+               channel: int | None = None, timeout: float | None = None, inline: bool = False) -> DmaHandle:
         """Queue a scatter-gather list; returns at once unless the channel's submission
         queue is full (then it blocks up to ``timeout`` s and raises ``TimeoutError``).  A
-        small one to an idle channel is issued (and maybe completed) inline: see the module."""
+        small one to an idle channel is issued (and maybe completed) inline: see the module.
+        ``inline=True``: issued inline whatever its size when the channel is idle (a caller
+        that waits for it at once saves the hand-off to the channel's thread)."""
         # The inline path is the hot one (a small transfer from Python): no copy of a list it
         # consumes before returning, no Python lock (the channel is claimed by one CAS in C),
         # one C call for a single built descriptor, one per descriptor otherwise.
         if isinstance(descriptors, DescriptorArray):
-            return self._submit_array(descriptors, channel, timeout)
+            return self._submit_array(descriptors, channel, timeout, inline)
         descs = descriptors if descriptors.__class__ is list else list(descriptors)
         k = self._channel_for(channel)
         ch = self._chans[k]
@@ -208,7 +210,7 @@ class DmaEngine:
                 raise TypeError(f"descriptor {i} must be an emulator.dma.Descriptor, got {type(d).__name__}")
             total += d.length
         handle_id = next(self._ids)
-        if total <= INLINE_BYTES and ch.state.try_claim():
+        if (inline or total <= INLINE_BYTES) and ch.state.try_claim():
             try:  # idle, nothing queued, open: nothing of this channel's is ahead of us
                 return self._finish_inline(ch, handle_id, k, len(descs), *self._issue(ch, descs))
             finally:
@@ -222,20 +224,26 @@ class DmaEngine:
             return channel
         raise ValueError(f"channel must be an int from 0 to {self.channels - 1}, got {channel!r}")
 
-    def _submit_array(self, arr: DescriptorArray, channel: int | None, timeout: float | None) -> DmaHandle:
+    def _submit_array(self, arr: DescriptorArray, channel: int | None, timeout: float | None,
+                      inline: bool = False) -> DmaHandle:
         """A ``DescriptorArray``: one submission, issued in one C call (inline when small and the
         channel idle, as a list is)."""
         if not self._c:
             raise RuntimeError("a DescriptorArray needs the C data path")
         k = self._channel_for(channel)
-        ch = self._chans[k]
         handle_id = next(self._ids)
-        if arr.total <= INLINE_BYTES and ch.state.try_claim():
-            try:
-                return self._finish_inline(ch, handle_id, k, len(arr), *self._issue_array(ch, arr))
-            finally:
-                ch.state.release()
-        return self._enqueue(ch, DmaHandle(handle_id, k, len(arr)), arr, timeout)  # type: ignore[arg-type]
+        if inline or arr.total <= INLINE_BYTES:
+            # inline=True without a channel: the first idle one from k (the others may be busy
+            # with a read-ahead this caller is not waiting for)
+            tries = range(self.channels) if inline and channel is None else range(1)
+            for j in ((k + i) % self.channels for i in tries):
+                ch = self._chans[j]
+                if ch.state.try_claim():
+                    try:
+                        return self._finish_inline(ch, handle_id, j, len(arr), *self._issue_array(ch, arr))
+                    finally:
+                        ch.state.release()
+        return self._enqueue(self._chans[k], DmaHandle(handle_id, k, len(arr)), arr, timeout)  # type: ignore[arg-type]
 
     def _issue_array(self, ch: _Channel, arr: DescriptorArray) -> tuple[list[int | DmaError], int]:
         """Issue ``arr`` in one C call, into the channel's scratch (the caller owns the channel)."""

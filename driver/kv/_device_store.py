@@ -138,9 +138,9 @@ class DeviceBlockStore:
     def _descs(self, direction: str, extents: Sequence[Extent], host: np.ndarray) -> list[Descriptor]:
         cb = self.chunk_bytes
         feed = self.memdev.access_feed  # the device's CHMU counts what the KV cache touches
-        if feed.enabled:
-            for e in extents:
-                feed.note(self.base + e.chunk * cb, e.nbytes, direction == "write")
+        if feed.enabled and extents:
+            feed.note_many(np.fromiter((self.base + e.chunk * cb for e in extents), np.int64, len(extents)),
+                           np.fromiter((e.nbytes for e in extents), np.int64, len(extents)), direction == "write")
         region = self._regions.get(id(host))
         plans = region[1] if region is not None and region[0] is host else None
         key = (direction, tuple(extents))
@@ -161,20 +161,21 @@ class DeviceBlockStore:
         return self._submit(self._descs("write", extents, host))
 
     def read_runs(self, chunks: np.ndarray, host_offsets: np.ndarray, nbytes: np.ndarray,
-                  host: np.ndarray) -> _DmaTransfer:
+                  host: np.ndarray, urgent: bool = False) -> _DmaTransfer:
         """``read`` of many extents given as arrays (first chunk, host offset, bytes): one
         ``DescriptorArray``, no Python object per extent. Hot-page attention reads scattered
-        pages, a new list every step, where a frame's load repeats the same few extents."""
+        pages, a new list every step, where a frame's load repeats the same few extents.
+        ``urgent``: the caller waits for it at once, so it is issued in the caller's thread
+        whatever its size (``DmaEngine.submit(inline=True)``)."""
         dpas = self.base + chunks.astype(np.int64) * self.chunk_bytes
         feed = self.memdev.access_feed  # the device's CHMU counts what the KV cache touches
         if feed.enabled:
-            for dpa, n in zip(dpas.tolist(), nbytes.tolist(), strict=True):
-                feed.note(dpa, n, False)
+            feed.note_many(dpas, nbytes, False)
         if self._batch.descs is not None:  # inside batched(): as a list, with the others
             return self.read([Extent(*e) for e in zip(chunks.tolist(), nbytes.tolist(), host_offsets.tolist(),
                                                         strict=True)], host)
         arr = DescriptorArray("read", [host], np.zeros(dpas.size, np.int64), dpas, host_offsets, nbytes)
-        return _DmaTransfer(self.dma.submit(arr))
+        return _DmaTransfer(self.dma.submit(arr, inline=urgent))
 
     def _submit(self, descs: list[Descriptor]) -> _DmaTransfer:
         batch = self._batch

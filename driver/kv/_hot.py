@@ -8,10 +8,11 @@ Per attention layer of a decode step::
     attention (through driver.kv's attention function, with the query):
          candidates = pages off the window and the sink; k = what the budget leaves
          selector(query, kmin, kmax, candidates, k, CHMU counts) ──► pages (B, Hkv, k)
-         the predicted pages already read (prefetch) + the rest read now (a stall)
+         the predicted pages already in the layer's frame (prefetch) + the rest read now into
+         the frame's slots of the predicted pages not chosen (a stall; ``_frame.PageFrame``)
          layer l+1's pages chosen for its guessed query; progress to the firmware's prefetch
          queue, which issues their read
-         sdpa over  sink | chosen pages | window  (their mask columns), in token order
+         sdpa over  sink | chosen pages | window  (their mask columns), as the frame holds them
 
 The budget: a step of a layer attends to ``max(resident, ceil(page_budget * pages))`` pages of
 the sequence's ``pages``, the resident ones (sink, window, partial page) first; so the bytes read
@@ -41,6 +42,7 @@ import torch
 from driver.kv import _attention
 from driver.kv._chunkio import ChunkTables
 from driver.kv._engine import _Landed  # a prefetch's completion, as the residency engine fires it
+from driver.kv._frame import PageFrame
 from driver.kv._layout import BudgetTooSmall, KVLayout
 from driver.kv._page_heat import DeviceHeat, ModelHeat, page_heat
 from driver.kv._pages import LayerPages
@@ -69,11 +71,10 @@ class HotBudgetTooSmall(BudgetTooSmall):
 
 @dataclass(eq=False)
 class _PageRead:
-    """Predicted pages of one layer, read ahead (the prefetch queue's request)."""
+    """Predicted pages of one layer, read ahead into its frame (the prefetch queue's request)."""
 
-    pages: np.ndarray  # (B, H, K)
+    frame: PageFrame
     transfer: Transfer
-    image: np.ndarray
     done: _Landed = field(default_factory=_Landed)
 
 
@@ -122,7 +123,7 @@ class HotEngine:
         self._step, self._num_layers, self._checked = -1, 0, False
         self._pq: PrefetchQueue | None = None
         self._hinted = -1
-        self.peak_bytes = 0
+        self.peak_bytes = self._resident = 0
 
     # ---------------------------------------------------------------- the path attention takes
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,15 +175,21 @@ class HotEngine:
         assert lay is not None
         q = query.shape[2]
         pages = self._choose(layer, st, query)
-        kv, positions = self._gather(layer, st, pages)
+        frame = self._fill(layer, st, pages)
+        k = pages.shape[-1]
+        window = st.tail[:, :, :, :st.seq_len - st.tail_start]  # type: ignore[index]
+        sink = st.sink[:, :, :, :st.sink_end] if st.sink_end else None  # type: ignore[index]
+        kv = frame.attention_kv(sink, window, k).to(self.device)
         if q == 1:  # a decode step: guess the next layer's pages and have them read meanwhile
             self._speculate(layer)
             self._prefetch_after(layer)
-        groups = query.shape[1] // lay.kv_heads
-        mask = _attention.repeat_mask(mask, positions, groups, q, st.seq_len)
+        if mask is not None or q > 1:  # the mask's columns, in the frame's order
+            groups = query.shape[1] // lay.kv_heads
+            positions = frame.positions(k, st.tail_start, window.shape[3]).to(self.device)
+            mask = _attention.repeat_mask(mask, positions, groups, q, st.seq_len)
         self.counters["decode_attentions"] += 1
         self.counters["dense_bytes"] += lay.batch * st.seq_len * lay.token_bytes
-        self._note_peak(kv)
+        self._note_peak(layer, frame)
         return sdpa_attention_forward(module, query, kv[0], kv[1], mask, **kwargs)
 
     # ------------------------------------------------------------------------- choice
@@ -196,7 +203,7 @@ class HotEngine:
             pages = np.broadcast_to(np.arange(cand.start, cand.stop), (lay.batch, lay.kv_heads, k))
         else:
             pages = self._select(st, query[:, :, -1], cand, k)
-        if k and self.heat is not None:  # the CHMU counts a read of each chosen page
+        if k and self.heat is not None and self.heat.fed_by_engine:  # the CHMU's model counts each chosen page
             self.heat.read(st.chunks.ids[:, :lay.kv_heads][np.arange(lay.batch)[:, None, None],
                                                            np.arange(lay.kv_heads)[None, :, None], pages])
         self.counters["pages_chosen"] += pages.size
@@ -237,62 +244,39 @@ class HotEngine:
             st.predicted = self._select(st, query[:, :, -1], cand, k)
 
     # ------------------------------------------------------------------------- reads
-    def _gather(self, layer: int, st: LayerPages, pages: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V ``(2, B, Hkv, L, D)`` of sink | chosen pages | window, and their token
-        positions ``(B, Hkv, L)``."""
+    def _frame(self, st: LayerPages, slots: int) -> PageFrame:
         lay = self.layout
         assert lay is not None and st.tail is not None
-        bt = lay.block_tokens
-        b, h, k = pages.shape
-        parts, pos = [], []
-        if st.sink_end:
-            assert st.sink is not None
-            parts.append(st.sink[:, :, :, :st.sink_end])
-            pos.append(torch.arange(st.sink_end).expand(b, h, -1))
-        if k:
-            parts.append(self._load(layer, st, pages))
-            tokens = torch.from_numpy(np.ascontiguousarray(pages)).unsqueeze(-1) * bt + torch.arange(bt)
-            pos.append(tokens.reshape(b, h, k * bt))
-        parts.append(st.tail[:, :, :, :st.seq_len - st.tail_start])
-        pos.append(torch.arange(st.tail_start, st.seq_len).expand(b, h, -1))
-        kv = parts[0] if len(parts) == 1 else torch.cat(parts, dim=3)
-        return kv, torch.cat(pos, dim=2).to(self.device)
+        return PageFrame(lay, st.sink_end, slots, st.tail.shape[3], self.dtype)
 
-    def _load(self, layer: int, st: LayerPages, pages: np.ndarray) -> torch.Tensor:
-        """The chosen pages ``(2, B, Hkv, k * bt, D)``: the predicted ones from their prefetch,
-        the rest read now (the compute waits)."""
-        lay = self.layout
-        assert lay is not None
+    def _fill(self, layer: int, st: LayerPages, pages: np.ndarray) -> PageFrame:
+        """A frame whose first ``k`` slots hold the chosen ``pages`` ``(B, Hkv, k)``: the
+        predicted ones read ahead into it, the rest read now into the slots of the predicted
+        pages not chosen (the compute waits; issued in this thread, no hand-off to a DMA
+        channel's)."""
         pred: _PageRead | None = st.prefetch
         st.prefetch = None
-        slots: list[torch.Tensor] = []
-        have = np.zeros(pages.shape, bool)
-        index = np.zeros(pages.shape, np.int64)
-        if pred is not None:
+        k = pages.shape[-1]
+        if pred is None:
+            frame = self._frame(st, k)
+            b, h, _ = pages.shape
+            owed = (np.repeat(np.arange(b * h), k), np.tile(np.arange(k), b * h), pages.reshape(-1))
+        else:
             self._land(layer, pred)
-            have, index = _match(pages, pred.pages)
+            frame = pred.frame if pred.frame.slots >= k else pred.frame.grown(k, st.tail.shape[3])  # type: ignore[union-attr]
+            have, owed = frame.arrange(pages)
             self.counters["pages_predicted_used"] += int(have.sum())
-            slots.append(st.tensor(pred.image, pred.pages, self.dtype, self.device))
-        missing = ~have
-        if missing.any():
-            need = _pad_rows(pages, missing)  # (B, H, m): each row's missing pages (padded)
+        if owed[0].size:
             t0 = self.clock.now_ns()
-            transfer, image = st.read(self.store, need)
-            transfer.wait()
+            st.wait_writes()
+            frame.read(self.store, st.chunks.ids, *owed, urgent=True).wait()
             self.counters["stall_ns"] += int(self.clock.now_ns() - t0)
-            self._count_read(image)
-            self.counters["pages_demand"] += int(missing.sum())
+            self._count_read(owed[0].size)
+            self.counters["pages_demand"] += owed[0].size
             self.counters["misses"] += 1
-            base = sum(s.shape[3] for s in slots) // lay.block_tokens
-            index[missing] = base + _match(pages, need)[1][missing]
-            slots.append(st.tensor(image, need, self.dtype, self.device))
         else:
             self.counters["hits"] += 1
-        pool = slots[0] if len(slots) == 1 else torch.cat(slots, dim=3)
-        bt = lay.block_tokens
-        tok = torch.from_numpy(index).unsqueeze(-1) * bt + torch.arange(bt)  # (B, H, k, bt)
-        tok = tok.reshape(1, *pages.shape[:2], -1, 1).expand(2, -1, -1, -1, lay.head_dim).to(self.device)
-        return pool.gather(3, tok)
+        return frame
 
     def _land(self, layer: int, pred: _PageRead) -> None:
         """Wait for a prefetch (a stall if it is late) and tell the queue it was used."""
@@ -308,9 +292,11 @@ class HotEngine:
             pred.done.fire()
         self._sync_prefetch()
 
-    def _count_read(self, image: np.ndarray) -> None:
+    def _count_read(self, pages: int) -> None:
+        lay = self.layout
+        assert lay is not None
         self.counters["loads"] += 1
-        self.counters["bytes_loaded"] += image.nbytes
+        self.counters["bytes_loaded"] += 2 * pages * lay.chunk_bytes
 
     # ------------------------------------------------------------------------- prediction
     def _prefetch_after(self, layer: int) -> None:
@@ -343,10 +329,12 @@ class HotEngine:
         st.predicted = None
         cand = st.candidates()
         pages = np.where((pages >= cand.start) & (pages < cand.stop), pages, cand.start)
-        transfer, image = st.read(self.store, pages)
-        self._count_read(image)
+        frame = self._frame(st, pages.shape[-1] + 1)  # a slot to spare: the next step may choose one more
+        st.wait_writes()
+        transfer = frame.read_rows(self.store, st.chunks.ids, pages)  # a DMA channel's thread issues it
+        self._count_read(pages.size)
         self.counters["pages_predicted"] += pages.size
-        st.prefetch = _PageRead(pages, transfer, image)
+        st.prefetch = _PageRead(frame, transfer)
         return st.prefetch
 
     def _sync_prefetch(self) -> None:
@@ -359,9 +347,13 @@ class HotEngine:
     def _resident_bytes(self) -> int:
         return sum(st.resident_bytes() for st in self.layers)
 
-    def _note_peak(self, kv: torch.Tensor) -> None:
-        pending = sum(st.prefetch.image.nbytes for st in self.layers if st.prefetch is not None)
-        self.peak_bytes = max(self.peak_bytes, self._resident_bytes() + pending + kv.numel() * kv.element_size())
+    def _note_peak(self, layer: int, frame: PageFrame) -> None:
+        """The HBM held now: every layer's resident pages and metadata (summed at a step's first
+        and last layer: they grow only in ``update``), the frames read ahead and this one."""
+        if layer == 0 or layer == self._num_layers - 1:
+            self._resident = self._resident_bytes()
+        pending = sum(st.prefetch.frame.nbytes for st in self.layers if st.prefetch is not None)
+        self.peak_bytes = max(self.peak_bytes, self._resident + pending + frame.nbytes)
 
     def _check_budget(self) -> None:
         """After the first forward (the layer count known): the working set at the final length
@@ -402,25 +394,3 @@ class HotEngine:
         out["device_chunks_used"] = self.store.pool.used if self.store.pool else 0
         return out
 
-
-def _match(pages: np.ndarray, have: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each page of ``pages`` ``(B, H, k)``: is it in its row of ``have`` ``(B, H, m)``, and at
-    which slot."""
-    eq = pages[..., :, None] == have[..., None, :]  # (B, H, k, m)
-    if not have.shape[-1]:
-        return np.zeros(pages.shape, bool), np.zeros(pages.shape, np.int64)
-    return eq.any(-1), eq.argmax(-1)
-
-
-def _pad_rows(pages: np.ndarray, missing: np.ndarray) -> np.ndarray:
-    """Each row's missing pages, rows padded to the longest with their first missing page (or
-    their first page): one rectangular read."""
-    counts = missing.sum(-1)
-    width = int(counts.max())
-    out = np.empty((*pages.shape[:2], width), np.int64)
-    for b, h in np.ndindex(*pages.shape[:2]):
-        row = pages[b, h][missing[b, h]]
-        if row.size == 0:
-            row = pages[b, h, :1]
-        out[b, h] = np.concatenate([row, np.repeat(row[:1], width - row.size)])
-    return out

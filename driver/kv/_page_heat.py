@@ -31,6 +31,8 @@ def _unit(chunk_bytes: int) -> int:
 class ModelHeat:
     """The CHMU's counting model over the KV chunks, fed the engine's reads."""
 
+    fed_by_engine = True  # the engine calls read() with the chunks it chose
+
     def __init__(self, chunks: int, chunk_bytes: int) -> None:
         self.chunk_bytes = chunk_bytes
         self.unit = HotnessUnit(max(1, chunks) * chunk_bytes, HotnessConfig(unit_size=_unit(chunk_bytes)))
@@ -48,6 +50,8 @@ class ModelHeat:
 
 class DeviceHeat:
     """The device's CHMU, counting the store's reads; its hotlist drained into counts per unit."""
+
+    fed_by_engine = False  # the store's transfers feed it (read() is a no-op)
 
     def __init__(self, store: Any) -> None:
         from driver.chmu import ChmuRegs

@@ -18,16 +18,17 @@ stay too.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
 
 from driver.kv._chunkio import ChunkTables, LayerChunks
+from driver.kv._frame import extents, runs_at
 from driver.kv._layout import KVLayout
-from driver.kv._store import BlockStore, Extent, Transfer
+from driver.kv._store import BlockStore, Transfer
 
-__all__ = ["LayerPages", "extents", "page_image", "read_pages", "runs"]
+__all__ = ["LayerPages", "page_image", "runs"]
 
 
 def page_image(kv: torch.Tensor, block_tokens: int) -> np.ndarray:
@@ -40,35 +41,8 @@ def page_image(kv: torch.Tensor, block_tokens: int) -> np.ndarray:
 
 def runs(chunks: np.ndarray, chunk_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first chunk, host offset, bytes) of the extents moving ``chunks`` (any shape, in C order)
-    to or from consecutive chunk-sized slots of an image: one per run of consecutive chunk ids
-    (``coalesce``'s merge, in numpy: this is on every decode step's path)."""
-    flat = chunks.ravel().astype(np.int64)
-    if not flat.size:
-        return flat, flat, flat
-    starts = np.flatnonzero(np.diff(flat, prepend=flat[:1] - 2) != 1)
-    ends = np.append(starts[1:], flat.size)
-    return flat[starts], starts * chunk_bytes, (ends - starts) * chunk_bytes
-
-
-def extents(arrays: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[Extent]:
-    """:func:`runs` as a list of ``Extent``."""
-    return [Extent(c, n, off) for c, off, n in zip(*(a.tolist() for a in arrays), strict=True)]
-
-
-def read_pages(store: BlockStore, lay: KVLayout, ids: np.ndarray, pages: np.ndarray,
-               image: np.ndarray) -> Transfer:
-    """Read ``pages`` ``(B, H, K)`` (complete pages) into a ``(B, H, K, 2, bt, D)`` image, slot
-    ``s`` of (b, h) holding page ``pages[b, h, s]``. A head's K and V chunks of a page were taken
-    together (:meth:`LayerPages._complete_pages`): one descriptor per page and head, and one for
-    a run of pages taken together; one descriptor array where the store takes one."""
-    b, h, _ = pages.shape
-    rows = np.arange(b).reshape(b, 1, 1)
-    heads = np.arange(h).reshape(1, h, 1)
-    arrays = runs(np.stack((ids[rows, heads, pages], ids[rows, heads + h, pages]), axis=-1), lay.chunk_bytes)
-    read_runs = getattr(store, "read_runs", None)
-    if read_runs is not None:
-        return cast(Transfer, read_runs(*arrays, image))
-    return store.read(extents(arrays), image)
+    to or from consecutive chunk-sized slots of an image (:func:`runs_at`)."""
+    return runs_at(chunks, np.arange(chunks.size, dtype=np.int64) * chunk_bytes, chunk_bytes)
 
 
 @dataclass
@@ -203,20 +177,6 @@ class LayerPages:
             self.wait_writes()
 
     # ------------------------------------------------------------------------- read back
-    def read(self, store: BlockStore, pages: np.ndarray) -> tuple[Transfer, np.ndarray]:
-        """Start reading ``pages`` ``(B, H, K)`` into a fresh image (see :func:`read_pages`)."""
-        self.wait_writes()
-        image = np.empty(2 * pages.size * self.lay.chunk_bytes, np.uint8)
-        return read_pages(store, self.lay, self.chunks.ids, pages, image), image
-
-    def tensor(self, image: np.ndarray, pages: np.ndarray, dtype: torch.dtype,
-               device: torch.device) -> torch.Tensor:
-        """A read image as ``(2, B, H, K * bt, D)`` on the accelerator."""
-        b, h, k = pages.shape
-        bt, d = self.lay.block_tokens, self.lay.head_dim
-        t = torch.from_numpy(image).view(dtype).view(b, h, k, 2, bt, d).to(device)
-        return t.permute(3, 0, 1, 2, 4, 5).reshape(2, b, h, k * bt, d)
-
     def release(self, tables: ChunkTables) -> None:
         """Drop every device chunk reference (the engine closes)."""
         self.wait_writes()

@@ -32,7 +32,7 @@ import torch
 from firmware_model.policies.base import PolicyProtocolError, import_spec, spec_label
 
 __all__ = ["SELECTORS", "SELECT_SIGNATURE", "PageSelector", "QuestSelector", "SelectorProtocolError",
-           "quest_bound", "resolve_selector"]
+           "of_candidates", "quest_bound", "resolve_selector", "top_pages"]
 
 SELECT_SIGNATURE = "select(self, query, kmin, kmax, candidates, k, hotness) -> (B, Hkv, k) int64 tensor"
 
@@ -70,13 +70,36 @@ class QuestSelector:
 
     def select(self, query: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, candidates: torch.Tensor,
                k: int, hotness: torch.Tensor) -> torch.Tensor:
-        score = quest_bound(query, kmin, kmax).amax(2).index_select(-1, candidates)  # (B, Hkv, C)
-        hot = hotness.index_select(-1, candidates)
-        # stable sorts from the last key to the first: later page, then hotter, then higher bound
-        order = torch.arange(candidates.numel() - 1, -1, -1).expand_as(score)
-        order = order.gather(-1, torch.sort(hot.gather(-1, order), dim=-1, descending=True, stable=True)[1])
-        order = order.gather(-1, torch.sort(score.gather(-1, order), dim=-1, descending=True, stable=True)[1])
-        return torch.sort(candidates[order[..., :k]], dim=-1)[0]
+        score = quest_bound(query, kmin, kmax).amax(2)  # (B, Hkv, P)
+        return top_pages(of_candidates(score, candidates), of_candidates(hotness, candidates), candidates, k)
+
+
+def of_candidates(t: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """``t``'s last axis at ``candidates``: a view when they are a run of pages (the engine's
+    candidates always are: the pages between the sink and the window), else a gather."""
+    n = candidates.numel()
+    if n and int(candidates[-1]) - int(candidates[0]) + 1 == n:
+        return t.narrow(-1, int(candidates[0]), n)
+    return t.index_select(-1, candidates)
+
+
+def top_pages(score: torch.Tensor, hot: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` of ``candidates`` ``(C,)`` with the highest ``score`` ``(B, Hkv, C)``, ties to the
+    higher ``hot`` count, then to the later page; ``(B, Hkv, k)`` ascending. One top-k when no
+    tie crosses the k-th place (scores of real keys rarely tie); else every page scoring above
+    the k-th score is in, and the pages tied at it are ranked by (count, page) in one int64 key."""
+    c = score.shape[-1]
+    if k == 0:
+        return candidates.new_empty((*score.shape[:-1], 0))
+    if k == c:
+        return candidates.expand(*score.shape[:-1], c)
+    vals, idx = torch.topk(score, k + 1, dim=-1)
+    if bool((vals[..., k - 1] > vals[..., k]).all()):
+        return torch.sort(candidates[idx[..., :k]], dim=-1)[0]
+    kth = vals[..., k - 1:k]
+    tie_key = hot * c + torch.arange(c)  # hotter, then later
+    key = torch.where(score > kth, torch.iinfo(torch.int64).max, torch.where(score == kth, tie_key, -1))
+    return torch.sort(candidates[torch.topk(key, k, dim=-1, sorted=False).indices], dim=-1)[0]
 
 
 SELECTORS: dict[str, type] = {"quest": QuestSelector}

@@ -48,3 +48,30 @@ def test_a_full_ring_drops_and_counts(served) -> None:
     feed.note(0, (FEED_ENTRIES + 100) * 4096, False)  # one entry per 4 KiB page
     feed.close()
     assert served.firmware.access_feed.dropped == 100
+
+
+def test_note_many_feeds_what_note_would(served) -> None:
+    """The array form feeds the ring exactly the entries one note per transfer would, in order:
+    exact DPAs for single-granule accesses, one per 4 KiB granule otherwise (0x2ff0 + 32 B
+    straddles two), write bit set."""
+    import numpy as np
+
+    served.firmware.services.remove(served.firmware.access_feed.service)  # keep the entries in the ring
+    fw_chmu = ChmuRegs(served.firmware.regs.region(CHMU_OFFSET, CHMU_SIZE))
+    fw_chmu.configure(unit_size=4096, threshold=1, mode="always_on")
+    wait_for(lambda: fw_chmu.status().enabled, "the firmware never enabled the CHMU")
+    dpas, sizes = [0x5040, 0x1000, 0x2ff0, 0x8000, 0x9000], [64, 0, 0x20, 3 * 4096, 4096]
+    rings = []
+    for many in (False, True):
+        feed = AccessFeed(served.files.bar, served.files.path / "chmu.lock")
+        start = int(feed._header[1])
+        if many:
+            feed.note_many(np.array(dpas), np.array(sizes), True)
+        else:
+            for dpa, n in zip(dpas, sizes, strict=True):
+                feed.note(dpa, n, True)
+        feed.close()
+        rings.append(feed._ring[start:int(feed._header[1])].copy())
+    top = np.uint64(1 << 63)
+    assert rings[0].tolist() == rings[1].tolist() == [
+        int(x | top) for x in np.array([0x5040, 0x2000, 0x3000, 0x8000, 0x9000, 0xA000, 0x9000], np.uint64)]

@@ -119,3 +119,36 @@ def test_a_channels_results_stay_per_descriptor_when_a_longer_array_follows_a_sh
     assert isinstance(got[150].__cause__, PoisonError) and got[150].index == 150
     assert (back[:150 * 64] == src[:150 * 64]).all() and (back[151 * 64:] == src[151 * 64:]).all()
     assert (back[150 * 64:151 * 64] == 0).all()
+
+
+def test_an_inline_array_is_issued_by_its_caller_whatever_its_size_on_an_idle_channel(md, monkeypatch) -> None:
+    """Above INLINE_BYTES an array goes to a channel's thread; with inline=True its caller issues
+    it (no hand-off), on the first idle channel when the next one is busy, and it moves the same
+    bytes."""
+    import threading
+
+    from emulator.dma import INLINE_BYTES
+
+    src = np.arange(INLINE_BYTES, dtype=np.uint32).view(np.uint8)  # 4 x INLINE_BYTES of distinct words
+    size = src.size
+    issued: list[tuple[str, int]] = []
+    with DmaEngine(md.datapath, channels=2) as eng:
+        eng.submit(DescriptorArray("write", [src], [0], [0], [0], [size])).wait()
+        real = eng._issue_array
+
+        def spy(ch, arr):
+            issued.append((threading.current_thread().name, eng._chans.index(ch)))
+            return real(ch, arr)
+
+        monkeypatch.setattr(eng, "_issue_array", spy)
+        outs = [np.zeros(size, np.uint8) for _ in range(3)]
+        eng.submit(DescriptorArray("read", [outs[0]], [0], [0], [0], [size]), channel=0).wait()
+        eng.submit(DescriptorArray("read", [outs[1]], [0], [0], [0], [size]), inline=True, channel=0).wait()
+        assert eng._chans[0].state.try_claim()  # channel 0 busy: an inline caller takes channel 1
+        try:
+            eng.submit(DescriptorArray("read", [outs[2]], [0], [0], [0], [size]), inline=True).wait()
+        finally:
+            eng._chans[0].state.release()
+    me = threading.current_thread().name
+    assert issued[0][0] != me and issued[1:] == [(me, 0), (me, 1)]
+    assert all((o == src).all() for o in outs)

@@ -9,6 +9,8 @@ import time
 import types
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -20,7 +22,8 @@ from driver.kv import CxlCache, MemoryBlockStore
 from driver.kv._attention import AttentionNotRouted
 from driver.kv._h2o import H2OEngine
 from driver.kv._hot import HotEngine
-from driver.kv.selectors import QuestSelector, SelectorProtocolError, quest_bound, resolve_selector
+from driver.kv.selectors import (QuestSelector, SelectorProtocolError, of_candidates, quest_bound, resolve_selector,
+                                 top_pages)
 from driver.kv.testing import SelectorConformanceError, check_selector, padded_batch
 from emulator.spec.errors import ConfigError
 
@@ -71,6 +74,40 @@ def test_quest_scores_a_group_by_its_most_interested_head() -> None:
     q = (-1, 0): page 1: -1, page 2: 1, page 3: -2. The max per page: 0, 1, 1."""
     assert quest([[0.0, -1.0], [-1.0, 0.0]], 1) == [3]
     assert quest([[0.0, -1.0], [-1.0, 0.0]], 2) == [2, 3]
+
+
+def _three_key_sort(score, hot, candidates, k):
+    """The definition top_pages implements: order by score, then count, then page, all
+    descending; the first k, ascending."""
+    rows = []
+    for s_row, h_row in zip(score.reshape(-1, score.shape[-1]).tolist(), hot.reshape(-1, hot.shape[-1]).tolist(),
+                            strict=True):
+        order = sorted(range(len(s_row)), key=lambda i: (s_row[i], h_row[i], i), reverse=True)[:k]
+        rows.append(sorted(candidates[i] for i in order))
+    return rows
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_top_pages_is_the_three_key_order(data) -> None:
+    """Scores drawn from a few values (many ties), counts too: the two top-k passes choose what
+    sorting by (score, count, page) chooses."""
+    b, h, c = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 12))
+    k = data.draw(st.integers(0, c))
+    score = torch.tensor(data.draw(st.lists(st.sampled_from([-1.5, 0.0, 0.25, 2.0]), min_size=b * h * c,
+                                            max_size=b * h * c))).view(b, h, c)
+    hot = torch.tensor(data.draw(st.lists(st.integers(0, 3), min_size=b * h * c, max_size=b * h * c))).view(b, h, c)
+    candidates = list(range(5, 5 + 2 * c, 2))
+    got = top_pages(score, hot, torch.tensor(candidates), k)
+    assert got.shape == (b, h, k)
+    assert got.reshape(b * h, k).tolist() == _three_key_sort(score, hot, candidates, k)
+
+
+def test_of_candidates_is_the_candidates_columns_whether_a_run_or_not() -> None:
+    t = torch.arange(24).view(2, 12)
+    for cand in ([3, 4, 5, 6], [2, 5, 9], [7]):
+        got = of_candidates(t, torch.tensor(cand))
+        assert got.tolist() == t[:, cand].tolist()
 
 
 def test_quest_bound_is_the_largest_score_in_the_box() -> None:
