@@ -312,7 +312,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 print(json.dumps(json_rows([row])[0]), flush=True)
     wall = time.perf_counter() - t0
     if args.plot:
-        plot_levels(rows, args.plot, f"cxlemu sim serve: {args.model} on {base.instance}, {args.workload}")
+        predicted = next((r["hot_predicted"] for r in rows if r["attention"] == "hot"), None)
+        hot = "" if predicted is None else f", hot pages predicted {predicted:g}"
+        plot_levels(rows, args.plot, f"cxlemu sim serve: {args.model} on {base.instance}, {args.workload}{hot}")
     if not args.json:
         _print(base, rows, wall, args)
     return 0
