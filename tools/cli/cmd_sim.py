@@ -312,12 +312,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 print(json.dumps(json_rows([row])[0]), flush=True)
     wall = time.perf_counter() - t0
     if args.plot:
-        predicted = next((r["hot_predicted"] for r in rows if r["attention"] == "hot"), None)
+        predicted = _hot_predicted(rows)
         hot = "" if predicted is None else f", hot pages predicted {predicted:g}"
         plot_levels(rows, args.plot, f"cxlemu sim serve: {args.model} on {base.instance}, {args.workload}{hot}")
     if not args.json:
         _print(base, rows, wall, args)
     return 0
+
+
+def _hot_predicted(rows: list[dict[str, Any]]) -> float | None:
+    """The prediction rate the hot-page rows ran at (one per run), or None without any."""
+    return next((r["hot_predicted"] for r in rows if r["attention"] == "hot"), None)
 
 
 def rule_max_concurrency(rows: list[dict[str, Any]], mode: str, key: str = "ttft_p99_ms",
@@ -337,7 +342,7 @@ def _print(base: Any, rows: list[dict[str, Any]], wall: float, args: argparse.Na
     shape = base.shape()
     kv_blocks, cap = base.kv_space()
     con.print(render_arithmetic(shape, base, kv_blocks, cap))
-    predicted = next((r["hot_predicted"] for r in rows if r["attention"] == "hot"), None)
+    predicted = _hot_predicted(rows)
     if predicted is not None and base.workload.get("kind") == "fixed":
         con.print(render_hot(base, args.page_budget, args.kv_format, predicted))
     t = Table(title=f"sim serve: {shape.name} on {base.instance}, workload {args.workload}")
