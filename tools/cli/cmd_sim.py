@@ -3,6 +3,7 @@
     cxlemu sim serve [--model M] [--accelerator A] [--workload fixed|sessions|trace] [--context N]
                      [--offload none,host-lru,cxl-lru,cxl-smart] [--concurrency 1..32] [--json] ...
                      [--attention dense,hot --page-budget B --kv-format native,int8,int4 --hbm fit,unlimited]
+                     [--hot-predicted P]
     cxlemu sim sweep ...        models x accelerators x pools x policies x workloads on Dask
     cxlemu sim validate FILE    the simulator against a `cxlemu bench serve --save FILE` run
     cxlemu sim check [--json]   the step cost models against published first-token latencies
@@ -139,7 +140,7 @@ def _list_of(options: tuple[str, ...], what: str) -> Any:
 
 
 def _register_attention(s: Any) -> None:
-    from tools.sim.hot import ATTENTIONS, HOT_WHEN, KV_FORMATS
+    from tools.sim.hot import ATTENTIONS, HOT_PREDICTED, HOT_WHEN, KV_FORMATS
 
     s.add_argument("--attention", type=_list_of(ATTENTIONS, "attention"), default=["dense"],
                    help="dense (default), hot (hot-page attention: a decoding request keeps its page metadata, sink, "
@@ -153,6 +154,11 @@ def _register_attention(s: Any) -> None:
                    help="hot: always (every request once its prompt is computed, default), full (a request decodes "
                         "densely until the KV space is full, then the last running ones go hot to make room), or "
                         "always,full")
+    s.add_argument("--hot-predicted", type=_fraction, default=None, metavar="P",
+                   help="hot: the share of each layer's chosen pages predicted and read a layer ahead, in (0, 1]; "
+                        "the rest are read on demand before the layer's attention, and as many predicted pages "
+                        f"that were not chosen are read too (default {HOT_PREDICTED:g}, the KV shim's measured "
+                        "rate: tools/sim/hot.py HOT_PREDICTED; 1: exact prediction)")
     s.add_argument("--hbm", type=_list_of(("fit", "unlimited"), "hbm"), default=["fit"],
                    help="fit: the accelerator's memory (default); unlimited: also the all-resident reference, dense "
                         "attention with a KV space for every client; fit,unlimited: both")
@@ -234,8 +240,9 @@ def _variants(args: argparse.Namespace) -> list[dict[str, Any]]:
     from tools.sim.modes import SIM_MODES
 
     hot = "hot" in args.attention
-    if not hot and (args.kv_format != ["native"] or args.hot_when != ["always"]):
-        raise CliError("--kv-format and --hot-when apply to hot-page attention: give --attention hot")
+    if not hot and (args.kv_format != ["native"] or args.hot_when != ["always"] or args.hot_predicted is not None):
+        raise CliError("--kv-format, --hot-when and --hot-predicted apply to hot-page attention: give --attention hot")
+    hot_predicted = {} if args.hot_predicted is None else {"hot_predicted": args.hot_predicted}
     if hot and args.offload and args.offload != ["none"] and "dense" not in args.attention:
         raise CliError("--attention hot keeps the KV in the CXL pool itself (mode none): --offload applies to dense")
     out: list[dict[str, Any]] = []
@@ -244,8 +251,8 @@ def _variants(args: argparse.Namespace) -> list[dict[str, Any]]:
     if "unlimited" in args.hbm:
         out.append({"mode": "all-resident"})
     if hot and "fit" in args.hbm:
-        out += [{"mode": "none", "attention": "hot", "page_budget": args.page_budget, "kv_format": f, "hot_when": w}
-                for w in args.hot_when for f in args.kv_format]
+        out += [{"mode": "none", "attention": "hot", "page_budget": args.page_budget, "kv_format": f, "hot_when": w,
+                 **hot_predicted} for w in args.hot_when for f in args.kv_format]
     if not out:
         raise CliError("--attention hot runs on the accelerator's memory: give --hbm fit (or fit,unlimited)")
     return out
@@ -305,10 +312,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 print(json.dumps(json_rows([row])[0]), flush=True)
     wall = time.perf_counter() - t0
     if args.plot:
-        plot_levels(rows, args.plot, f"cxlemu sim serve: {args.model} on {base.instance}, {args.workload}")
+        predicted = _hot_predicted(rows)
+        hot = "" if predicted is None else f", hot pages predicted {predicted:g}"
+        plot_levels(rows, args.plot, f"cxlemu sim serve: {args.model} on {base.instance}, {args.workload}{hot}")
     if not args.json:
         _print(base, rows, wall, args)
     return 0
+
+
+def _hot_predicted(rows: list[dict[str, Any]]) -> float | None:
+    """The prediction rate the hot-page rows ran at (one per run), or None without any."""
+    return next((r["hot_predicted"] for r in rows if r["attention"] == "hot"), None)
 
 
 def rule_max_concurrency(rows: list[dict[str, Any]], mode: str, key: str = "ttft_p99_ms",
@@ -328,8 +342,9 @@ def _print(base: Any, rows: list[dict[str, Any]], wall: float, args: argparse.Na
     shape = base.shape()
     kv_blocks, cap = base.kv_space()
     con.print(render_arithmetic(shape, base, kv_blocks, cap))
-    if "hot" in args.attention and base.workload.get("kind") == "fixed":
-        con.print(render_hot(base, args.page_budget, args.kv_format))
+    predicted = _hot_predicted(rows)
+    if predicted is not None and base.workload.get("kind") == "fixed":
+        con.print(render_hot(base, args.page_budget, args.kv_format, predicted))
     t = Table(title=f"sim serve: {shape.name} on {base.instance}, workload {args.workload}")
     hot = any(r["attention"] == "hot" for r in rows)
     cols = ("mode", "c", "TTFT p50 ms", "TTFT p99 ms", "TPOT ms", "out tok/s", "preempt", "tier hit tok",
@@ -373,7 +388,9 @@ def hot_summary(rows: list[dict[str, Any]], page_budget: float) -> list[str]:
             change = r["output_tokens_per_s"] / ref["output_tokens_per_s"] - 1
             parts.append(f"{r['output_tokens_per_s']:.0f} tok/s, {change:+.1%} against all-resident's "
                          f"{ref['output_tokens_per_s']:.0f}")
-        parts.append(f"link {r['link_read_bytes_per_step'] / 1e9:.2f} GB read a decode step, "
+        parts.append(f"link {r['link_read_bytes_per_step'] / 1e9:.2f} GB read a decode step (the chosen pages' "
+                     f"{r['link_chosen_bytes_per_step'] / 1e9:.2f} GB, {r['hot_predicted']:g} of them predicted), "
+                     f"{r['demand_stall_ms_per_step']:.2f} ms a step waiting for reads on demand, "
                      f"{r['link_bytes_written'] / 1e9:.1f} GB written")
         lines.append("; ".join(parts))
         lines.append("  quality (cxlemu bench quality): " + quality_text(r.get("quality"), page_budget, r["kv_format"]))
@@ -420,7 +437,7 @@ def render_arithmetic(shape: Any, point: Any, kv_blocks: int, cap: dict[str, flo
     return "\n".join(lines)
 
 
-def render_hot(point: Any, page_budget: float, formats: list[str]) -> str:
+def render_hot(point: Any, page_budget: float, formats: list[str], predicted: float) -> str:
     """Hot-page attention's arithmetic for a fixed workload's sequence at its full length."""
     from dataclasses import replace
 
@@ -431,7 +448,9 @@ def render_hot(point: Any, page_budget: float, formats: list[str]) -> str:
     return (f"hot-page attention at {page_budget:g}: a decoding {n}-token sequence holds {blocks} blocks "
             f"(against {a.pages(n)}: metadata, {a.sink_pages} sink + {a.window_pages} window pages and the partial "
             f"one, two layers' chosen pages) and attends to {attended} tokens' worth; a decode step reads "
-            f"{a.pages_read(n)} pages x {a.layers} layers over the link: {reads}")
+            f"{a.pages_read(n)} pages x {a.layers} layers over the link: {reads}; {predicted:g} of them predicted "
+            f"and read a layer ahead, the rest on demand, and as many predicted but not chosen: "
+            f"{2 - predicted:g}x those bytes")
 
 
 def plot_levels(rows: list[dict[str, Any]], path: str, title: str) -> None:

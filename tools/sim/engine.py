@@ -199,7 +199,7 @@ class Tier:
         self._layer_steps += 1
         start = env.now
         try:
-            late = yield from layerwise(env, self.dma, self._layer_steps, per_layer, compute_ns, layers, w)
+            late = (yield from layerwise(env, self.dma, self._layer_steps, per_layer, compute_ns, layers, w)).late
         finally:
             self._unpin(keys)
         self.stall_ns += env.now - start - compute_ns

@@ -3,8 +3,12 @@
 With ``attention="hot"`` (the KV shim's ``CxlCache(attention="hot")``, issue 26) a request's KV
 lives in the CXL device once its prompt is computed. Per decode step and layer it attends to
 the pages a selector chooses (Quest: an upper bound on each page's score from the per-channel
-key min / max of the page), within a budget of ``page_budget`` of its pages; the chosen pages
-of layer l + 1 are read from the device while layer l computes (prefetched one layer ahead).
+key min / max of the page), within a budget of ``page_budget`` of its pages; the shim predicts
+layer l + 1's pages during layer l and reads them ahead (InfiniGen's speculation). A ``predicted``
+share p of the chosen pages was predicted and arrives while layer l computes; the other 1 - p is read
+on demand at layer l + 1's start, once its query is known, and its attention waits for it (the
+link's latency and bytes, :class:`HotTier`); the prefetch also read as many predicted pages that were
+not chosen, so the link carries (2 - p) x the chosen pages' bytes a step. p = 1 is exact prediction.
 The engine (:mod:`tools.sim.engine`) takes from here, per request:
 
 * **HBM held** (:meth:`HotAttention.resident_bytes`): the shim's working set
@@ -44,12 +48,25 @@ from firmware_model.kv_codec import FORMATS, PieceCodec
 from firmware_model.link import LinkParams
 from tools.sim.layerwise import layerwise
 
-__all__ = ["ATTENTIONS", "HOT_WHEN", "KV_FORMATS", "SINK_PAGES", "WINDOW_PAGES", "HotAttention", "HotConfig", "HotTier",
-           "piece_bytes", "quality_rows"]
+__all__ = ["ATTENTIONS", "HOT_PREDICTED", "HOT_WHEN", "KV_FORMATS", "SINK_PAGES", "WINDOW_PAGES", "HotAttention",
+           "HotConfig", "HotTier", "check_predicted", "piece_bytes", "quality_rows"]
 
 ATTENTIONS = ("dense", "hot")
 HOT_WHEN = ("always", "full")
 KV_FORMATS = FORMATS
+
+HOT_PREDICTED = 0.61
+"""The share of a step's chosen pages that the KV shim had predicted and read a layer ahead: 0.61,
+measured by ``cxlemu bench kv --attention hot --page-budget 0.1 --context 8192`` (its ``predicted``
+column, BENCHMARKS.md "Hot-page attention") on the bench's random 16-layer Llama; a model that has
+learned to attend may predict otherwise. The default of ``sim serve --hot-predicted``."""
+
+
+def check_predicted(predicted: float) -> float:
+    """``predicted`` if it is a share in (0, 1]; else ValueError."""
+    if isinstance(predicted, bool) or not isinstance(predicted, (int, float)) or not 0 < predicted <= 1:
+        raise ValueError(f"the predicted share of the chosen pages must be in (0, 1], got {predicted!r}")
+    return float(predicted)
 
 
 def piece_bytes(kv_format: str, tokens: int, head_dim: int, dtype_bytes: int) -> int:
@@ -204,8 +221,11 @@ class HotConfig:
     #: densely until the KV space is full, then the last running ones go hot one by one to make
     #: room (every request's complete pages are written to the device as they fill, either way)
     when: str = "always"
+    #: the share of the chosen pages predicted a layer ahead; the rest are read on demand
+    predicted: float = HOT_PREDICTED
 
     def __post_init__(self) -> None:
+        check_predicted(self.predicted)
         if self.when not in HOT_WHEN:
             raise ValueError(f"when must be one of {', '.join(HOT_WHEN)}, got {self.when!r}")
         if self.capacity_bytes < 1:
@@ -214,15 +234,22 @@ class HotConfig:
 
 class HotTier:
     """The device's link under hot-page attention: each decode step's page reads, layer by layer
-    with the next layer's pages prefetched while one computes (:func:`layerwise`, window 1: layer
-    l + 1's pages are predicted during layer l, not earlier), and the writes of completed pages
-    (the other direction of the link, never waited for by a step)."""
+    with the next layer's predicted pages prefetched while one computes (:func:`layerwise`, window
+    1: layer l + 1's pages are predicted during layer l, not earlier), the chosen pages that were
+    not predicted read on demand at their layer's start, and the writes of completed pages (the
+    other direction of the link, never waited for by a step). Per layer of a step whose chosen
+    pages take ``b`` bytes a layer, with p = ``cfg.predicted``::
+
+        prefetch (issued as the layer before starts computing)   b  : p x b chosen, (1 - p) x b not
+        on demand (at the layer's start, after the prefetch)     (1 - p) x b, rounded to a byte
+        compute                                                  once both landed
+    """
 
     def __init__(self, env: simpy.Environment, cfg: HotConfig) -> None:
         self.env, self.cfg, self.attention = env, cfg, cfg.attention
         self.dma = DmaScheduler(env, cfg.link, channels=64, queue_depth=1 << 30)
-        self.bytes_read = self.bytes_written = self.read_steps = self.max_step_read = 0
-        self.stall_ns = 0.0
+        self.bytes_read = self.bytes_chosen = self.bytes_written = self.read_steps = self.max_step_read = 0
+        self.stall_ns = self.demand_ns = 0.0
         self.late = self.demoted = 0
 
     def write(self, pages: int) -> simpy.Event:
@@ -232,18 +259,26 @@ class HotTier:
         return self.dma.submit("write", nbytes).done
 
     def step(self, nbytes: int, compute_ns: float) -> Generator[simpy.Event, Any, None]:
-        """A forward of ``compute_ns`` that reads ``nbytes`` of chosen pages, ``layers`` equal shares."""
+        """A forward of ``compute_ns`` whose chosen pages take ``nbytes``, ``layers`` equal shares."""
         layers = self.attention.layers
+        per_layer = max(1, nbytes // layers)
+        demand = round((1 - self.cfg.predicted) * per_layer)  # 0 when every chosen page was predicted
+        read = nbytes + layers * demand
         self.read_steps += 1
-        self.bytes_read += nbytes
-        self.max_step_read = max(self.max_step_read, nbytes)
+        self.bytes_chosen += nbytes
+        self.bytes_read += read
+        self.max_step_read = max(self.max_step_read, read)
         start = self.env.now
-        self.late += yield from layerwise(self.env, self.dma, self.read_steps, max(1, nbytes // layers),
-                                          compute_ns, layers, 1)
+        done = yield from layerwise(self.env, self.dma, self.read_steps, per_layer, compute_ns, layers, 1, demand)
+        self.late += done.late
+        self.demand_ns += done.demand_ns
         self.stall_ns += self.env.now - start - compute_ns
 
     def counters(self) -> dict[str, Any]:
-        return {"link_bytes_read": self.bytes_read, "link_bytes_written": self.bytes_written,
-                "link_read_steps": self.read_steps, "link_max_step_read": self.max_step_read,
-                "link_read_bytes_per_step": self.bytes_read / self.read_steps if self.read_steps else 0.0,
-                "stall_s": self.stall_ns / 1e9, "prefetch_late": self.late, "hot_demotions": self.demoted}
+        steps = self.read_steps or 1
+        return {"link_bytes_read": self.bytes_read,
+                "link_bytes_written": self.bytes_written, "link_read_steps": self.read_steps,
+                "link_max_step_read": self.max_step_read, "link_read_bytes_per_step": self.bytes_read / steps,
+                "link_chosen_bytes_per_step": self.bytes_chosen / steps, "stall_s": self.stall_ns / 1e9,
+                "demand_stall_s": self.demand_ns / 1e9, "demand_stall_ms_per_step": self.demand_ns / 1e6 / steps,
+                "prefetch_late": self.late, "hot_demotions": self.demoted}

@@ -17,7 +17,7 @@ from typing import Any
 from tools.sim import hardware as hw
 from tools.sim import modes
 from tools.sim.engine import EngineConfig, SimEngine, TierConfig
-from tools.sim.hot import ATTENTIONS, HOT_WHEN, KV_FORMATS, HotAttention, HotConfig
+from tools.sim.hot import ATTENTIONS, HOT_PREDICTED, HOT_WHEN, KV_FORMATS, HotAttention, HotConfig, check_predicted
 from tools.sim.metrics import summarize
 from tools.sim.profile import COST_MODELS, step_cost
 from tools.sim.workload import ClientScript, WorkloadConfig
@@ -76,6 +76,7 @@ class Point:
     page_budget: float = 0.1  # hot: the share of a sequence's pages each decode step attends to
     kv_format: str = "native"  # hot: the device's KV format (native, int8, int4)
     hot_when: str = "always"  # hot: "always" once the prompt is computed, or "full": when the KV space is full
+    hot_predicted: float = HOT_PREDICTED  # hot: the share of the chosen pages read a layer ahead (the rest on demand)
 
     def __post_init__(self) -> None:
         if self.mode not in modes.MODES:
@@ -106,6 +107,7 @@ class Point:
             raise ValueError(f"unknown hot_when {self.hot_when!r}: choose from {', '.join(HOT_WHEN)}")
         if self.kv_format not in KV_FORMATS:
             raise ValueError(f"unknown kv_format {self.kv_format!r}: choose from {', '.join(KV_FORMATS)}")
+        check_predicted(self.hot_predicted)
         if self.attention == "dense":
             if self.kv_format != "native":
                 raise ValueError("kv_format is the device's format under hot-page attention: dense attention "
@@ -268,7 +270,8 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
     tier = tier_config(p, shape)
     attention = p.hot()
     hot = None if attention is None else HotConfig(attention=attention, link=hw.link_params(p.cxl_link, p.time_scale),
-                                                   capacity_bytes=int(p.pool_gb * GB), when=p.hot_when)
+                                                   capacity_bytes=int(p.pool_gb * GB), when=p.hot_when,
+                                                   predicted=p.hot_predicted)
     t0 = time.perf_counter()
     cost = p.cost()
     engine = SimEngine(scripts, cost, cfg, tier=tier, hot=hot)
@@ -276,7 +279,8 @@ def simulate(p: Point, scripts: list[ClientScript] | None = None) -> dict[str, A
     wall = time.perf_counter() - t0
     out = summarize(records)
     out.update(mode=p.mode, label=p.label, attention=p.attention, page_budget=p.page_budget if hot else None,
-               kv_format=p.kv_format, hot_when=p.hot_when if hot else None, concurrency=p.concurrency,
+               kv_format=p.kv_format, hot_when=p.hot_when if hot else None,
+               hot_predicted=p.hot_predicted if hot else None, concurrency=p.concurrency,
                model=shape.name, accelerator=p.accelerator, tp=p.tp,
                cost=cost.describe()["kind"],
                max_concurrency=engine.stats.max_running, steps=engine.stats.steps,

@@ -3,11 +3,14 @@ model, what the KV space admits dense and hot, the link's bytes, and `cxlemu sim
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
+import simpy
 from cli_support import cli
 
-from tools.sim.hot import SINK_PAGES, WINDOW_PAGES, HotAttention, piece_bytes, quality_rows
+from firmware_model.link import LinkParams
+from tools.sim.hot import SINK_PAGES, WINDOW_PAGES, HotAttention, HotConfig, HotTier, piece_bytes, quality_rows
 from tools.sim.run import Point, simulate
 
 # 4 layers, 2 KV heads of 16 channels, fp16: a token's KV is 2 x 4 x 2 x 16 x 2 = 512 B; 4-token pages
@@ -56,7 +59,7 @@ def test_dense_admits_three_hot_five():
     dense = simulate(_tiny())
     # step 1 admits 3 prefills (189 blocks); each then grows to 64 and 10 blocks stay free
     assert dense["max_concurrency"] == 3 and dense["preemptions"] == 0
-    hot = simulate(_tiny(attention="hot", page_budget=0.25))
+    hot = simulate(_tiny(attention="hot", page_budget=0.25, hot_predicted=1.0))
     # step 2: the 3 shrink to 29 (115 free), a 4th prefill takes 63; step 3: it shrinks, a 5th takes 63
     # (23 free); step 4: 145 held, 57 free: the 6th waits until the first 3 finish
     assert hot["max_concurrency"] == 5 and hot["preemptions"] == 0
@@ -66,13 +69,13 @@ def test_dense_admits_three_hot_five():
     assert hot["link_bytes_read"] == 6 * 3 * 4 * 12 * 512
     assert hot["link_bytes_written"] == 6 * 63 * 4 * 512
     assert hot["link_max_step_read"] == 5 * 4 * 12 * 512
-    int4 = simulate(_tiny(attention="hot", page_budget=0.25, kv_format="int4"))
+    int4 = simulate(_tiny(attention="hot", page_budget=0.25, kv_format="int4", hot_predicted=1.0))
     assert int4["link_bytes_read"] == 6 * 3 * 4 * 12 * 2 * 2 * 100  # a piece of 4 x 16 is 100 B in int4
     assert int4["max_concurrency"] == 5
 
 
 def test_hot_when_full_goes_hot_only_to_make_room():
-    full = simulate(_tiny(attention="hot", page_budget=0.25, hot_when="full"))
+    full = simulate(_tiny(attention="hot", page_budget=0.25, hot_when="full", hot_predicted=1.0))
     # step 2: r0-r2 grow to 64 blocks (10 free); the 4th prefill needs 63: the last running, r2, then r1 go
     # hot (29 kept, 35 freed each) and r3 is admitted (17 free); for r4, r0 alone cannot make room (52 < 63):
     # it stays dense. Step 3: r3 grows to 64 (16 free); r3, then r0 go hot and r4 is admitted (23 free).
@@ -85,6 +88,60 @@ def test_hot_when_full_goes_hot_only_to_make_room():
     assert _tiny(attention="hot", hot_when="full").label == "none hot 0.1 native when full"
 
 
+def _tier_step(predicted: float) -> tuple[float, HotTier]:
+    # 4 layers; a link of 100 ns and 1 ns a byte; a step of 4 us compute whose chosen pages take 1024 B a layer
+    env = simpy.Environment()
+    link = LinkParams(lat_ns=(100, 100), fs_per_byte=(1_000_000, 1_000_000))
+    tier = HotTier(env, HotConfig(attention=TINY_HOT, link=link, capacity_bytes=1 << 30, predicted=predicted))
+    env.process(tier.step(4 * 1024, 4000))
+    env.run()
+    return env.now, tier
+
+
+def test_a_step_reads_the_unpredicted_pages_on_demand_by_hand():
+    # p = 0.75: each layer prefetches 1024 B (768 chosen, 256 not) and reads 256 B on demand once it landed.
+    # Layer 0's prefetch lands at 100 + 1024 = 1124; its demand read 1124 -> 1124 + 100 + 256 = 1480; then
+    # layer 1's prefetch is issued (lands 2604) and layer 0 computes 1000 ns (to 2480). Each later layer
+    # waits for its prefetch, then 356 ns of demand: 2604 -> 2960 -> 4084 -> 4440 -> 5564 -> 5920 + 1000
+    now, tier = _tier_step(0.75)
+    assert now == 6920
+    c = tier.counters()
+    assert c["link_bytes_read"] == 4 * (1024 + 256) == (2 - 0.75) * 4096
+    assert c["link_chosen_bytes_per_step"] == 4096
+    assert c["demand_stall_s"] * 1e9 == pytest.approx(4 * 356) and c["demand_stall_ms_per_step"] == pytest.approx(
+        4 * 356 / 1e6)
+    assert c["stall_s"] * 1e9 == pytest.approx(6920 - 4000)
+
+
+def test_exact_prediction_is_the_layer_ahead_prefetch_alone():
+    # p = 1: layer l + 1's 1024 B (1124 ns) are issued when layer l starts computing (1000 ns): each layer waits
+    # 124 ns, the last computes from 4496 to 5496; nothing read on demand
+    now, tier = _tier_step(1.0)
+    assert now == 5496
+    assert tier.counters()["link_bytes_read"] == 4096 and tier.demand_ns == 0
+
+
+def test_exact_prediction_reproduces_the_figures_before_prediction_was_modelled():
+    # simulate()'s figures for these points before hot_predicted existed (every chosen page prefetched)
+    cases = [({}, 16011789.000375, 442368), ({"hot_when": "full"}, 16013415.525748125, 270336),
+             ({"kv_format": "int4"}, 16009612.000374998, 345600)]
+    for kw, sim_ns, read in cases:
+        r = simulate(_tiny(attention="hot", page_budget=0.25, hot_predicted=1.0, **kw))
+        assert (r["sim_s"] * 1e9, r["link_bytes_read"], r["demand_stall_s"]) == (pytest.approx(sim_ns, abs=1e-6),
+                                                                                 read, 0.0)
+
+
+def test_one_request_waits_for_its_unpredicted_pages_every_layer():
+    # one client, 3 decode steps of 12 pages x 512 B a layer on leo-x16 (90 ns, 20000 fs/B): at p = 0.5 each
+    # layer reads 3072 B on demand, 90 + 61 ns (3072 x 20000 fs, rounded) after its prefetch, hidden before
+    one = {"attention": "hot", "page_budget": 0.25}
+    exact, half = (simulate(replace(_tiny(hot_predicted=p, **one), concurrency=1)) for p in (1.0, 0.5))
+    assert round((half["sim_s"] - exact["sim_s"]) * 1e9) == 3 * 4 * (90 + 61)
+    assert round(half["demand_stall_s"] * 1e9) == 3 * 4 * 151
+    assert half["link_bytes_read"] == 3 * 4 * (12 * 512 + 3072) and exact["link_bytes_read"] == 3 * 4 * 12 * 512
+    assert half["hot_predicted"] == 0.5 and half["link_chosen_bytes_per_step"] == 4 * 12 * 512
+
+
 def test_hot_points_refuse_what_they_cannot_mean():
     with pytest.raises(ValueError, match="runs in mode 'none' with recompute"):
         Point(attention="hot", mode="cxl-lru")
@@ -92,6 +149,9 @@ def test_hot_points_refuse_what_they_cannot_mean():
         Point(kv_format="int8")
     with pytest.raises(ValueError, match="give a larger pool"):
         simulate(_tiny(attention="hot", pool_gb=1e-6))
+    for bad in (0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"predicted share of the chosen pages must be in \(0, 1\]"):
+            Point(attention="hot", hot_predicted=bad)
 
 
 def test_quality_rows_are_matched_never_combined():
@@ -142,11 +202,14 @@ def test_sim_serve_hot_table_prints_quality_not_measured(capsys, tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--kv-format", "int8"], "--kv-format and --hot-when apply to hot-page attention"),
-    (["--hot-when", "full"], "--kv-format and --hot-when apply to hot-page attention"),
+    (["--kv-format", "int8"], "--kv-format, --hot-when and --hot-predicted apply to hot-page attention"),
+    (["--hot-when", "full"], "--kv-format, --hot-when and --hot-predicted apply to hot-page attention"),
     (["--attention", "hot", "--offload", "cxl-lru"], "--offload applies to dense"),
     (["--attention", "sparse"], "unknown attention 'sparse'"),
     (["--attention", "hot", "--page-budget", "1.5"], "must be in (0, 1]"),
+    (["--attention", "hot", "--hot-predicted", "1.01"], "argument --hot-predicted: must be in (0, 1], got '1.01'"),
+    (["--attention", "hot", "--hot-predicted", "0"], "argument --hot-predicted: must be > 0, got '0'"),
+    (["--hot-predicted", "0.5"], "--hot-predicted apply to hot-page attention: give --attention hot"),
     (["--attention", "hot", "--hbm", "unlimited,huge"], "unknown hbm 'huge'"),
 ])
 def test_sim_serve_attention_errors_are_one_line(capsys, args, message):
