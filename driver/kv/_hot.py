@@ -175,14 +175,15 @@ class HotEngine:
         assert lay is not None
         q = query.shape[2]
         pages = self._choose(layer, st, query)
-        frame = self._fill(layer, st, pages)
+        frame, demand = self._fill(layer, st, pages)
+        if q == 1:  # a decode step: while the demand read crosses the link, guess the next layer's
+            self._speculate(layer)  # pages and have them read after it
+            self._prefetch_after(layer)
+        self._wait(demand)
         k = pages.shape[-1]
         window = st.tail[:, :, :, :st.seq_len - st.tail_start]  # type: ignore[index]
         sink = st.sink[:, :, :, :st.sink_end] if st.sink_end else None  # type: ignore[index]
         kv = frame.attention_kv(sink, window, k).to(self.device)
-        if q == 1:  # a decode step: guess the next layer's pages and have them read meanwhile
-            self._speculate(layer)
-            self._prefetch_after(layer)
         if mask is not None or q > 1:  # the mask's columns, in the frame's order
             groups = query.shape[1] // lay.kv_heads
             positions = frame.positions(k, st.tail_start, window.shape[3]).to(self.device)
@@ -224,11 +225,21 @@ class HotEngine:
         assert lay is not None and st.kmin is not None and st.kmax is not None and self.heat is not None
         b, hq, d = query.shape
         grouped = query.reshape(b, lay.kv_heads, hq // lay.kv_heads, d).to(st.kmin.dtype)
-        ids = st.chunks.ids[:, :lay.kv_heads, :st.complete]
-        counts = self.heat.counts(ids)
         chosen = self.selector.select(grouped, st.kmin[:, :, :st.complete], st.kmax[:, :, :st.complete],
-                                      torch.arange(cand.start, cand.stop), k, torch.from_numpy(counts))
+                                      torch.arange(cand.start, cand.stop), k, self._counts(st))
         return chosen.to("cpu").numpy()
+
+    def _counts(self, st: LayerPages) -> torch.Tensor:
+        """The CHMU's count of each complete page of ``st`` ``(B, Hkv, P)``, taken once a step
+        and layer (the layer's speculated and its own choice use the same: its pages are not
+        read between them, and the device's hotlist is drained once a step)."""
+        lay = self.layout
+        assert lay is not None and self.heat is not None
+        key = (self._step, st.complete)
+        if st.heat_key != key:
+            st.heat = torch.from_numpy(self.heat.counts(st.chunks.ids[:, :lay.kv_heads, :st.complete]))
+            st.heat_key = key
+        return st.heat
 
     def _speculate(self, layer: int) -> None:
         """Layer ``layer + 1``'s pages for its guessed query (:class:`Speculator`), kept for
@@ -249,11 +260,10 @@ class HotEngine:
         assert lay is not None and st.tail is not None
         return PageFrame(lay, st.sink_end, slots, st.tail.shape[3], self.dtype)
 
-    def _fill(self, layer: int, st: LayerPages, pages: np.ndarray) -> PageFrame:
-        """A frame whose first ``k`` slots hold the chosen ``pages`` ``(B, Hkv, k)``: the
-        predicted ones read ahead into it, the rest read now into the slots of the predicted
-        pages not chosen (the compute waits; issued in this thread, no hand-off to a DMA
-        channel's)."""
+    def _fill(self, layer: int, st: LayerPages, pages: np.ndarray) -> tuple[PageFrame, Transfer | None]:
+        """A frame whose first ``k`` slots will hold the chosen ``pages`` ``(B, Hkv, k)``: the
+        predicted ones read ahead into it, the rest being read into the slots of the predicted
+        pages not chosen (the returned transfer: :meth:`_wait` for it before attention)."""
         pred: _PageRead | None = st.prefetch
         st.prefetch = None
         k = pages.shape[-1]
@@ -266,17 +276,21 @@ class HotEngine:
             frame = pred.frame if pred.frame.slots >= k else pred.frame.grown(k, st.tail.shape[3])  # type: ignore[union-attr]
             have, owed = frame.arrange(pages)
             self.counters["pages_predicted_used"] += int(have.sum())
-        if owed[0].size:
-            t0 = self.clock.now_ns()
-            st.wait_writes()
-            frame.read(self.store, st.chunks.ids, *owed, urgent=True).wait()
-            self.counters["stall_ns"] += int(self.clock.now_ns() - t0)
-            self._count_read(owed[0].size)
-            self.counters["pages_demand"] += owed[0].size
-            self.counters["misses"] += 1
-        else:
+        if not owed[0].size:
             self.counters["hits"] += 1
-        return frame
+            return frame, None
+        st.wait_writes()
+        self._count_read(owed[0].size)
+        self.counters["pages_demand"] += owed[0].size
+        self.counters["misses"] += 1
+        return frame, frame.read(self.store, st.chunks.ids, *owed)
+
+    def _wait(self, demand: Transfer | None) -> None:
+        """The demand read has landed; the time waited for it is a stall."""
+        if demand is not None and not demand.done():
+            t0 = self.clock.now_ns()
+            demand.wait()
+            self.counters["stall_ns"] += int(self.clock.now_ns() - t0)
 
     def _land(self, layer: int, pred: _PageRead) -> None:
         """Wait for a prefetch (a stall if it is late) and tell the queue it was used."""

@@ -64,6 +64,8 @@ class LayerPages:
     last_choice: np.ndarray | None = None  # the pages chosen at the last decode step (B, H, K)
     predicted: np.ndarray | None = None  # the pages chosen for this step's guessed query
     prefetch: Any = None  # the engine's prefetched read of predicted pages, if any
+    heat: Any = None  # the CHMU's counts of the complete pages (a tensor), as of heat_key
+    heat_key: tuple[int, int] = (-1, -1)  # (step, complete pages) they were taken at
 
     def __post_init__(self) -> None:
         self.chunks = LayerChunks(self.lay.batch, self.lay.pieces)

@@ -105,21 +105,39 @@ def decode(model: Any, cache: Any, context: list, steps: int, mark: Any = None) 
     return tokens, times
 
 
+def _device(timing: Any, serve_args: tuple[str, ...] | None) -> Any:
+    """The device the modes share: ``cxlemu serve`` in its own process with ``serve_args`` (its
+    firmware off this interpreter, as a controller's is off the host), else served in-process."""
+    import contextlib
+
+    from emulator.device import DeviceConfig, serve
+    from tools.bench.mailbox import served_subprocess
+
+    name = f"benchkvhot-{time.monotonic_ns() % 10**8}"
+    if serve_args is None:
+        return serve(DeviceConfig(name=name, capacity=1 << 30, timing=timing))
+
+    @contextlib.contextmanager
+    def subprocess_device() -> Any:
+        with served_subprocess(name, 1 << 30, serve_args):
+            yield type("Served", (), {"name": name})()
+    return subprocess_device()
+
+
 def run(*, layers: int, hidden: int, heads: int, kv_heads: int, contexts: list[int], batch: int, steps: int,
         page_budget: float, block_tokens: int, kv_over_hbm: float, timing: Any, repeat: int = 2,
-        progress: Any = None) -> list[KvHotRow]:
+        progress: Any = None, serve_args: tuple[str, ...] | None = None) -> list[KvHotRow]:
     """The three modes of every context, ``repeat`` rounds interleaved; each row keeps the round
-    with the lowest median step time (a shared host's noise only ever adds time)."""
+    with the lowest median step time (a shared host's noise only ever adds time). ``serve_args``:
+    serve the device in its own process with these ``cxlemu serve`` flags (else in-process)."""
     from driver.kv import KVLayout
     from driver.kv.testing import tiny_llama
-    from emulator.device import DeviceConfig, serve
 
     head_dim = hidden // heads
     model = tiny_llama(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, intermediate=2 * hidden,
                        vocab=512, max_positions=max(contexts) + steps + 8)
     rows: list[KvHotRow] = []
-    with serve(DeviceConfig(name=f"benchkvhot-{time.monotonic_ns() % 10**8}", capacity=1 << 30,
-                            timing=timing)) as dev:
+    with _device(timing, serve_args) as dev:
         for ctx in contexts:
             context = seeded_batch(layers, batch, kv_heads, head_dim, ctx)
             final = ctx + steps
@@ -191,3 +209,21 @@ def goals(rows: list[KvHotRow]) -> list[KvHotGoals]:
                               hot.step_ms / resident.step_ms, hot.kv_bytes / hot.hbm_budget_bytes,
                               hot.hbm_peak_bytes <= hot.hbm_budget_bytes))
     return out
+
+
+def plot(rows: list[KvHotRow], path: str) -> None:
+    """One PNG: step time against context per mode, and hot's step over all-resident's against
+    the goal."""
+    from tools.sim.plots import plot_against_concurrency
+
+    ratio = {g.context: g.step_ratio for g in goals(rows)}
+    lines: dict[str, list[tuple[float, dict[str, Any]]]] = {}
+    for r in rows:
+        label = f"hot {r.page_budget:g}" if r.mode == "hot" else r.mode
+        point = {"step_ms": r.step_ms, "ratio": ratio[r.context] if r.mode == "hot" else None}
+        lines.setdefault(label, []).append((r.context, point))
+    lines[f"goal {STEP_GOAL:.2f}x"] = [(c, {"ratio": STEP_GOAL}) for c in sorted(ratio)]
+    plot_against_concurrency(lines, [("step_ms", "decode step (ms)", "step time"),
+                                     ("ratio", "hot step / all-resident step", "hot against all-resident")],
+                             path, title="cxlemu bench kv --attention hot", xlabel="context (tokens)",
+                             xticks=sorted(ratio))

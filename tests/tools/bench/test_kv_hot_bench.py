@@ -36,6 +36,8 @@ def test_goals_compare_hot_with_dense_from_the_device_and_resident() -> None:
     (["--attention", "hot", "--batch", "0"], "--batch must be >= 1, got 0"),
     (["--attention", "hot", "--kv-over-hbm", "0.5"], "--kv-over-hbm must be >= 1, got 0.5"),
     (["--attention", "hot", "--steps", "2"], "--steps must be > 2"),
+    (["--plot", "x.png"], "--plot: only with --attention hot"),
+    (["--in-process"], "--in-process: only with --attention hot"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, message, capsys) -> None:
     pytest.importorskip("torch")
@@ -48,21 +50,24 @@ def test_bad_arguments_are_one_line_errors(argv, message, capsys) -> None:
 
 
 @pytest.mark.slow
-def test_tiny_run_reads_a_share_of_the_kv() -> None:
+def test_tiny_run_reads_a_share_of_the_kv(tmp_path) -> None:
     """Six layers (the dense mode's two frames are a third of the KV), a 512-token context, 2
-    sequences: every mode runs on one device; dense from the device has the resident tokens; hot
-    reads its chosen pages (at most the budget's share) and the mispredicted ones (at most as
-    many again), and stays within its HBM budget."""
+    sequences: every mode runs on one device (`cxlemu serve` in its own process); dense from the
+    device has the resident tokens; hot reads its chosen pages (at most the budget's share) and the
+    mispredicted ones (at most as many again), and stays within its HBM budget; the plot is drawn."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from emulator import presets
-    from tools.bench.kv_hot import run
+    from tools.bench.kv_hot import plot, run
 
     rows = run(layers=6, hidden=32, heads=2, kv_heads=1, contexts=[512], batch=2, steps=4, page_budget=0.2,
-               block_tokens=8, kv_over_hbm=3.0, timing=presets.load("leo-x16").timing, repeat=1)
+               block_tokens=8, kv_over_hbm=3.0, timing=presets.load("leo-x16").timing, repeat=1,
+               serve_args=("--preset", "leo-x16"))
     assert [r.mode for r in rows] == ["resident", "in-hbm", "dense", "hot"]
     assert rows[1].tokens_agree == rows[2].tokens_agree == 1.0
     assert rows[1].bytes_per_step == 0 and rows[2].bytes_per_step > 0
     (g,) = goals(rows)
     assert 0 < rows[3].bytes_per_step <= 2 * 0.2 * rows[3].attended_per_step
     assert g.within_budget and g.kv_over_hbm >= 3.0
+    plot(rows, str(tmp_path / "hot.png"))
+    assert (tmp_path / "hot.png").read_bytes()[:4] == b"\x89PNG"

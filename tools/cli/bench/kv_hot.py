@@ -23,12 +23,18 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--batch", type=int, default=None, help="hot: sequences decoding together (default 1)")
     p.add_argument("--kv-over-hbm", type=float, default=None,
                    help=f"hot: the KV over the HBM budget of both device modes (default {KV_OVER_HBM_GOAL:g})")
+    p.add_argument("--plot", default=None,
+                   help="hot: PNG path for step time and hot / all-resident against context (default none)")
+    p.add_argument("--in-process", action="store_true",
+                   help="hot: serve the device in this process (default: `cxlemu serve` in its own, its firmware "
+                        "off the interpreter that computes, as a controller's is off the host)")
 
 
 def check_dense(args: Any) -> None:
     """Hot mode's flags given without it: refused, rather than ignored."""
     given = [f for f, v in (("--page-budget", args.page_budget), ("--batch", args.batch),
-                            ("--kv-over-hbm", args.kv_over_hbm)) if v is not None]
+                            ("--kv-over-hbm", args.kv_over_hbm), ("--plot", args.plot),
+                            ("--in-process", args.in_process or None)) if v is not None]
     if given:
         raise CliError(f"{', '.join(given)}: only with --attention hot")
 
@@ -44,6 +50,8 @@ def cmd_kv_hot(args: Any) -> int:
     if not timing.read_bandwidth_gbps:
         raise CliError(f"preset {args.preset!r} has an unthrottled link: pick one with a bandwidth (e.g. leo-x16)")
     torch.set_num_threads(args.threads)
+    if args.plot:
+        need_extra("matplotlib", "bench", "bench kv --attention hot --plot")
     from rich.console import Console
 
     with Console(stderr=True).status("bench kv --attention hot") as status:
@@ -51,7 +59,11 @@ def cmd_kv_hot(args: Any) -> int:
                           contexts=args.context or [2048, 8192], batch=args.batch, steps=args.steps,
                           page_budget=args.page_budget, block_tokens=args.block_tokens,
                           kv_over_hbm=args.kv_over_hbm, timing=timing, repeat=args.repeat,
-                          progress=lambda m: status.update(f"bench kv --attention hot: {m}"))
+                          progress=lambda m: status.update(f"bench kv --attention hot: {m}"),
+                          serve_args=None if args.in_process else
+                          ("--preset", args.preset, "--time-scale", f"{args.time_scale:g}"))
+    if args.plot:
+        kv_hot.plot(rows, args.plot)
     if args.json:
         print_json({"rows": [r.to_dict() for r in rows], "goals": [_goal_dict(g) for g in goals(rows)]})
     elif args.markdown:
