@@ -20,9 +20,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tools.bench.quality_reads import ReadLog, answer_sources, answers, diagnose
 from tools.common import CliError
 from tools.quality.evaluate import DocScore, score, totals
-from tools.quality.tasks import make_document
+from tools.quality.tasks import Document, make_document
 
 EVAL_SEED = 1 << 62  # training draws its documents' seeds below this: these are held out
 ALL_RESIDENT = 1 << 30  # an HBM budget above the yardstick's KV: dense attention moves nothing
@@ -88,34 +89,92 @@ class QualityRow:
     agreement: float  # scored argmax equal to DynamicCache's
     mb_loaded: float  # KV bytes read from the device per document (as moved: encoded when quantized)
     seconds: float
+    # why answers were lost (``tools.bench.quality_reads.diagnose``): paired with dense's answers
+    # (every mode) and, for hot and h2o, whether attention read the answer's source tokens
+    needle_lost: int | None = None
+    needle_gained: int | None = None
+    recall_lost: int | None = None
+    recall_gained: int | None = None
+    answer_page_read: float | None = None
+    answer_page_read_by_layer: list[float] | None = None
+    needle_page_read: float | None = None
+    recall_page_read: float | None = None
+    needle_miss_unread: int | None = None
+    needle_miss_read: int | None = None
+    recall_miss_unread: int | None = None
+    recall_miss_read: int | None = None
+    needle_lost_unread: int | None = None
+    recall_lost_unread: int | None = None
+    predicted: float | None = None  # hot: pages_predicted_used / pages_chosen (bench kv's `predicted`)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _cache(mode: Mode, model: Any, device: str, context: int, page_budget: float) -> Any:
+BLOCK_TOKENS = 16  # CxlCache's default page: the bench runs every mode at it
+
+
+def _cache(mode: Mode, model: Any, device: str, context: int, page_budget: float, log: ReadLog | None) -> Any:
     from driver.kv.cache import CxlCache
 
     kw = dict(mode.kwargs) | ({"page_budget": page_budget} if mode.budgeted else {})
     if "attention" in kw:
         kw["model"] = model  # hot / h2o route the model's attention through driver.kv
-    return CxlCache(ALL_RESIDENT, device=device, max_seq_len=context, **kw)
+    if log is not None:
+        kw["record"] = log.record
+    return CxlCache(ALL_RESIDENT, device=device, max_seq_len=context, block_tokens=BLOCK_TOKENS, **kw)
 
 
-def _run_mode(model: Any, docs: list, cache_for: Any) -> tuple[list[DocScore], int]:
-    """Each document through a fresh cache; the scores and the KV bytes read from the device."""
-    out, loaded = [], 0
+def _log(mode: Mode, model: Any, doc: Document) -> ReadLog | None:
+    """What the diagnosis records for ``mode``: hot's chosen pages, H2O's kept tokens (the sparse
+    modes at their page budget); None for the modes that read every token."""
+    if not mode.budgeted:
+        return None
+    unit = BLOCK_TOKENS if mode.kwargs.get("attention") == "hot" else None
+    return ReadLog(answer_sources(doc), model.config.num_hidden_layers, unit)
+
+
+@dataclass
+class _Run:
+    """One mode over the documents: scores, read logs and the summed counters."""
+
+    scores: list[DocScore] = field(default_factory=list)
+    logs: list[ReadLog | None] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+_SUMMED = ("link_bytes_loaded", "bytes_loaded", "pages_predicted_used", "pages_chosen")
+
+
+def _run_mode(model: Any, docs: list[Document], cache_for: Any, log_for: Any = None) -> _Run:
+    """Each document through a fresh cache ``cache_for(log)``; ``log_for(doc)`` its read log."""
+    run = _Run(counters=dict.fromkeys(_SUMMED, 0))
     for doc in docs:
-        cache = cache_for()
+        log = log_for(doc) if log_for is not None else None
+        cache = cache_for(log)
         try:
-            out.append(score(model, doc, cache))
+            run.scores.append(score(model, doc, cache, log.before if log is not None else None))
+            run.logs.append(log)
             stats = cache.stats() if hasattr(cache, "stats") else {}
-            loaded += stats.get("link_bytes_loaded", stats.get("bytes_loaded", 0))
+            for key in _SUMMED:
+                run.counters[key] += stats.get(key, 0)
         finally:
             close = getattr(cache, "close", None)
             if close is not None:
                 close()
-    return out, loaded
+    return run
+
+
+def _diagnosis(mode: Mode, docs: list[Document], run: _Run, ref: _Run) -> dict[str, Any]:
+    """The row's diagnosis fields: the answers paired with DynamicCache's (dense attention's
+    answers), reads where logged, and hot's prediction rate."""
+    found = [a for doc, s, r, log in zip(docs, run.scores, ref.scores, run.logs, strict=True)
+             for a in answers(doc, s, r, log)]
+    out = diagnose(found)
+    c = run.counters
+    out["predicted"] = (c["pages_predicted_used"] / c["pages_chosen"]
+                        if mode.kwargs.get("attention") == "hot" and c["pages_chosen"] else None)
+    return out
 
 
 def run(model: Any, *, contexts: list[int], examples: int, modes: list[str], page_budget: float,
@@ -132,19 +191,22 @@ def run(model: Any, *, contexts: list[int], examples: int, modes: list[str], pag
             docs = [make_document(ctx, EVAL_SEED + i) for i in range(examples)]
             if progress:
                 progress(f"context {ctx}: DynamicCache")
-            ref, _ = _run_mode(model, docs, DynamicCache)
+            ref = _run_mode(model, docs, lambda _log: DynamicCache())
             for name in modes:
                 if progress:
                     progress(f"context {ctx}: {name}")
                 mode = MODES[name]
                 t0 = time.perf_counter()
-                scores, loaded = _run_mode(model, docs, lambda m=mode: _cache(m, model, dev.name, ctx, page_budget))
-                tot = totals(scores)
-                same = sum(a == b for s, r in zip(scores, ref) for a, b in zip(s.argmax, r.argmax))
+                done = _run_mode(model, docs, lambda log, m=mode: _cache(m, model, dev.name, ctx, page_budget, log),
+                                 lambda doc, m=mode: _log(m, model, doc))
+                seconds = time.perf_counter() - t0
+                tot = totals(done.scores)
+                same = sum(a == b for s, r in zip(done.scores, ref.scores) for a, b in zip(s.argmax, r.argmax))
+                loaded = done.counters["link_bytes_loaded"] or done.counters["bytes_loaded"]
                 rows.append(QualityRow(name, page_budget if mode.budgeted else 1.0, mode.kv_format, ctx,
                                        tot.examples, tot.needle_acc, tot.recall_acc, tot.perplexity,
-                                       same / sum(len(r.argmax) for r in ref), loaded / len(docs) / 1e6,
-                                       time.perf_counter() - t0))
+                                       same / sum(len(r.argmax) for r in ref.scores), loaded / len(docs) / 1e6,
+                                       seconds, **_diagnosis(mode, docs, done, ref)))
     return rows
 
 

@@ -87,6 +87,26 @@ def _goal_cells(g: Any) -> list[str]:
 
 _GOAL_COLUMNS = ("mode", "context", "needle / dense", "recall / dense", "ppl / dense", "goal")
 
+_WHY_COLUMNS = ("mode", "context", "needles lost / gained vs dense", "recall lost / gained vs dense",
+                "answer page read (needle / recall)", "by layer", "needle misses: unread / read",
+                "recall misses: unread / read", "lost: unread", "predicted")
+
+
+def _opt(x: Any, fmt: str = "{}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _why_cells(r: Any) -> list[str]:
+    """The diagnosis of one sparse row (``tools.bench.quality_reads``)."""
+    lost_unread = None if r.needle_lost_unread is None else f"{r.needle_lost_unread} + {r.recall_lost_unread}"
+    layers = None if r.answer_page_read_by_layer is None else " / ".join(
+        f"{x:.2f}" for x in r.answer_page_read_by_layer)
+    return [r.mode, str(r.context), f"{r.needle_lost} / {r.needle_gained}", f"{r.recall_lost} / {r.recall_gained}",
+            f"{_opt(r.needle_page_read, '{:.2f}')} / {_opt(r.recall_page_read, '{:.2f}')}", _opt(layers),
+            f"{_opt(r.needle_miss_unread)} / {_opt(r.needle_miss_read)}",
+            f"{_opt(r.recall_miss_unread)} / {_opt(r.recall_miss_read)}", _opt(lost_unread),
+            _opt(r.predicted, "{:.3f}")]
+
 
 def render(rows: list[Any]) -> Any:
     """The rows and the goals as rich tables (pure)."""
@@ -106,7 +126,14 @@ def render(rows: list[Any]) -> Any:
         g.add_column(col)
     for goal in goals(rows):
         g.add_row(*_goal_cells(goal))
-    return Group(t, g)
+    w = Table(title="why answers were lost: paired with dense's, and whether every layer and KV head read the "
+                    "answer's source page")
+    for col in _WHY_COLUMNS:
+        w.add_column(col)
+    for r in rows:
+        if r.mode != "dense":
+            w.add_row(*_why_cells(r))
+    return Group(t, g, w)
 
 
 def markdown(rows: list[Any]) -> str:
@@ -119,4 +146,8 @@ def markdown(rows: list[Any]) -> str:
     if found:
         lines += ["", "| " + " | ".join(_GOAL_COLUMNS) + " |", "|" + "---|" * len(_GOAL_COLUMNS)]
         lines += ["| " + " | ".join(_goal_cells(g)) + " |" for g in found]
+    why = [r for r in rows if r.mode != "dense"]
+    if why:
+        lines += ["", "| " + " | ".join(_WHY_COLUMNS) + " |", "|" + "---|" * len(_WHY_COLUMNS)]
+        lines += ["| " + " | ".join(_why_cells(r)) + " |" for r in why]
     return "\n".join(lines)

@@ -1,0 +1,139 @@
+"""Why a sparse KV mode missed an answer: did its attention read the tokens the answer comes from?
+
+``cxlemu bench quality`` scores each answer (a needle, a recall query) right or wrong. For hot
+pages and H2O that alone cannot say why an answer was lost: the page holding the fact was not read
+(the selector's miss, or H2O's eviction), or it was read and the model still answered otherwise
+(the other pages it read, or those it no longer read, changed the attention). Here, for every
+scored answer position of a document:
+
+* :func:`answer_sources`: the body tokens the answer is read from: a needle position's passkey
+  token; a recall query's pair ``v k`` (the value, and the key beside it whose position the
+  model finds by the query's key; ``tools.quality.tasks``);
+* :class:`ReadLog`: fed the cache's ``record(layer, read)`` (``CxlCache(record=...)``), whether
+  each layer's attention at that step read them, per KV head: for ``"hot"`` the pages chosen, or
+  resident in the sink (a source is never in the recent window: it lies before the perplexity
+  tail, checked); for ``"h2o"`` the tokens kept;
+* :func:`diagnose` (pure): per task, the answers whose sources every layer and KV head read, the
+  misses split into *not read* and *read but answered wrong*, and the answers paired with dense
+  attention's: right there and lost here, wrong there and right here. On base rates of ~20 % a
+  ratio of accuracies is noise; the paired counts are the figure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from firmware_model.hot_pages import SINK_PAGES, WINDOW_PAGES
+from tools.quality.tasks import Document
+
+TASKS = ("needle", "recall")
+
+
+def answer_sources(doc: Document) -> dict[int, tuple[int, ...]]:
+    """Each scored answer position -> the body positions its answer is read from (see the
+    module docstring). Passkey tokens and recall values each occur once in the body
+    (``tools.quality.tasks``); a document where one does not is refused (``ValueError``)."""
+    body = doc.tokens[:doc.needle_at[0]]  # BOS and the body: the queries start at NEEDLE_Q
+
+    def where(token: int) -> int:
+        found = np.flatnonzero(body == token)
+        if found.size != 1:
+            raise ValueError(f"answer token {token} occurs {found.size} times in the body, not once")
+        return int(found[0])
+
+    out = {p: (where(a),) for p, a in zip(doc.needle_at, doc.answers(doc.needle_at))}
+    for p, a in zip(doc.recall_at, doc.answers(doc.recall_at)):
+        v = where(a)
+        if int(body[v + 1]) != int(doc.tokens[p]):
+            raise ValueError(f"recall value at {v} is not followed by its key {int(doc.tokens[p])}")
+        out[p] = (v, v + 1)
+    return out
+
+
+class ReadLog:
+    """What each layer read at the answer positions of one document; ``before(p)`` (for
+    ``score``) marks the step, ``record(layer, read)`` (for ``CxlCache``) logs it.
+
+    ``block_tokens``: hot attention's page size (``read`` are pages chosen; the sink is read
+    too); None for H2O (``read`` are token positions)."""
+
+    def __init__(self, sources: dict[int, tuple[int, ...]], layers: int, block_tokens: int | None) -> None:
+        self.sources, self.layers, self.block_tokens = sources, layers, block_tokens
+        self.at: int | None = None
+        self.read: dict[int, dict[int, np.ndarray]] = {p: {} for p in sources}
+
+    def before(self, position: int) -> None:
+        self.at = position if position in self.sources else None
+
+    def record(self, layer: int, read: Any) -> None:
+        """``read`` ``(B, Hkv, n)``: one sequence (B = 1); every KV head's reads."""
+        if self.at is None:
+            return
+        need = np.asarray(self.sources[self.at])
+        if self.block_tokens is not None:
+            need = np.unique(need // self.block_tokens)
+            seq_pages = (self.at + 1) // self.block_tokens
+            if (need >= seq_pages - WINDOW_PAGES).any():  # the window's pages are read but not recorded
+                raise ValueError(f"an answer source page {need.tolist()} may lie in the recent window at "
+                                 f"position {self.at}: the diagnostic cannot see it")
+            need = need[need >= SINK_PAGES]  # the sink is always read
+        rows = np.asarray(read)[0]
+        self.read[self.at][layer] = np.array([np.isin(need, row).all() for row in rows])
+
+    def per_layer(self, positions: tuple[int, ...]) -> tuple[tuple[bool, ...], ...]:
+        """For each layer, whether every KV head read the sources at every one of ``positions``."""
+        out = []
+        for layer in range(self.layers):
+            if any(layer not in self.read[p] for p in positions):
+                raise ValueError(f"layer {layer} recorded nothing at an answer position of {positions}")
+            out.append(all(bool(self.read[p][layer].all()) for p in positions))
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One scored answer of a mode beside dense's: a document's needle (all its tokens) or one
+    recall query; ``read``: per layer, its sources read by every KV head (None: not recorded)."""
+
+    task: str
+    ok: bool
+    dense_ok: bool
+    read: tuple[bool, ...] | None
+
+
+def answers(doc: Document, score: Any, dense: Any, log: ReadLog | None) -> list[Answer]:
+    """The document's answers (``DocScore`` of the mode and of dense attention)."""
+    out = [Answer("needle", score.needle_ok, dense.needle_ok, log.per_layer(doc.needle_at) if log else None)]
+    for p, ok, dense_ok in zip(doc.recall_at, score.recall_ok, dense.recall_ok, strict=True):
+        out.append(Answer("recall", ok, dense_ok, log.per_layer((p,)) if log else None))
+    return out
+
+
+def diagnose(found: list[Answer]) -> dict[str, Any]:
+    """The counts (pure; see the module docstring). Per task ``t``: ``t_lost`` (dense right, this
+    mode wrong), ``t_gained`` (dense wrong, this right); where reads were recorded ``t_page_read``
+    (fraction whose sources every layer and KV head read), ``t_miss_unread`` / ``t_miss_read``
+    (wrong answers whose sources were not / were read) and ``t_lost_unread``; over both tasks
+    ``answer_page_read`` and ``answer_page_read_by_layer``. Unrecorded figures are None."""
+    out: dict[str, Any] = {}
+    recorded = [a for a in found if a.read is not None]
+    for task in TASKS:
+        mine = [a for a in found if a.task == task]
+        out[f"{task}_lost"] = sum(a.dense_ok and not a.ok for a in mine)
+        out[f"{task}_gained"] = sum(a.ok and not a.dense_ok for a in mine)
+        seen = [a for a in mine if a.read is not None]
+        full = [all(a.read) for a in seen if a.read is not None]
+        out[f"{task}_page_read"] = sum(full) / len(seen) if seen else None
+        out[f"{task}_miss_unread"] = sum(not a.ok and not r for a, r in zip(seen, full)) if seen else None
+        out[f"{task}_miss_read"] = sum(not a.ok and r for a, r in zip(seen, full)) if seen else None
+        out[f"{task}_lost_unread"] = (sum(a.dense_ok and not a.ok and not r for a, r in zip(seen, full))
+                                      if seen else None)
+    if recorded:
+        reads = np.array([a.read for a in recorded], bool)  # (answers, layers)
+        out["answer_page_read"] = float(reads.all(1).mean())
+        out["answer_page_read_by_layer"] = [float(x) for x in reads.mean(0)]
+    else:
+        out["answer_page_read"] = out["answer_page_read_by_layer"] = None
+    return out
