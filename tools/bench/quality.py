@@ -20,7 +20,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tools.bench.quality_reads import ReadLog, answer_sources, answers, diagnose
+from tools.bench.quality_reads import (GUESSES, ReadLog, answer_sources, answers, diagnose, recall_guesses,
+                                       value_positions, values_read)
 from tools.common import CliError
 from tools.quality.evaluate import DocScore, score, totals
 from tools.quality.tasks import Document, make_document
@@ -106,32 +107,57 @@ class QualityRow:
     needle_lost_unread: int | None = None
     recall_lost_unread: int | None = None
     predicted: float | None = None  # hot: pages_predicted_used / pages_chosen (bench kv's `predicted`)
+    # what the recall answers were (``quality_reads.recall_guesses``): fractions of all recall answers
+    recall_unasked: float | None = None  # another value of the document, not yet answered
+    recall_answered: float | None = None  # a value the queries already answered
+    recall_foreign: float | None = None  # a value not in the document
+    recall_values_read_by_layer: list[float] | None = None  # share of the document's value pages read at recall
+    block_tokens: int | None = None  # the page (tokens) of the modes that read pages from the device
+    selector: str | None = None  # hot's page selector
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-BLOCK_TOKENS = 16  # CxlCache's default page: the bench runs every mode at it
+BLOCK_TOKENS = 16  # CxlCache's default page (Quest's page size): the bench's default
 
 
-def _cache(mode: Mode, model: Any, device: str, context: int, page_budget: float, log: ReadLog | None) -> Any:
+@dataclass(frozen=True)
+class Pages:
+    """How the modes that read pages from the device page their KV: the page size, and hot's
+    page selector (a ``CxlCache`` ``selector=``)."""
+
+    block_tokens: int = BLOCK_TOKENS
+    selector: str = "quest"
+
+    def of(self, mode: Mode) -> dict[str, Any]:
+        """The row's ``block_tokens`` / ``selector`` for ``mode`` (None where it does not apply)."""
+        hot = mode.kwargs.get("attention") == "hot"
+        return {"block_tokens": self.block_tokens if hot else None,
+                "selector": self.selector if hot and mode.budgeted else None}
+
+
+def _cache(mode: Mode, model: Any, device: str, context: int, page_budget: float, pages: Pages,
+           log: ReadLog | None) -> Any:
     from driver.kv.cache import CxlCache
 
     kw = dict(mode.kwargs) | ({"page_budget": page_budget} if mode.budgeted else {})
     if "attention" in kw:
         kw["model"] = model  # hot / h2o route the model's attention through driver.kv
+    if kw.get("attention") == "hot":
+        kw["selector"] = pages.selector
     if log is not None:
         kw["record"] = log.record
-    return CxlCache(ALL_RESIDENT, device=device, max_seq_len=context, block_tokens=BLOCK_TOKENS, **kw)
+    return CxlCache(ALL_RESIDENT, device=device, max_seq_len=context, block_tokens=pages.block_tokens, **kw)
 
 
-def _log(mode: Mode, model: Any, doc: Document) -> ReadLog | None:
+def _log(mode: Mode, model: Any, doc: Document, pages: Pages) -> ReadLog | None:
     """What the diagnosis records for ``mode``: hot's chosen pages, H2O's kept tokens (the sparse
     modes at their page budget); None for the modes that read every token."""
     if not mode.budgeted:
         return None
-    unit = BLOCK_TOKENS if mode.kwargs.get("attention") == "hot" else None
-    return ReadLog(answer_sources(doc), model.config.num_hidden_layers, unit)
+    unit = pages.block_tokens if mode.kwargs.get("attention") == "hot" else None
+    return ReadLog(answer_sources(doc), model.config.num_hidden_layers, unit, value_positions(doc))
 
 
 @dataclass
@@ -171,6 +197,11 @@ def _diagnosis(mode: Mode, docs: list[Document], run: _Run, ref: _Run) -> dict[s
     found = [a for doc, s, r, log in zip(docs, run.scores, ref.scores, run.logs, strict=True)
              for a in answers(doc, s, r, log)]
     out = diagnose(found)
+    kinds = [k for doc, s in zip(docs, run.scores) for k in recall_guesses(doc, s)]
+    for kind in GUESSES[1:4]:
+        out[f"recall_{kind}"] = kinds.count(kind) / len(kinds)
+    logs = [log for log in run.logs if log is not None]
+    out["recall_values_read_by_layer"] = values_read(logs, logs[0].layers) if logs else None
     c = run.counters
     out["predicted"] = (c["pages_predicted_used"] / c["pages_chosen"]
                         if mode.kwargs.get("attention") == "hot" and c["pages_chosen"] else None)
@@ -178,7 +209,7 @@ def _diagnosis(mode: Mode, docs: list[Document], run: _Run, ref: _Run) -> dict[s
 
 
 def run(model: Any, *, contexts: list[int], examples: int, modes: list[str], page_budget: float,
-        progress: Any = None) -> list[QualityRow]:
+        pages: Pages = Pages(), progress: Any = None) -> list[QualityRow]:
     """Every mode at every context over ``examples`` held-out documents (dense first)."""
     from transformers import DynamicCache
 
@@ -197,8 +228,9 @@ def run(model: Any, *, contexts: list[int], examples: int, modes: list[str], pag
                     progress(f"context {ctx}: {name}")
                 mode = MODES[name]
                 t0 = time.perf_counter()
-                done = _run_mode(model, docs, lambda log, m=mode: _cache(m, model, dev.name, ctx, page_budget, log),
-                                 lambda doc, m=mode: _log(m, model, doc))
+                done = _run_mode(model, docs,
+                                 lambda log, m=mode: _cache(m, model, dev.name, ctx, page_budget, pages, log),
+                                 lambda doc, m=mode: _log(m, model, doc, pages))
                 seconds = time.perf_counter() - t0
                 tot = totals(done.scores)
                 same = sum(a == b for s, r in zip(done.scores, ref.scores) for a, b in zip(s.argmax, r.argmax))
@@ -206,7 +238,7 @@ def run(model: Any, *, contexts: list[int], examples: int, modes: list[str], pag
                 rows.append(QualityRow(name, page_budget if mode.budgeted else 1.0, mode.kv_format, ctx,
                                        tot.examples, tot.needle_acc, tot.recall_acc, tot.perplexity,
                                        same / sum(len(r.argmax) for r in ref.scores), loaded / len(docs) / 1e6,
-                                       seconds, **_diagnosis(mode, docs, done, ref)))
+                                       seconds, **_diagnosis(mode, docs, done, ref), **pages.of(mode)))
     return rows
 
 

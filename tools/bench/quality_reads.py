@@ -26,9 +26,16 @@ from typing import Any
 import numpy as np
 
 from firmware_model.hot_pages import SINK_PAGES, WINDOW_PAGES
-from tools.quality.tasks import Document
+from tools.quality.tasks import VALUES, Document
 
 TASKS = ("needle", "recall")
+
+
+def value_positions(doc: Document) -> dict[int, tuple[int, ...]]:
+    """Each recall query position -> the body positions of all the document's recall values."""
+    body = doc.tokens[:doc.needle_at[0]]
+    where = tuple(int(i) for i in np.flatnonzero((body >= VALUES[0]) & (body < VALUES[1])))
+    return dict.fromkeys(doc.recall_at, where)
 
 
 def answer_sources(doc: Document) -> dict[int, tuple[int, ...]]:
@@ -43,7 +50,7 @@ def answer_sources(doc: Document) -> dict[int, tuple[int, ...]]:
             raise ValueError(f"answer token {token} occurs {found.size} times in the body, not once")
         return int(found[0])
 
-    out = {p: (where(a),) for p, a in zip(doc.needle_at, doc.answers(doc.needle_at))}
+    out: dict[int, tuple[int, ...]] = {p: (where(a),) for p, a in zip(doc.needle_at, doc.answers(doc.needle_at))}
     for p, a in zip(doc.recall_at, doc.answers(doc.recall_at)):
         v = where(a)
         if int(body[v + 1]) != int(doc.tokens[p]):
@@ -59,10 +66,15 @@ class ReadLog:
     ``block_tokens``: hot attention's page size (``read`` are pages chosen; the sink is read
     too); None for H2O (``read`` are token positions)."""
 
-    def __init__(self, sources: dict[int, tuple[int, ...]], layers: int, block_tokens: int | None) -> None:
+    def __init__(self, sources: dict[int, tuple[int, ...]], layers: int, block_tokens: int | None,
+                 values: dict[int, tuple[int, ...]] | None = None) -> None:
+        """``values``: per recall position, the positions of all the document's values: the share
+        of them read is kept too (``values_read``)."""
         self.sources, self.layers, self.block_tokens = sources, layers, block_tokens
+        self.values = values or {}
         self.at: int | None = None
         self.read: dict[int, dict[int, np.ndarray]] = {p: {} for p in sources}
+        self.values_read: dict[int, dict[int, float]] = {p: {} for p in self.values}
 
     def before(self, position: int) -> None:
         self.at = position if position in self.sources else None
@@ -71,16 +83,22 @@ class ReadLog:
         """``read`` ``(B, Hkv, n)``: one sequence (B = 1); every KV head's reads."""
         if self.at is None:
             return
-        need = np.asarray(self.sources[self.at])
-        if self.block_tokens is not None:
-            need = np.unique(need // self.block_tokens)
-            seq_pages = (self.at + 1) // self.block_tokens
-            if (need >= seq_pages - WINDOW_PAGES).any():  # the window's pages are read but not recorded
-                raise ValueError(f"an answer source page {need.tolist()} may lie in the recent window at "
-                                 f"position {self.at}: the diagnostic cannot see it")
-            need = need[need >= SINK_PAGES]  # the sink is always read
         rows = np.asarray(read)[0]
-        self.read[self.at][layer] = np.array([np.isin(need, row).all() for row in rows])
+        self.read[self.at][layer] = self._shares(self.sources[self.at], rows) == 1.0
+        if self.at in self.values:
+            self.values_read[self.at][layer] = float(self._shares(self.values[self.at], rows).mean())
+
+    def _shares(self, positions: tuple[int, ...], rows: np.ndarray) -> np.ndarray:
+        """Per KV head, the share of the pages (or tokens) holding ``positions`` that it read."""
+        need = np.asarray(positions)
+        if self.block_tokens is None:
+            return np.array([np.isin(need, row).mean() for row in rows])
+        need = np.unique(need // self.block_tokens)
+        seq_pages = (self.at + 1) // self.block_tokens if self.at is not None else 0
+        if (need >= seq_pages - WINDOW_PAGES).any():  # the window's pages are read but not recorded
+            raise ValueError(f"an answer source page {need.tolist()} may lie in the recent window at "
+                             f"position {self.at}: the diagnostic cannot see it")
+        return np.array([(np.isin(need, row) | (need < SINK_PAGES)).mean() for row in rows])  # the sink is read
 
     def per_layer(self, positions: tuple[int, ...]) -> tuple[tuple[bool, ...], ...]:
         """For each layer, whether every KV head read the sources at every one of ``positions``."""
@@ -137,3 +155,37 @@ def diagnose(found: list[Answer]) -> dict[str, Any]:
     else:
         out["answer_page_read"] = out["answer_page_read_by_layer"] = None
     return out
+
+
+GUESSES = ("right", "unasked", "answered", "foreign", "other")
+
+
+def recall_guesses(doc: Document, score: Any) -> list[str]:
+    """Each recall answer of ``score`` (a ``DocScore``), in asking order: ``right``; ``unasked``
+    (another value of the document, not yet answered in the queries); ``answered`` (a value the
+    queries already answered); ``foreign`` (a value not in the document); ``other`` (no value)."""
+    scored = sorted(set(doc.needle_at) | set(doc.recall_at) | set(doc.ppl_at))
+    argmax = dict(zip(scored, score.argmax, strict=True))
+    body = doc.tokens[:doc.needle_at[0]]
+    values = {int(t) for t in body if VALUES[0] <= t < VALUES[1]}
+    answered: set[int] = set()
+    out = []
+    for p, answer in zip(doc.recall_at, doc.answers(doc.recall_at)):
+        got = argmax[p]
+        out.append("right" if got == answer else "answered" if got in answered else "unasked" if got in values
+                   else "foreign" if VALUES[0] <= got < VALUES[1] else "other")
+        answered.add(answer)
+    return out
+
+
+def guess_chance(pairs: int) -> float:
+    """The recall accuracy of a uniform guess among the values not yet answered: query ``i`` (from
+    0) has ``pairs - i`` of them, so the mean of ``1 / (pairs - i)`` (H_pairs / pairs)."""
+    return sum(1 / (pairs - i) for i in range(pairs)) / pairs
+
+
+def values_read(logs: list[ReadLog], layers: int) -> list[float] | None:
+    """Per layer, the mean share of the document's value pages (tokens) that attention read at
+    the recall queries (every KV head averaged); None without logs."""
+    shares = [[log.values_read[p][layer] for layer in range(layers)] for log in logs for p in log.values_read]
+    return [float(x) for x in np.mean(shares, 0)] if shares else None

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tools.bench.quality_reads import Answer, ReadLog, answer_sources, answers, diagnose
+from tools.bench.quality_reads import (Answer, ReadLog, answer_sources, answers, diagnose, guess_chance,
+                                       recall_guesses, value_positions, values_read)
 from tools.quality.evaluate import DocScore
 from tools.quality.tasks import BOS, NEEDLE_Q, RECALL_Q, Document
 
@@ -41,7 +42,7 @@ def test_a_doubled_answer_token_is_refused() -> None:
 def _hot_log() -> ReadLog:
     """Pages of 4 tokens: the needle's page 5, the pair (31, 32) on pages 7 and 8, the pair (2, 3)
     in the sink page 0 (always read)."""
-    log = ReadLog(answer_sources(_doc()), layers=2, block_tokens=4)
+    log = ReadLog(answer_sources(_doc()), layers=2, block_tokens=4, values=value_positions(_doc()))
     steps = {55: ([[0], [0]], [[0], [0]]),  # not an answer step: ignored
              56: ([[5, 9], [1, 2]], [[5], [5]]),  # layer 0's head 1 misses the passkey page
              62: ([[7, 8], [7, 8]], [[7, 9], [7, 8]]),  # layer 1's head 0 reads page 7, not 8
@@ -60,6 +61,14 @@ def test_the_log_says_per_layer_whether_every_kv_head_read_the_sources() -> None
     assert [log.read[62][layer].tolist() for layer in (0, 1)] == [[True, True], [False, True]]
     assert log.per_layer((62,)) == (True, False)
     assert log.per_layer((65,)) == (True, True)
+
+
+def test_the_share_of_the_documents_values_read_at_recall() -> None:
+    """Values 230 (page 0, the sink) and 240 (page 7): at 62 both heads of both layers read page 7;
+    at 65 neither reads it: half the value pages."""
+    assert value_positions(_doc()) == {62: (2, 31), 65: (2, 31)}
+    assert values_read([_hot_log()], 2) == [0.75, 0.75]
+    assert values_read([], 2) is None
 
 
 def test_counts_on_the_hand_made_document() -> None:
@@ -98,3 +107,16 @@ def test_h2o_reads_are_token_positions_and_a_source_in_the_window_is_refused() -
     near.before(62)
     with pytest.raises(ValueError, match=r"may lie in the recent window at position 62"):
         near.record(0, np.array([[[13]]]))
+
+
+def test_recall_answers_are_told_apart_from_guesses() -> None:
+    """The queries ask 140 (answer 240) then 130 (answer 230); the body's values are 230 and 240."""
+    doc = _doc()
+
+    def with_recall(first: int, second: int) -> DocScore:
+        return DocScore(True, 0, 2, 0.0, 6, (20,) * 6 + PASSKEY + (first, second), (False, False))
+
+    assert recall_guesses(doc, with_recall(230, 240)) == ["unasked", "answered"]
+    assert recall_guesses(doc, with_recall(250, 20)) == ["foreign", "other"]
+    assert recall_guesses(doc, with_recall(240, 230)) == ["right", "right"]
+    assert guess_chance(2) == 0.75 and guess_chance(8) == pytest.approx(761 / 280 / 8)

@@ -21,6 +21,10 @@ def register_quality(bench: Any) -> None:
     p.add_argument("--examples", type=int, default=16, help="held-out documents per context (default 16)")
     p.add_argument("--page-budget", type=float, default=0.1,
                    help="fraction of the pages hot attention reads and H2O keeps (default 0.1)")
+    p.add_argument("--selector", default="quest",
+                   help="hot attention's page selector: a built-in name or 'package.module:Class' (default quest)")
+    p.add_argument("--block-tokens", type=int, default=16,
+                   help="tokens per KV page of the modes that read pages from the device (default 16)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--markdown", action="store_true", help="a markdown table (for BENCHMARKS.md)")
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
@@ -42,6 +46,8 @@ def cmd_quality(args: Any) -> int:
         raise CliError(f"--threads must be >= 1, got {args.threads}")
     if not 0 < args.page_budget <= 1:
         raise CliError(f"--page-budget is a fraction in (0, 1], got {args.page_budget}")
+    if args.block_tokens < 1:
+        raise CliError(f"--block-tokens must be >= 1, got {args.block_tokens}")
     from tools.bench import quality
 
     modes = list(dict.fromkeys(["dense"] + (args.mode or DEFAULT_MODES)))
@@ -53,13 +59,15 @@ def cmd_quality(args: Any) -> int:
     from tools.quality import model as yardstick
 
     quality.check_modes(modes)  # a mode this checkout's CxlCache lacks is refused before any work
+    _check_selector(args.selector)
     torch.set_num_threads(args.threads)
     model = yardstick.load()
     from rich.console import Console
 
     with Console(stderr=True).status("bench quality") as status:
         rows = quality.run(model, contexts=contexts, examples=args.examples, modes=modes,
-                           page_budget=args.page_budget, progress=lambda m: status.update(f"bench quality: {m}"))
+                           page_budget=args.page_budget, pages=quality.Pages(args.block_tokens, args.selector),
+                           progress=lambda m: status.update(f"bench quality: {m}"))
     if args.json:
         print_json([r.to_dict() for r in rows])
     elif args.markdown:
@@ -68,6 +76,16 @@ def cmd_quality(args: Any) -> int:
         Console(width=None if sys.stdout.isatty() else 140).print(render(rows))
     dense_exact = all(r.agreement == 1.0 for r in rows if r.mode == "dense")
     return 0 if dense_exact else 1
+
+
+def _check_selector(spec: str) -> None:
+    """An unknown selector, or a class that lacks the protocol, is one line before any work."""
+    from driver.kv.selectors import resolve_selector
+
+    try:
+        resolve_selector(spec)
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"--selector {spec}: {exc}") from None
 
 
 _COLUMNS = ("mode", "page budget", "kv format", "context", "examples", "needle acc", "recall acc", "perplexity",
@@ -89,7 +107,19 @@ _GOAL_COLUMNS = ("mode", "context", "needle / dense", "recall / dense", "ppl / d
 
 _WHY_COLUMNS = ("mode", "context", "needles lost / gained vs dense", "recall lost / gained vs dense",
                 "answer page read (needle / recall)", "by layer", "needle misses: unread / read",
-                "recall misses: unread / read", "lost: unread", "predicted")
+                "recall misses: unread / read", "lost: unread", "doc's values read at recall, by layer", "predicted")
+
+
+_GUESS_COLUMNS = ("mode", "context", "recall: right", "another unanswered value of the doc", "a value already answered",
+                  "a value not in the doc", "a uniform guess among the unanswered values: right")
+
+
+def _guess_cells(r: Any) -> list[str]:
+    from tools.bench.quality_reads import guess_chance
+    from tools.quality.tasks import RECALL_PAIRS
+
+    return [r.mode, str(r.context), f"{r.recall_acc:.3f}", _opt(r.recall_unasked, "{:.3f}"),
+            _opt(r.recall_answered, "{:.3f}"), _opt(r.recall_foreign, "{:.3f}"), f"{guess_chance(RECALL_PAIRS):.3f}"]
 
 
 def _opt(x: Any, fmt: str = "{}") -> str:
@@ -101,10 +131,13 @@ def _why_cells(r: Any) -> list[str]:
     lost_unread = None if r.needle_lost_unread is None else f"{r.needle_lost_unread} + {r.recall_lost_unread}"
     layers = None if r.answer_page_read_by_layer is None else " / ".join(
         f"{x:.2f}" for x in r.answer_page_read_by_layer)
-    return [r.mode, str(r.context), f"{r.needle_lost} / {r.needle_gained}", f"{r.recall_lost} / {r.recall_gained}",
+    values = None if r.recall_values_read_by_layer is None else " / ".join(
+        f"{x:.2f}" for x in r.recall_values_read_by_layer)
+    label = r.mode if r.selector is None else f"{r.mode} ({r.selector}, {r.block_tokens}-token pages)"
+    return [label, str(r.context), f"{r.needle_lost} / {r.needle_gained}", f"{r.recall_lost} / {r.recall_gained}",
             f"{_opt(r.needle_page_read, '{:.2f}')} / {_opt(r.recall_page_read, '{:.2f}')}", _opt(layers),
             f"{_opt(r.needle_miss_unread)} / {_opt(r.needle_miss_read)}",
-            f"{_opt(r.recall_miss_unread)} / {_opt(r.recall_miss_read)}", _opt(lost_unread),
+            f"{_opt(r.recall_miss_unread)} / {_opt(r.recall_miss_read)}", _opt(lost_unread), _opt(values),
             _opt(r.predicted, "{:.3f}")]
 
 
@@ -133,7 +166,12 @@ def render(rows: list[Any]) -> Any:
     for r in rows:
         if r.mode != "dense":
             w.add_row(*_why_cells(r))
-    return Group(t, g, w)
+    guesses = Table(title="what the recall answers were (fractions of the recall queries)")
+    for col in _GUESS_COLUMNS:
+        guesses.add_column(col)
+    for r in rows:
+        guesses.add_row(*_guess_cells(r))
+    return Group(t, g, w, guesses)
 
 
 def markdown(rows: list[Any]) -> str:
@@ -150,4 +188,6 @@ def markdown(rows: list[Any]) -> str:
     if why:
         lines += ["", "| " + " | ".join(_WHY_COLUMNS) + " |", "|" + "---|" * len(_WHY_COLUMNS)]
         lines += ["| " + " | ".join(_why_cells(r)) + " |" for r in why]
+    lines += ["", "| " + " | ".join(_GUESS_COLUMNS) + " |", "|" + "---|" * len(_GUESS_COLUMNS)]
+    lines += ["| " + " | ".join(_guess_cells(r)) + " |" for r in rows]
     return "\n".join(lines)
