@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tools.bench.quality_reads import (GUESSES, ReadLog, answer_sources, answers, diagnose, recall_guesses,
-                                       value_positions, values_read)
+                                       tail_fact_share, value_positions, values_read)
 from tools.common import CliError
 from tools.quality.evaluate import DocScore, score, totals
 from tools.quality.tasks import Document, make_document
@@ -112,6 +112,8 @@ class QualityRow:
     recall_answered: float | None = None  # a value the queries already answered
     recall_foreign: float | None = None  # a value not in the document
     recall_values_read_by_layer: list[float] | None = None  # share of the document's value pages read at recall
+    tail_fact_share: float | None = None  # hot, perplexity tail: share of the chosen pages that hold a fact
+    tail_pages_chosen: float | None = None  # hot, perplexity tail: pages chosen a step, layer and KV head
     block_tokens: int | None = None  # the page (tokens) of the modes that read pages from the device
     selector: str | None = None  # hot's page selector
 
@@ -157,7 +159,7 @@ def _log(mode: Mode, model: Any, doc: Document, pages: Pages) -> ReadLog | None:
     if not mode.budgeted:
         return None
     unit = pages.block_tokens if mode.kwargs.get("attention") == "hot" else None
-    return ReadLog(answer_sources(doc), model.config.num_hidden_layers, unit, value_positions(doc))
+    return ReadLog(answer_sources(doc), model.config.num_hidden_layers, unit, value_positions(doc), doc.ppl_at)
 
 
 @dataclass
@@ -202,6 +204,7 @@ def _diagnosis(mode: Mode, docs: list[Document], run: _Run, ref: _Run) -> dict[s
         out[f"recall_{kind}"] = kinds.count(kind) / len(kinds)
     logs = [log for log in run.logs if log is not None]
     out["recall_values_read_by_layer"] = values_read(logs, logs[0].layers) if logs else None
+    out["tail_fact_share"], out["tail_pages_chosen"] = tail_fact_share(logs) or (None, None)
     c = run.counters
     out["predicted"] = (c["pages_predicted_used"] / c["pages_chosen"]
                         if mode.kwargs.get("attention") == "hot" and c["pages_chosen"] else None)

@@ -13,7 +13,9 @@ scored answer position of a document:
   each layer's attention at that step read them, per KV head: for ``"hot"`` the pages chosen, or
   resident in the sink (a source is never in the recent window: it lies before the perplexity
   tail, checked); for ``"h2o"`` the tokens kept;
-* :func:`diagnose` (pure): per task, the answers whose sources every layer and KV head read, the
+* :func:`diagnose` (pure): per task, the answers whose sources every layer read (a layer reads
+  them when one of its KV heads does: each KV head chooses its own pages, and one head
+  retrieves: the needle is found through heads whose partner never read its page), the
   misses split into *not read* and *read but answered wrong*, and the answers paired with dense
   attention's: right there and lost here, wrong there and right here. On base rates of ~20 % a
   ratio of accuracies is noise; the paired counts are the figure.
@@ -67,23 +69,31 @@ class ReadLog:
     too); None for H2O (``read`` are token positions)."""
 
     def __init__(self, sources: dict[int, tuple[int, ...]], layers: int, block_tokens: int | None,
-                 values: dict[int, tuple[int, ...]] | None = None) -> None:
+                 values: dict[int, tuple[int, ...]] | None = None, tail: tuple[int, ...] = ()) -> None:
         """``values``: per recall position, the positions of all the document's values: the share
-        of them read is kept too (``values_read``)."""
+        of them read is kept too (``values_read``). ``tail``: the perplexity tail's positions, at
+        which (pages only) the share of the chosen pages that hold a fact (a source of any answer)
+        is kept (``tail_fact``: per step, layer and KV head, the fact pages and the pages chosen)."""
         self.sources, self.layers, self.block_tokens = sources, layers, block_tokens
         self.values = values or {}
+        self.tail = frozenset(tail) if block_tokens is not None else frozenset()
+        self.facts = np.unique([t // block_tokens for src in sources.values() for t in src]) if block_tokens else None
         self.at: int | None = None
         self.read: dict[int, dict[int, np.ndarray]] = {p: {} for p in sources}
         self.values_read: dict[int, dict[int, float]] = {p: {} for p in self.values}
+        self.tail_fact: list[tuple[int, int]] = []
 
     def before(self, position: int) -> None:
-        self.at = position if position in self.sources else None
+        self.at = position if position in self.sources or position in self.tail else None
 
     def record(self, layer: int, read: Any) -> None:
         """``read`` ``(B, Hkv, n)``: one sequence (B = 1); every KV head's reads."""
         if self.at is None:
             return
         rows = np.asarray(read)[0]
+        if self.at in self.tail:
+            self.tail_fact += [(int(np.isin(row, self.facts).sum()), row.size) for row in rows]
+            return
         self.read[self.at][layer] = self._shares(self.sources[self.at], rows) == 1.0
         if self.at in self.values:
             self.values_read[self.at][layer] = float(self._shares(self.values[self.at], rows).mean())
@@ -101,19 +111,19 @@ class ReadLog:
         return np.array([(np.isin(need, row) | (need < SINK_PAGES)).mean() for row in rows])  # the sink is read
 
     def per_layer(self, positions: tuple[int, ...]) -> tuple[tuple[bool, ...], ...]:
-        """For each layer, whether every KV head read the sources at every one of ``positions``."""
+        """For each layer, whether some KV head read the sources, at every one of ``positions``."""
         out = []
         for layer in range(self.layers):
             if any(layer not in self.read[p] for p in positions):
                 raise ValueError(f"layer {layer} recorded nothing at an answer position of {positions}")
-            out.append(all(bool(self.read[p][layer].all()) for p in positions))
+            out.append(all(bool(self.read[p][layer].any()) for p in positions))
         return tuple(out)
 
 
 @dataclass(frozen=True)
 class Answer:
     """One scored answer of a mode beside dense's: a document's needle (all its tokens) or one
-    recall query; ``read``: per layer, its sources read by every KV head (None: not recorded)."""
+    recall query; ``read``: per layer, its sources read by some KV head (None: not recorded)."""
 
     task: str
     ok: bool
@@ -132,7 +142,7 @@ def answers(doc: Document, score: Any, dense: Any, log: ReadLog | None) -> list[
 def diagnose(found: list[Answer]) -> dict[str, Any]:
     """The counts (pure; see the module docstring). Per task ``t``: ``t_lost`` (dense right, this
     mode wrong), ``t_gained`` (dense wrong, this right); where reads were recorded ``t_page_read``
-    (fraction whose sources every layer and KV head read), ``t_miss_unread`` / ``t_miss_read``
+    (fraction whose sources every layer read), ``t_miss_unread`` / ``t_miss_read``
     (wrong answers whose sources were not / were read) and ``t_lost_unread``; over both tasks
     ``answer_page_read`` and ``answer_page_read_by_layer``. Unrecorded figures are None."""
     out: dict[str, Any] = {}
@@ -189,3 +199,11 @@ def values_read(logs: list[ReadLog], layers: int) -> list[float] | None:
     the recall queries (every KV head averaged); None without logs."""
     shares = [[log.values_read[p][layer] for layer in range(layers)] for log in logs for p in log.values_read]
     return [float(x) for x in np.mean(shares, 0)] if shares else None
+
+
+def tail_fact_share(logs: list[ReadLog]) -> tuple[float, float] | None:
+    """Over the perplexity tail's steps (every layer and KV head): the share of the chosen pages
+    that hold a fact, and the pages chosen a step; None without a choice logged."""
+    pairs = [x for log in logs for x in log.tail_fact]
+    chosen = sum(n for _, n in pairs)
+    return (sum(f for f, _ in pairs) / chosen, chosen / len(pairs)) if chosen else None

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tools.bench.quality_reads import (Answer, ReadLog, answer_sources, answers, diagnose, guess_chance,
-                                       recall_guesses, value_positions, values_read)
+                                       recall_guesses, tail_fact_share, value_positions, values_read)
 from tools.quality.evaluate import DocScore
 from tools.quality.tasks import BOS, NEEDLE_Q, RECALL_Q, Document
 
@@ -42,10 +42,11 @@ def test_a_doubled_answer_token_is_refused() -> None:
 def _hot_log() -> ReadLog:
     """Pages of 4 tokens: the needle's page 5, the pair (31, 32) on pages 7 and 8, the pair (2, 3)
     in the sink page 0 (always read)."""
-    log = ReadLog(answer_sources(_doc()), layers=2, block_tokens=4, values=value_positions(_doc()))
-    steps = {55: ([[0], [0]], [[0], [0]]),  # not an answer step: ignored
-             56: ([[5, 9], [1, 2]], [[5], [5]]),  # layer 0's head 1 misses the passkey page
-             62: ([[7, 8], [7, 8]], [[7, 9], [7, 8]]),  # layer 1's head 0 reads page 7, not 8
+    log = ReadLog(answer_sources(_doc()), layers=2, block_tokens=4, values=value_positions(_doc()),
+                  tail=_doc().ppl_at)
+    steps = {55: ([[0, 3], [5, 7]], [[1, 2], [9, 8]]),  # a tail step: 4 of the 8 pages chosen hold a fact
+             56: ([[4, 9], [1, 2]], [[5, 1], [1, 2]]),  # neither head of layer 0 reads the passkey page
+             62: ([[7, 8], [1, 2]], [[7, 9], [9, 8]]),  # layer 1's heads read page 7 or 8, not both
              65: ([[3], [4]], [[3], [4]])}  # the sink holds the pair
     for p in range(55, 66):
         log.before(p)
@@ -54,21 +55,29 @@ def _hot_log() -> ReadLog:
     return log
 
 
-def test_the_log_says_per_layer_whether_every_kv_head_read_the_sources() -> None:
+def test_the_log_says_per_layer_whether_some_kv_head_read_the_sources() -> None:
     log = _hot_log()
     assert log.per_layer((56, 57, 58, 59)) == (False, True)
     assert log.per_layer((57, 58, 59)) == (True, True)
-    assert [log.read[62][layer].tolist() for layer in (0, 1)] == [[True, True], [False, True]]
+    assert [log.read[62][layer].tolist() for layer in (0, 1)] == [[True, False], [False, False]]
     assert log.per_layer((62,)) == (True, False)
     assert log.per_layer((65,)) == (True, True)
 
 
 def test_the_share_of_the_documents_values_read_at_recall() -> None:
-    """Values 230 (page 0, the sink) and 240 (page 7): at 62 both heads of both layers read page 7;
-    at 65 neither reads it: half the value pages."""
+    """Values 230 (page 0, the sink) and 240 (page 7): at 62 layer 0's head 0 and layer 1's head 0
+    read page 7 (3 of the 4 heads' value pages: 1 / 0.5 + 1 / 0.5); at 65 none: half of them."""
     assert value_positions(_doc()) == {62: (2, 31), 65: (2, 31)}
-    assert values_read([_hot_log()], 2) == [0.75, 0.75]
+    assert values_read([_hot_log()], 2) == [0.625, 0.625]
     assert values_read([], 2) is None
+
+
+def test_the_share_of_fact_pages_among_those_chosen_on_the_perplexity_tail() -> None:
+    """The facts' pages are 0, 5, 7, 8; at the tail step 55 the heads chose (0, 3), (5, 7), (1, 2),
+    (9, 8)."""
+    log = _hot_log()
+    assert log.facts.tolist() == [0, 5, 7, 8] and log.tail_fact == [(1, 2), (2, 2), (0, 2), (1, 2)]
+    assert tail_fact_share([log]) == (0.5, 2.0) and tail_fact_share([]) is None
 
 
 def test_counts_on_the_hand_made_document() -> None:

@@ -107,7 +107,8 @@ _GOAL_COLUMNS = ("mode", "context", "needle / dense", "recall / dense", "ppl / d
 
 _WHY_COLUMNS = ("mode", "context", "needles lost / gained vs dense", "recall lost / gained vs dense",
                 "answer page read (needle / recall)", "by layer", "needle misses: unread / read",
-                "recall misses: unread / read", "lost: unread", "doc's values read at recall, by layer", "predicted")
+                "recall misses: unread / read", "lost: unread", "doc's values read at recall, by layer",
+                "ppl tail: chosen pages holding a fact (of pages chosen)", "predicted")
 
 
 _GUESS_COLUMNS = ("mode", "context", "recall: right", "another unanswered value of the doc", "a value already answered",
@@ -138,6 +139,7 @@ def _why_cells(r: Any) -> list[str]:
             f"{_opt(r.needle_page_read, '{:.2f}')} / {_opt(r.recall_page_read, '{:.2f}')}", _opt(layers),
             f"{_opt(r.needle_miss_unread)} / {_opt(r.needle_miss_read)}",
             f"{_opt(r.recall_miss_unread)} / {_opt(r.recall_miss_read)}", _opt(lost_unread), _opt(values),
+            "-" if r.tail_fact_share is None else f"{r.tail_fact_share:.2f} (of {r.tail_pages_chosen:.1f})",
             _opt(r.predicted, "{:.3f}")]
 
 
@@ -159,7 +161,7 @@ def render(rows: list[Any]) -> Any:
         g.add_column(col)
     for goal in goals(rows):
         g.add_row(*_goal_cells(goal))
-    w = Table(title="why answers were lost: paired with dense's, and whether every layer and KV head read the "
+    w = Table(title="why answers were lost: paired with dense's, and whether every layer (some KV head) read the "
                     "answer's source page")
     for col in _WHY_COLUMNS:
         w.add_column(col)
