@@ -6,9 +6,8 @@ pages and H2O that alone cannot say why an answer was lost: the page holding the
 (the other pages it read, or those it no longer read, changed the attention). Here, for every
 scored answer position of a document:
 
-* :func:`answer_sources`: the body tokens the answer is read from: a needle position's passkey
-  token; a recall query's pair ``v k`` (the value, and the key beside it whose position the
-  model finds by the query's key; ``tools.quality.tasks``);
+* ``tools.quality.tasks.answer_sources``: the body tokens the answer is read from: a needle
+  position's passkey token; a recall query's pair ``v k``;
 * :class:`ReadLog`: fed the cache's ``record(layer, read)`` (``CxlCache(record=...)``), whether
   each layer's attention at that step read them, per KV head: for ``"hot"`` the pages chosen, or
   resident in the sink (a source is never in the recent window: it lies before the perplexity
@@ -28,37 +27,12 @@ from typing import Any
 import numpy as np
 
 from firmware_model.hot_pages import SINK_PAGES, WINDOW_PAGES
-from tools.quality.tasks import VALUES, Document
+from tools.quality.tasks import VALUES, Document, answer_sources, value_positions
+
+__all__ = ["GUESSES", "TASKS", "Answer", "ReadLog", "answer_sources", "answers", "diagnose", "guess_chance",
+           "recall_guesses", "tail_fact_share", "value_positions", "values_read"]
 
 TASKS = ("needle", "recall")
-
-
-def value_positions(doc: Document) -> dict[int, tuple[int, ...]]:
-    """Each recall query position -> the body positions of all the document's recall values."""
-    body = doc.tokens[:doc.needle_at[0]]
-    where = tuple(int(i) for i in np.flatnonzero((body >= VALUES[0]) & (body < VALUES[1])))
-    return dict.fromkeys(doc.recall_at, where)
-
-
-def answer_sources(doc: Document) -> dict[int, tuple[int, ...]]:
-    """Each scored answer position -> the body positions its answer is read from (see the
-    module docstring). Passkey tokens and recall values each occur once in the body
-    (``tools.quality.tasks``); a document where one does not is refused (``ValueError``)."""
-    body = doc.tokens[:doc.needle_at[0]]  # BOS and the body: the queries start at NEEDLE_Q
-
-    def where(token: int) -> int:
-        found = np.flatnonzero(body == token)
-        if found.size != 1:
-            raise ValueError(f"answer token {token} occurs {found.size} times in the body, not once")
-        return int(found[0])
-
-    out: dict[int, tuple[int, ...]] = {p: (where(a),) for p, a in zip(doc.needle_at, doc.answers(doc.needle_at))}
-    for p, a in zip(doc.recall_at, doc.answers(doc.recall_at)):
-        v = where(a)
-        if int(body[v + 1]) != int(doc.tokens[p]):
-            raise ValueError(f"recall value at {v} is not followed by its key {int(doc.tokens[p])}")
-        out[p] = (v, v + 1)
-    return out
 
 
 class ReadLog:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tools.bench.quality_reads import (Answer, ReadLog, answer_sources, answers, diagnose, guess_chance,
-                                       recall_guesses, tail_fact_share, value_positions, values_read)
+from tools.bench.quality_reads import (Answer, ReadLog, answers, diagnose, guess_chance, recall_guesses,
+                                       tail_fact_share, values_read)
 from tools.quality.evaluate import DocScore
-from tools.quality.tasks import BOS, NEEDLE_Q, RECALL_Q, Document
+from tools.quality.tasks import BOS, NEEDLE_Q, RECALL_Q, Document, answer_sources, value_positions
 
 PASSKEY = (193, 201, 210, 219)  # one token of each passkey range
 

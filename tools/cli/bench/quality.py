@@ -31,19 +31,24 @@ def register_quality(bench: Any) -> None:
     p.set_defaults(func=cmd_quality)
 
 
-def cmd_quality(args: Any) -> int:
+def check_documents(contexts: list[int], examples: int, threads: int) -> None:
+    """``--context`` (each one a document fits), ``--examples`` and ``--threads``, or CliError."""
     from tools.quality.tasks import make_document
 
-    contexts = args.context or DEFAULT_CONTEXTS
     for c in contexts:
         try:
             make_document(c, 0)
         except ValueError as exc:
             raise CliError(f"--context {c}: {exc}") from None
-    if args.examples < 1:
-        raise CliError(f"--examples must be >= 1, got {args.examples}")
-    if args.threads < 1:
-        raise CliError(f"--threads must be >= 1, got {args.threads}")
+    if examples < 1:
+        raise CliError(f"--examples must be >= 1, got {examples}")
+    if threads < 1:
+        raise CliError(f"--threads must be >= 1, got {threads}")
+
+
+def cmd_quality(args: Any) -> int:
+    contexts = args.context or DEFAULT_CONTEXTS
+    check_documents(contexts, args.examples, args.threads)
     if not 0 < args.page_budget <= 1:
         raise CliError(f"--page-budget is a fraction in (0, 1], got {args.page_budget}")
     if args.block_tokens < 1:
