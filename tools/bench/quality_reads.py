@@ -21,6 +21,7 @@ scored answer position of a document:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ from firmware_model.hot_pages import SINK_PAGES, WINDOW_PAGES
 from tools.quality.tasks import VALUES, Document, answer_sources, value_positions
 
 __all__ = ["GUESSES", "TASKS", "Answer", "ReadLog", "answer_sources", "answers", "diagnose", "guess_chance",
-           "recall_guesses", "tail_fact_share", "value_positions", "values_read"]
+           "recall_guesses", "sign_test", "tail_fact_share", "value_positions", "values_read"]
 
 TASKS = ("needle", "recall")
 
@@ -181,3 +182,13 @@ def tail_fact_share(logs: list[ReadLog]) -> tuple[float, float] | None:
     pairs = [x for log in logs for x in log.tail_fact]
     chosen = sum(n for _, n in pairs)
     return (sum(f for f, _ in pairs) / chosen, chosen / len(pairs)) if chosen else None
+
+
+def sign_test(lost: int, gained: int) -> float:
+    """McNemar's exact two-sided p-value for ``lost`` answers against ``gained`` (the discordant
+    pairs): the chance of a split at least as uneven when either way is equally likely."""
+    n = lost + gained
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(lost, gained) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tools.bench.quality_reads import (Answer, ReadLog, answers, diagnose, guess_chance, recall_guesses,
-                                       tail_fact_share, values_read)
+                                       sign_test, tail_fact_share, values_read)
 from tools.quality.evaluate import DocScore
 from tools.quality.tasks import BOS, NEEDLE_Q, RECALL_Q, Document, answer_sources, value_positions
 
@@ -129,3 +129,9 @@ def test_recall_answers_are_told_apart_from_guesses() -> None:
     assert recall_guesses(doc, with_recall(250, 20)) == ["foreign", "other"]
     assert recall_guesses(doc, with_recall(240, 230)) == ["right", "right"]
     assert guess_chance(2) == 0.75 and guess_chance(8) == pytest.approx(761 / 280 / 8)
+
+
+def test_sign_test_is_mcnemars_exact_p() -> None:
+    """7 lost against 3 gained: 2 * (1 + 10 + 45 + 120) / 1024; an even split, or none, is 1."""
+    assert sign_test(7, 3) == sign_test(3, 7) == pytest.approx(352 / 1024)
+    assert sign_test(5, 5) == sign_test(0, 0) == 1.0 and sign_test(16, 0) == pytest.approx(2 / 2 ** 16)

@@ -110,7 +110,7 @@ def _goal_cells(g: Any) -> list[str]:
 
 _GOAL_COLUMNS = ("mode", "context", "needle / dense", "recall / dense", "ppl / dense", "goal")
 
-_WHY_COLUMNS = ("mode", "context", "needles lost / gained vs dense", "recall lost / gained vs dense",
+_WHY_COLUMNS = ("mode", "context", "needles lost / gained vs dense", "recall lost / gained vs dense (sign test p)",
                 "answer page read (needle / recall)", "by layer", "needle misses: unread / read",
                 "recall misses: unread / read", "lost: unread", "doc's values read at recall, by layer",
                 "ppl tail: chosen pages holding a fact (of pages chosen)", "predicted")
@@ -140,7 +140,10 @@ def _why_cells(r: Any) -> list[str]:
     values = None if r.recall_values_read_by_layer is None else " / ".join(
         f"{x:.2f}" for x in r.recall_values_read_by_layer)
     label = r.mode if r.selector is None else f"{r.mode} ({r.selector}, {r.block_tokens}-token pages)"
-    return [label, str(r.context), f"{r.needle_lost} / {r.needle_gained}", f"{r.recall_lost} / {r.recall_gained}",
+    from tools.bench.quality_reads import sign_test
+
+    recall = f"{r.recall_lost} / {r.recall_gained} ({sign_test(r.recall_lost, r.recall_gained):.2f})"
+    return [label, str(r.context), f"{r.needle_lost} / {r.needle_gained}", recall,
             f"{_opt(r.needle_page_read, '{:.2f}')} / {_opt(r.recall_page_read, '{:.2f}')}", _opt(layers),
             f"{_opt(r.needle_miss_unread)} / {_opt(r.needle_miss_read)}",
             f"{_opt(r.recall_miss_unread)} / {_opt(r.recall_miss_read)}", _opt(lost_unread), _opt(values),
