@@ -21,10 +21,10 @@ def register_quality(bench: Any) -> None:
     p.add_argument("--examples", type=int, default=16, help="held-out documents per context (default 16)")
     p.add_argument("--page-budget", type=float, default=0.1,
                    help="fraction of the pages hot attention reads and H2O keeps (default 0.1)")
-    p.add_argument("--selector", default="quest",
+    p.add_argument("--selector",
                    help="hot attention's page selector: a built-in name or 'package.module:Class' (default quest)")
-    p.add_argument("--block-tokens", type=int, default=16,
-                   help="tokens per KV page of the modes that read pages from the device (default 16)")
+    p.add_argument("--block-tokens", type=int,
+                   help="tokens per KV page of the modes that read pages from the device (default 16, Quest's)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--markdown", action="store_true", help="a markdown table (for BENCHMARKS.md)")
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
@@ -51,7 +51,7 @@ def cmd_quality(args: Any) -> int:
     check_documents(contexts, args.examples, args.threads)
     if not 0 < args.page_budget <= 1:
         raise CliError(f"--page-budget is a fraction in (0, 1], got {args.page_budget}")
-    if args.block_tokens < 1:
+    if args.block_tokens is not None and args.block_tokens < 1:
         raise CliError(f"--block-tokens must be >= 1, got {args.block_tokens}")
     from tools.bench import quality
 
@@ -64,14 +64,16 @@ def cmd_quality(args: Any) -> int:
     from tools.quality import model as yardstick
 
     quality.check_modes(modes)  # a mode this checkout's CxlCache lacks is refused before any work
-    _check_selector(args.selector)
+    given = {"block_tokens": args.block_tokens, "selector": args.selector}
+    pages = quality.Pages(**{k: v for k, v in given.items() if v is not None})
+    _check_selector(pages.selector)
     torch.set_num_threads(args.threads)
     model = yardstick.load()
     from rich.console import Console
 
     with Console(stderr=True).status("bench quality") as status:
         rows = quality.run(model, contexts=contexts, examples=args.examples, modes=modes,
-                           page_budget=args.page_budget, pages=quality.Pages(args.block_tokens, args.selector),
+                           page_budget=args.page_budget, pages=pages,
                            progress=lambda m: status.update(f"bench quality: {m}"))
     if args.json:
         print_json([r.to_dict() for r in rows])
