@@ -11,6 +11,7 @@ it keeps score with; ``CxlCache(attention="h2o")`` routes the model's attention 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +38,11 @@ class H2OEngine:
 
     COUNTERS = ("tokens_generated", "tokens_evicted", "decode_attentions")
 
-    def __init__(self, *, page_budget: float, **_: Any) -> None:
+    def __init__(self, *, page_budget: float, record: Callable[[int, Any], None] | None = None, **_: Any) -> None:
+        """``record(layer, positions)``: called at every attention with the positions ``(B, Hkv, n)``
+        (numpy int64) of the tokens it reads (diagnostics)."""
         self.page_budget = page_budget
+        self._record = record
         self.layers: list[_Kept | None] = []
         self.counters = dict.fromkeys(self.COUNTERS, 0)
         self.peak_bytes = 0
@@ -75,6 +79,8 @@ class H2OEngine:
         b, hq, q, d = query.shape
         h = kept.k.shape[1]
         groups = hq // h
+        if self._record is not None:
+            self._record(layer, kept.pos.to("cpu").numpy().copy())
         cols = _attention.repeat_mask(mask, kept.pos, groups, q, kept.seq_len)
         keys = kept.k.repeat_interleave(groups, dim=1)
         logits = torch.matmul(query, keys.transpose(2, 3)) * (scaling if scaling is not None else d ** -0.5)

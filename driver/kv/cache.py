@@ -136,6 +136,10 @@ class CxlCache(Cache):
       ``page_budget=1.0`` with ``"hot"`` reads every page: the tokens of dense attention.
     * ``selector``: hot attention's page selector: ``"quest"`` (``driver.kv.selectors``), your
       own class as ``"package.module:Class"`` or the class (``resolve_selector`` checks it).
+    * ``record``: what each attention over the cache read, for diagnostics (``cxlemu bench
+      quality``): ``record(layer, read)`` with a numpy int64 ``(B, Hkv, n)``; ``"hot"``: at every
+      attention past the prefill, the pages chosen beyond the resident sink and window;
+      ``"h2o"``: at every attention, the positions of the tokens it reads (those kept).
     """
 
     def __init__(self, hbm_budget_bytes: int, policy: str | type = "reuse", block_tokens: int = 16,
@@ -144,10 +148,14 @@ class CxlCache(Cache):
                  prefix_sharing: bool = True, max_retries: int = 2,
                  device_capacity: int = DEFAULT_DEVICE_CAPACITY, full_writeback: bool = False,
                  clock: Clock | None = None, kv_format: str = "native", attention: str = "dense",
-                 page_budget: float = 1.0, selector: str | type = "quest") -> None:
+                 page_budget: float = 1.0, selector: str | type = "quest",
+                 record: Callable[[int, Any], None] | None = None) -> None:
         super().__init__(layers=[])
         check_kv_format(kv_format, prefix_sharing)
         _check_attention(attention, page_budget, selector, model)
+        if record is not None and (attention == "dense" or not callable(record)):
+            raise ConfigError(f"record applies to attention='hot' or 'h2o' and is a callable record(layer, read), "
+                              f"got {record!r} with attention={attention!r}")
         self._kv_format = kv_format
         if isinstance(hbm_budget_bytes, bool) or not isinstance(hbm_budget_bytes, int) or hbm_budget_bytes <= 0:
             raise ConfigError(f"hbm_budget_bytes must be a positive int, got {hbm_budget_bytes!r}")
@@ -179,6 +187,7 @@ class CxlCache(Cache):
                         max_retries=max_retries, max_seq_len=max_seq_len, full_writeback=full_writeback,
                         clock=clock)
         self._attention = (attention, page_budget, selector)
+        self._record = record
         self._closed = True  # until constructed: __del__ has nothing to release
         self._backing = _Backing(device, store, device_capacity)
         if device is not None:
@@ -302,7 +311,7 @@ def _sparse_engine(cache: CxlCache, key_states: torch.Tensor) -> Any:
     if attention == "h2o":
         from driver.kv._h2o import H2OEngine
 
-        return H2OEngine(page_budget=page_budget)
+        return H2OEngine(page_budget=page_budget, record=cache._record)
     from driver.kv._hot import HotEngine
 
     kw = cache._kw
@@ -311,7 +320,7 @@ def _sparse_engine(cache: CxlCache, key_states: torch.Tensor) -> Any:
     return HotEngine(budget=kw["budget"], page_budget=page_budget, selector=selector,
                      block_tokens=kw["block_tokens"], store=store, device=key_states.device,
                      dtype=key_states.dtype, prefetch=kw["prefetch_depth"] != 0,
-                     max_seq_len=kw["max_seq_len"], clock=kw["clock"], model=cache._routed)
+                     max_seq_len=kw["max_seq_len"], clock=kw["clock"], model=cache._routed, record=cache._record)
 
 
 class _Backing:

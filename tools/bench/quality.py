@@ -20,9 +20,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tools.bench.quality_reads import (GUESSES, ReadLog, answer_sources, answers, diagnose, recall_guesses,
+                                       tail_fact_share, value_positions, values_read)
 from tools.common import CliError
 from tools.quality.evaluate import DocScore, score, totals
-from tools.quality.tasks import make_document
+from tools.quality.tasks import Document, make_document
 
 EVAL_SEED = 1 << 62  # training draws its documents' seeds below this: these are held out
 ALL_RESIDENT = 1 << 30  # an HBM budget above the yardstick's KV: dense attention moves nothing
@@ -88,38 +90,129 @@ class QualityRow:
     agreement: float  # scored argmax equal to DynamicCache's
     mb_loaded: float  # KV bytes read from the device per document (as moved: encoded when quantized)
     seconds: float
+    # why answers were lost (``tools.bench.quality_reads.diagnose``): paired with dense's answers
+    # (every mode) and, for hot and h2o, whether attention read the answer's source tokens
+    needle_lost: int | None = None
+    needle_gained: int | None = None
+    recall_lost: int | None = None
+    recall_gained: int | None = None
+    answer_page_read: float | None = None
+    answer_page_read_by_layer: list[float] | None = None
+    needle_page_read: float | None = None
+    recall_page_read: float | None = None
+    needle_miss_unread: int | None = None
+    needle_miss_read: int | None = None
+    recall_miss_unread: int | None = None
+    recall_miss_read: int | None = None
+    needle_lost_unread: int | None = None
+    recall_lost_unread: int | None = None
+    predicted: float | None = None  # hot: pages_predicted_used / pages_chosen (bench kv's `predicted`)
+    # what the recall answers were (``quality_reads.recall_guesses``): fractions of all recall answers
+    recall_unasked: float | None = None  # another value of the document, not yet answered
+    recall_answered: float | None = None  # a value the queries already answered
+    recall_foreign: float | None = None  # a value not in the document
+    recall_values_read_by_layer: list[float] | None = None  # share of the document's value pages read at recall
+    tail_fact_share: float | None = None  # hot, perplexity tail: share of the chosen pages that hold a fact
+    tail_pages_chosen: float | None = None  # hot, perplexity tail: pages chosen a step, layer and KV head
+    block_tokens: int | None = None  # the page (tokens) of the modes that read pages from the device
+    selector: str | None = None  # hot's page selector
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _cache(mode: Mode, model: Any, device: str, context: int, page_budget: float) -> Any:
+BLOCK_TOKENS = 16  # CxlCache's default page (Quest's page size): the bench's default
+
+
+@dataclass(frozen=True)
+class Pages:
+    """How the modes that read pages from the device page their KV: the page size, and hot's
+    page selector (a ``CxlCache`` ``selector=``)."""
+
+    block_tokens: int = BLOCK_TOKENS
+    selector: str = "quest"
+
+    def of(self, mode: Mode) -> dict[str, Any]:
+        """The row's ``block_tokens`` / ``selector`` for ``mode`` (None where it does not apply)."""
+        hot = mode.kwargs.get("attention") == "hot"
+        return {"block_tokens": self.block_tokens if hot else None,
+                "selector": self.selector if hot and mode.budgeted else None}
+
+
+def _cache(mode: Mode, model: Any, device: str, context: int, page_budget: float, pages: Pages,
+           log: ReadLog | None) -> Any:
     from driver.kv.cache import CxlCache
 
     kw = dict(mode.kwargs) | ({"page_budget": page_budget} if mode.budgeted else {})
     if "attention" in kw:
         kw["model"] = model  # hot / h2o route the model's attention through driver.kv
-    return CxlCache(ALL_RESIDENT, device=device, max_seq_len=context, **kw)
+    if kw.get("attention") == "hot":
+        kw["selector"] = pages.selector
+    if log is not None:
+        kw["record"] = log.record
+    return CxlCache(ALL_RESIDENT, device=device, max_seq_len=context, block_tokens=pages.block_tokens, **kw)
 
 
-def _run_mode(model: Any, docs: list, cache_for: Any) -> tuple[list[DocScore], int]:
-    """Each document through a fresh cache; the scores and the KV bytes read from the device."""
-    out, loaded = [], 0
+def _log(mode: Mode, model: Any, doc: Document, pages: Pages) -> ReadLog | None:
+    """What the diagnosis records for ``mode``: hot's chosen pages, H2O's kept tokens (the sparse
+    modes at their page budget); None for the modes that read every token."""
+    if not mode.budgeted:
+        return None
+    unit = pages.block_tokens if mode.kwargs.get("attention") == "hot" else None
+    return ReadLog(answer_sources(doc), model.config.num_hidden_layers, unit, value_positions(doc), doc.ppl_at)
+
+
+@dataclass
+class _Run:
+    """One mode over the documents: scores, read logs and the summed counters."""
+
+    scores: list[DocScore] = field(default_factory=list)
+    logs: list[ReadLog | None] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+_SUMMED = ("link_bytes_loaded", "bytes_loaded", "pages_predicted_used", "pages_chosen")
+
+
+def _run_mode(model: Any, docs: list[Document], cache_for: Any, log_for: Any = None) -> _Run:
+    """Each document through a fresh cache ``cache_for(log)``; ``log_for(doc)`` its read log."""
+    run = _Run(counters=dict.fromkeys(_SUMMED, 0))
     for doc in docs:
-        cache = cache_for()
+        log = log_for(doc) if log_for is not None else None
+        cache = cache_for(log)
         try:
-            out.append(score(model, doc, cache))
+            run.scores.append(score(model, doc, cache, log.before if log is not None else None))
+            run.logs.append(log)
             stats = cache.stats() if hasattr(cache, "stats") else {}
-            loaded += stats.get("link_bytes_loaded", stats.get("bytes_loaded", 0))
+            for key in _SUMMED:
+                run.counters[key] += stats.get(key, 0)
         finally:
             close = getattr(cache, "close", None)
             if close is not None:
                 close()
-    return out, loaded
+    return run
+
+
+def _diagnosis(mode: Mode, docs: list[Document], run: _Run, ref: _Run) -> dict[str, Any]:
+    """The row's diagnosis fields: the answers paired with DynamicCache's (dense attention's
+    answers), reads where logged, and hot's prediction rate."""
+    found = [a for doc, s, r, log in zip(docs, run.scores, ref.scores, run.logs, strict=True)
+             for a in answers(doc, s, r, log)]
+    out = diagnose(found)
+    kinds = [k for doc, s in zip(docs, run.scores) for k in recall_guesses(doc, s)]
+    for kind in GUESSES[1:4]:
+        out[f"recall_{kind}"] = kinds.count(kind) / len(kinds)
+    logs = [log for log in run.logs if log is not None]
+    out["recall_values_read_by_layer"] = values_read(logs, logs[0].layers) if logs else None
+    out["tail_fact_share"], out["tail_pages_chosen"] = tail_fact_share(logs) or (None, None)
+    c = run.counters
+    out["predicted"] = (c["pages_predicted_used"] / c["pages_chosen"]
+                        if mode.kwargs.get("attention") == "hot" and c["pages_chosen"] else None)
+    return out
 
 
 def run(model: Any, *, contexts: list[int], examples: int, modes: list[str], page_budget: float,
-        progress: Any = None) -> list[QualityRow]:
+        pages: Pages = Pages(), progress: Any = None) -> list[QualityRow]:
     """Every mode at every context over ``examples`` held-out documents (dense first)."""
     from transformers import DynamicCache
 
@@ -132,19 +225,23 @@ def run(model: Any, *, contexts: list[int], examples: int, modes: list[str], pag
             docs = [make_document(ctx, EVAL_SEED + i) for i in range(examples)]
             if progress:
                 progress(f"context {ctx}: DynamicCache")
-            ref, _ = _run_mode(model, docs, DynamicCache)
+            ref = _run_mode(model, docs, lambda _log: DynamicCache())
             for name in modes:
                 if progress:
                     progress(f"context {ctx}: {name}")
                 mode = MODES[name]
                 t0 = time.perf_counter()
-                scores, loaded = _run_mode(model, docs, lambda m=mode: _cache(m, model, dev.name, ctx, page_budget))
-                tot = totals(scores)
-                same = sum(a == b for s, r in zip(scores, ref) for a, b in zip(s.argmax, r.argmax))
+                done = _run_mode(model, docs,
+                                 lambda log, m=mode: _cache(m, model, dev.name, ctx, page_budget, pages, log),
+                                 lambda doc, m=mode: _log(m, model, doc, pages))
+                seconds = time.perf_counter() - t0
+                tot = totals(done.scores)
+                same = sum(a == b for s, r in zip(done.scores, ref.scores) for a, b in zip(s.argmax, r.argmax))
+                loaded = done.counters["link_bytes_loaded"] or done.counters["bytes_loaded"]
                 rows.append(QualityRow(name, page_budget if mode.budgeted else 1.0, mode.kv_format, ctx,
                                        tot.examples, tot.needle_acc, tot.recall_acc, tot.perplexity,
-                                       same / sum(len(r.argmax) for r in ref), loaded / len(docs) / 1e6,
-                                       time.perf_counter() - t0))
+                                       same / sum(len(r.argmax) for r in ref.scores), loaded / len(docs) / 1e6,
+                                       seconds, **_diagnosis(mode, docs, done, ref), **pages.of(mode)))
     return rows
 
 

@@ -1,4 +1,5 @@
-"""`cxlemu quality train`: rebuild the quality yardstick's weights (``tools.quality``)."""
+"""`cxlemu quality train`: rebuild the quality yardstick's weights (``tools.quality``); `cxlemu
+quality probe`: where its attention goes when it answers (``tools.quality.probe``)."""
 from __future__ import annotations
 
 import sys
@@ -18,6 +19,13 @@ def register(subparsers: Any) -> None:
     t.add_argument("--check", action="store_true",
                    help="train into a temporary folder and compare the sha256 with the shipped weights'")
     t.set_defaults(func=cmd_train)
+    pr = sub.add_parser("probe", help="where the yardstick's attention goes at the needle and recall answers "
+                                      "(dense attention, held-out documents)")
+    pr.add_argument("--context", type=int, action="append", help="context tokens (repeatable; default 2048)")
+    pr.add_argument("--examples", type=int, default=16, help="held-out documents per context (default 16)")
+    pr.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    pr.add_argument("--json", action="store_true", help="JSON rows instead of a markdown table")
+    pr.set_defaults(func=cmd_probe)
 
 
 def _monitor(step: int, model: Any) -> None:
@@ -55,4 +63,27 @@ def cmd_train(args: Any) -> int:
         return 0 if digest == shipped else 1
     digest = store.save(model, ModelSpec(), spec, figures, args.out or store.DATA_DIR)
     print_json({"sha256": digest} | figures)
+    return 0
+
+
+def cmd_probe(args: Any) -> int:
+    from tools.cli.bench.quality import check_documents
+
+    contexts = args.context or [2048]
+    check_documents(contexts, args.examples, args.threads)
+    torch = need_extra("torch", "kv", "quality probe")
+    need_extra("transformers", "kv", "quality probe")
+    from tools.bench.quality import EVAL_SEED
+    from tools.quality import model as store
+    from tools.quality.probe import FIGURES, probe
+
+    torch.set_num_threads(args.threads)
+    rows = probe(store.load(), contexts, args.examples, EVAL_SEED)  # the bench's held-out documents
+    if args.json:
+        print_json([r.to_dict() for r in rows])
+        return 0
+    print("| context | layer | head | " + " | ".join(f.replace("_", " ") for f in FIGURES) + " |")
+    print("|" + "---|" * (3 + len(FIGURES)))
+    for r in rows:
+        print(f"| {r.context} | {r.layer} | {r.head} | " + " | ".join(f"{getattr(r, f):.3f}" for f in FIGURES) + " |")
     return 0

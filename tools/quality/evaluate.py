@@ -9,6 +9,7 @@ is exactly when greedy generation writes them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,8 @@ from tools.quality.tasks import Document
 @dataclass(frozen=True)
 class DocScore:
     """One document's result: the needle found, recall queries right, the tail's summed NLL and
-    the argmax at every scored position (to compare modes)."""
+    the argmax at every scored position (to compare modes); ``recall_ok``: each recall query
+    right, in ``Document.recall_at``'s order (to pair modes query by query)."""
 
     needle_ok: bool
     recall_hits: int
@@ -26,10 +28,12 @@ class DocScore:
     nll_sum: float
     nll_count: int
     argmax: tuple[int, ...]
+    recall_ok: tuple[bool, ...] = ()
 
 
-def score(model: Any, doc: Document, cache: Any) -> DocScore:
-    """Run ``doc`` through ``model`` with ``cache`` (any transformers ``Cache``)."""
+def score(model: Any, doc: Document, cache: Any, before: Callable[[int], None] | None = None) -> DocScore:
+    """Run ``doc`` through ``model`` with ``cache`` (any transformers ``Cache``); ``before(p)`` is
+    called before the decode step that feeds position ``p`` (diagnostics: what that step reads)."""
     import torch
 
     from driver.kv import cache_argument
@@ -42,6 +46,8 @@ def score(model: Any, doc: Document, cache: Any) -> DocScore:
         n = doc.prompt_len
         model(input_ids=tokens[:, :n], position_ids=torch.arange(n)[None], use_cache=True, **{kwarg: cache})
         for p in range(n, tokens.shape[1] - 1):
+            if before is not None:
+                before(p)
             out = model(input_ids=tokens[:, p:p + 1], position_ids=torch.tensor([[p]]), use_cache=True,
                         **{kwarg: cache})
             if p in scored:
@@ -49,9 +55,9 @@ def score(model: Any, doc: Document, cache: Any) -> DocScore:
     argmax = {p: int(v.argmax()) for p, v in logits.items()}
     nll = [-float(torch.log_softmax(logits[p], -1)[a]) for p, a in zip(doc.ppl_at, doc.answers(doc.ppl_at))]
     needle_ok = all(argmax[p] == a for p, a in zip(doc.needle_at, doc.answers(doc.needle_at)))
-    hits = sum(argmax[p] == a for p, a in zip(doc.recall_at, doc.answers(doc.recall_at)))
-    return DocScore(needle_ok, hits, len(doc.recall_at), math.fsum(nll), len(nll),
-                    tuple(argmax[p] for p in sorted(argmax)))
+    recall_ok = tuple(argmax[p] == a for p, a in zip(doc.recall_at, doc.answers(doc.recall_at)))
+    return DocScore(needle_ok, sum(recall_ok), len(doc.recall_at), math.fsum(nll), len(nll),
+                    tuple(argmax[p] for p in sorted(argmax)), recall_ok)
 
 
 @dataclass(frozen=True)

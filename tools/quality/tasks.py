@@ -124,3 +124,32 @@ def make_document(context: int, seed: int, *, pairs: int = RECALL_PAIRS, tail: i
     assert len(tokens) == context
     return Document(np.asarray(tokens, dtype=np.int64), needle_at, tuple(recall_at), ppl_at,
                     prompt_len=ppl_at[0])
+
+
+def value_positions(doc: Document) -> dict[int, tuple[int, ...]]:
+    """Each recall query position -> the body positions of all the document's recall values."""
+    body = doc.tokens[:doc.needle_at[0]]
+    where = tuple(int(i) for i in np.flatnonzero((body >= VALUES[0]) & (body < VALUES[1])))
+    return dict.fromkeys(doc.recall_at, where)
+
+
+def answer_sources(doc: Document) -> dict[int, tuple[int, ...]]:
+    """Each scored answer position -> the body positions its answer is read from: a needle
+    position's passkey token; a recall query's pair ``v k`` (the value, and the key beside it,
+    whose position a model that retrieves finds by the queried key). Passkey tokens and recall
+    values each occur once in the body; a document where one does not is refused (``ValueError``)."""
+    body = doc.tokens[:doc.needle_at[0]]  # BOS and the body: the queries start at NEEDLE_Q
+
+    def where(token: int) -> int:
+        found = np.flatnonzero(body == token)
+        if found.size != 1:
+            raise ValueError(f"answer token {token} occurs {found.size} times in the body, not once")
+        return int(found[0])
+
+    out: dict[int, tuple[int, ...]] = {p: (where(a),) for p, a in zip(doc.needle_at, doc.answers(doc.needle_at))}
+    for p, a in zip(doc.recall_at, doc.answers(doc.recall_at)):
+        v = where(a)
+        if int(body[v + 1]) != int(doc.tokens[p]):
+            raise ValueError(f"recall value at {v} is not followed by its key {int(doc.tokens[p])}")
+        out[p] = (v, v + 1)
+    return out

@@ -17,6 +17,9 @@ from tools.bench.quality import MODES, Mode, ModeUnavailable, QualityRow, check_
     (["--threads", "0"], "--threads must be >= 1, got 0"),
     (["--mode", "sparse"], "unknown mode 'sparse': choose from dense, hot, h2o, int8, int4"),
     (["--context", "x"], "argument --context: invalid int value: 'x'"),
+    (["--block-tokens", "0"], "--block-tokens must be >= 1, got 0"),
+    (["--selector", "nope"], "--selector nope: unknown page selector 'nope': choose from quest"),
+    (["--selector", "no_such_module:X"], "--selector no_such_module:X: cannot import page selector"),
 ])
 def test_bad_flags_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
     rc, out, err = cli(capsys, "bench", "quality", *argv)
@@ -78,3 +81,14 @@ def test_quality_train_bad_flags_exit_2_with_one_line(capsys: pytest.CaptureFixt
                                                       message: str) -> None:
     rc, out, err = cli(capsys, "quality", "train", *argv)
     assert (rc, out, err) == (2, "", f"cxlemu: error: {message}\n")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--examples", "0"], "--examples must be >= 1, got 0"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--context", "100"], "--context 100: a context of 100 tokens has no room"),
+])
+def test_quality_probe_bad_flags_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                      message: str) -> None:
+    rc, out, err = cli(capsys, "quality", "probe", *argv)
+    assert rc == 2 and out == "" and err.count("\n") == 1 and err.startswith(f"cxlemu: error: {message}")

@@ -60,3 +60,20 @@ def test_trained_model_finds_the_needle_and_some_recall_values_at_2k(model: Any)
     # bench quality's first 4 held-out 2k documents: every passkey (4 tokens, 1 in 4096 by chance)
     # and 7 of the 32 recall values (1 in 32 by chance)
     assert forward_accuracy(model, 2048, 4, EVAL_SEED) == (1.0, 7 / 32)
+
+
+def test_layer_0_reads_the_passkey_and_spreads_over_the_values(model: Any) -> None:
+    """`quality probe`: at the needle a layer-0 head reads the passkey token; at the recall queries
+    the same head spreads its weight over all the document's values, about an eighth on the
+    answer's (it answers with a value, not by the key); the attention implementation restored."""
+    from tools.bench.quality import EVAL_SEED
+    from tools.quality.probe import probe
+
+    before = model.config._attn_implementation
+    rows = {(r.layer, r.head): r for r in probe(model, [2048], 2, EVAL_SEED)}
+    assert model.config._attn_implementation == before
+    assert sorted(rows) == [(layer, head) for layer in (0, 1) for head in range(4)]
+    head = rows[(0, 0)]
+    assert head.needle_answer > 0.3
+    assert head.recall_values > 0.8 and head.recall_answer_value < head.recall_values / 4
+    assert all(r.recall_answer_key < 0.05 for r in rows.values())  # nothing finds the pair by its key
