@@ -126,6 +126,7 @@ def test_an_inline_array_is_issued_by_its_caller_whatever_its_size_on_an_idle_ch
     it (no hand-off), on the first idle channel when the next one is busy, and it moves the same
     bytes."""
     import threading
+    import time
 
     from emulator.dma import INLINE_BYTES
 
@@ -141,10 +142,20 @@ def test_an_inline_array_is_issued_by_its_caller_whatever_its_size_on_an_idle_ch
             return real(ch, arr)
 
         monkeypatch.setattr(eng, "_issue_array", spy)
+        def claim(ch) -> None:  # its thread may still be retiring the read waited for before
+            deadline = time.monotonic() + 5
+            while not ch.state.try_claim():
+                assert time.monotonic() < deadline, "the channel never went idle"
+                time.sleep(0.001)
+
         outs = [np.zeros(size, np.uint8) for _ in range(3)]
         eng.submit(DescriptorArray("read", [outs[0]], [0], [0], [0], [size]), channel=0).wait()
+        claim(eng._chans[0])
+        eng._chans[0].state.release()
         eng.submit(DescriptorArray("read", [outs[1]], [0], [0], [0], [size]), inline=True, channel=0).wait()
-        assert eng._chans[0].state.try_claim()  # channel 0 busy: an inline caller takes channel 1
+        claim(eng._chans[0])  # channel 0 busy: an inline caller takes channel 1
+        claim(eng._chans[1])
+        eng._chans[1].state.release()
         try:
             eng.submit(DescriptorArray("read", [outs[2]], [0], [0], [0], [size]), inline=True).wait()
         finally:
