@@ -1,4 +1,4 @@
-"""cffi (API mode) build of the C replay loops: ``firmware_model._fastreplay_c``.
+"""cffi (API mode) build of the C replay loops and Quest's page choice: ``firmware_model._fastreplay_c``.
 
 Built by setuptools at install (``cffi_modules`` in setup.py, paths relative to the repo root) or
 in place for a source checkout with ``python -m firmware_model._fast_build``. Without it,
@@ -22,7 +22,7 @@ def make_builder(root: str = "") -> FFI:
     ffi.set_source(
         "firmware_model._fastreplay_c",
         '#include "_fastreplay.h"',
-        sources=[f"{prefix}firmware_model/_fastreplay.c"],
+        sources=[f"{prefix}firmware_model/_fastreplay.c", f"{prefix}firmware_model/_hotpages.c"],
         include_dirs=[f"{prefix}firmware_model"],
         extra_compile_args=["-O2", "-std=gnu11"],
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 __all__ = ["Speculator"]
 
@@ -46,7 +47,9 @@ class Speculator:
         if module is None or seen is None:
             return None
         hidden, cos, sin = seen
-        q = module.q_proj(hidden)  # (B, 1, Hq * D)
+        proj = module.q_proj
+        # a plain Linear is F.linear exactly; the module call costs several times the product here
+        q = F.linear(hidden, proj.weight, proj.bias) if type(proj) is torch.nn.Linear else proj(hidden)  # (B, 1, Hq * D)
         head_dim = cos.shape[-1]
         q = q.view(*hidden.shape[:2], -1, head_dim).transpose(1, 2)  # (B, Hq, 1, D)
         half = head_dim // 2

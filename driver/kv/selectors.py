@@ -29,6 +29,7 @@ from typing import Protocol
 
 import torch
 
+from firmware_model.hot_pages import quest_topk
 from firmware_model.policies.base import PolicyProtocolError, import_spec, spec_label
 
 __all__ = ["SELECTORS", "SELECT_SIGNATURE", "PageSelector", "QuestSelector", "SelectorProtocolError",
@@ -70,8 +71,30 @@ class QuestSelector:
 
     def select(self, query: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, candidates: torch.Tensor,
                k: int, hotness: torch.Tensor) -> torch.Tensor:
+        fast = _quest_in_c(query, kmin, kmax, candidates, k, hotness)
+        if fast is not None:
+            return fast
         score = quest_bound(query, kmin, kmax).amax(2)  # (B, Hkv, P)
         return top_pages(of_candidates(score, candidates), of_candidates(hotness, candidates), candidates, k)
+
+
+def _quest_in_c(query: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, candidates: torch.Tensor, k: int,
+                hotness: torch.Tensor) -> torch.Tensor | None:
+    """:meth:`QuestSelector.select` in one C call (``firmware_model.hot_pages.quest_topk``: the
+    same bound and order, its sums in another order, so a bound within rounding of another may
+    rank the other way) for CPU float32 metadata and a run of candidates; None otherwise."""
+    n = candidates.numel()
+    if (not n or query.device.type != "cpu" or kmin.device.type != "cpu" or hotness.device.type != "cpu"
+            or int(candidates[-1]) - int(candidates[0]) + 1 != n):
+        return None
+    b, h, g, d = query.shape
+    try:
+        rows = [t.view(b * h, *t.shape[2:]).numpy() for t in (kmin, kmax, hotness)]
+    except RuntimeError:  # rows not one stride apart, or a tensor numpy cannot view
+        return None
+    c0 = int(candidates[0])
+    got = quest_topk(query.contiguous().view(b * h, g, d).numpy(), *rows, c0, c0 + n, k)
+    return None if got is None else torch.from_numpy(got).view(b, h, k)
 
 
 def of_candidates(t: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:

@@ -103,6 +103,32 @@ def test_top_pages_is_the_three_key_order(data) -> None:
     assert got.reshape(b * h, k).tolist() == _three_key_sort(score, hot, candidates, k)
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_quest_in_c_chooses_what_the_tensor_path_chooses(data) -> None:
+    """Integer keys and queries (every sum exact in float32, many ties) and a run of candidates:
+    the C path (one call) and the tensor path (bounds as two products, then top_pages) choose the
+    same pages, ties included."""
+    from driver.kv.selectors import _quest_in_c
+
+    b, h, g, p, d = (data.draw(st.integers(1, n)) for n in (2, 2, 3, 12, 4))
+    ints = st.integers(-3, 3)
+    q = torch.tensor(data.draw(st.lists(ints, min_size=b * h * g * d, max_size=b * h * g * d)),
+                     dtype=torch.float32).view(b, h, g, d)
+    lo = torch.tensor(data.draw(st.lists(ints, min_size=b * h * p * d, max_size=b * h * p * d)),
+                      dtype=torch.float32).view(b, h, p, d)
+    hi = lo + torch.tensor(data.draw(st.lists(st.integers(0, 2), min_size=lo.numel(), max_size=lo.numel())),
+                           dtype=torch.float32).view(b, h, p, d)
+    hot = torch.tensor(data.draw(st.lists(st.integers(0, 2), min_size=b * h * p, max_size=b * h * p))).view(b, h, p)
+    c0 = data.draw(st.integers(0, p - 1))
+    cand = torch.arange(c0, data.draw(st.integers(c0 + 1, p)))
+    k = data.draw(st.integers(0, cand.numel()))
+    fast = _quest_in_c(q, lo, hi, cand, k, hot)
+    assert fast is not None  # the C library is built (setup.py's cffi modules)
+    slow = top_pages(of_candidates(quest_bound(q, lo, hi).amax(2), cand), of_candidates(hot, cand), cand, k)
+    assert fast.tolist() == slow.tolist()
+
+
 def test_of_candidates_is_the_candidates_columns_whether_a_run_or_not() -> None:
     t = torch.arange(24).view(2, 12)
     for cand in ([3, 4, 5, 6], [2, 5, 9], [7]):
