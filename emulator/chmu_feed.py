@@ -80,11 +80,14 @@ class AccessFeed:
         dpas, nbytes = dpas[keep], nbytes[keep]
         first = dpas // FEED_GRANULE
         span = (dpas + nbytes - 1) // FEED_GRANULE - first + 1  # granules each transfer touches
-        starts = np.repeat(first, span)
-        step = np.arange(starts.size) - np.repeat(np.cumsum(span) - span, span)
-        pages = ((starts + step) * FEED_GRANULE).astype(np.uint64)
-        single = span == 1  # a small access keeps its exact DPA
-        pages[(np.cumsum(span) - span)[single]] = dpas[single].astype(np.uint64)
+        if (span == 1).all():  # every access within one granule (a KV page's chunks): their DPAs
+            pages = dpas.astype(np.uint64)
+        else:
+            starts = np.repeat(first, span)
+            step = np.arange(starts.size) - np.repeat(np.cumsum(span) - span, span)
+            pages = ((starts + step) * FEED_GRANULE).astype(np.uint64)
+            single = span == 1  # a small access keeps its exact DPA
+            pages[(np.cumsum(span) - span)[single]] = dpas[single].astype(np.uint64)
         if is_write:
             pages |= WRITE_BIT
         if pages.size:

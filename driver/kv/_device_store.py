@@ -26,7 +26,7 @@ import numpy as np
 from driver.kv._chunks import ChunkPool
 from driver.kv._store import Extent, configure_chunks
 from emulator import liveness
-from emulator.dma import Descriptor, DescriptorArray, DmaEngine, DmaHandle
+from emulator.dma import Descriptor, DescriptorArray, DmaEngine, DmaHandle, PinnedHosts
 from emulator.spec import registers as R
 from emulator.spec.errors import ConfigError, CxlemuError, DmaError
 from emulator.timing import DataPath
@@ -161,12 +161,13 @@ class DeviceBlockStore:
         return self._submit(self._descs("write", extents, host))
 
     def read_runs(self, chunks: np.ndarray, host_offsets: np.ndarray, nbytes: np.ndarray,
-                  host: np.ndarray, urgent: bool = False) -> _DmaTransfer:
+                  host: np.ndarray, urgent: bool = False, pinned: PinnedHosts | None = None) -> _DmaTransfer:
         """``read`` of many extents given as arrays (first chunk, host offset, bytes): one
         ``DescriptorArray``, no Python object per extent. Hot-page attention reads scattered
         pages, a new list every step, where a frame's load repeats the same few extents.
         ``urgent``: the caller waits for it at once, so it is issued in the caller's thread
-        whatever its size (``DmaEngine.submit(inline=True)``)."""
+        whatever its size (``DmaEngine.submit(inline=True)``). ``pinned``: ``host`` already pinned
+        (``PinnedHosts([host])``), by a caller that reads into it more than once."""
         dpas = self.base + chunks.astype(np.int64) * self.chunk_bytes
         feed = self.memdev.access_feed  # the device's CHMU counts what the KV cache touches
         if feed.enabled:
@@ -174,7 +175,7 @@ class DeviceBlockStore:
         if self._batch.descs is not None:  # inside batched(): as a list, with the others
             return self.read([Extent(*e) for e in zip(chunks.tolist(), nbytes.tolist(), host_offsets.tolist(),
                                                         strict=True)], host)
-        arr = DescriptorArray("read", [host], np.zeros(dpas.size, np.int64), dpas, host_offsets, nbytes)
+        arr = DescriptorArray("read", pinned or [host], np.zeros(dpas.size, np.int64), dpas, host_offsets, nbytes)
         return _DmaTransfer(self.dma.submit(arr, inline=urgent))
 
     def _submit(self, descs: list[Descriptor]) -> _DmaTransfer:

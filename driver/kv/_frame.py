@@ -17,6 +17,8 @@ of its keys (their positions travel with them when a mask needs them).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -40,6 +42,17 @@ def runs_at(chunks: np.ndarray, offsets: np.ndarray, chunk_bytes: int) -> tuple[
     return flat[starts], at[starts], (ends - starts) * chunk_bytes
 
 
+def pinned(host: np.ndarray) -> Any:
+    """``host`` pinned once for the DMA engine's descriptor arrays (``PinnedHosts``), or False
+    without the C data path (the store then pins it per read, or takes extents)."""
+    try:
+        from emulator.dma import PinnedHosts
+
+        return PinnedHosts([host])
+    except RuntimeError:
+        return False
+
+
 def extents(arrays: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[Extent]:
     """:func:`runs_at` as a list of ``Extent``."""
     return [Extent(c, n, off) for c, off, n in zip(*(a.tolist() for a in arrays), strict=True)]
@@ -54,6 +67,7 @@ class PageFrame:
         self.kv = torch.empty((2, lay.batch, lay.kv_heads, self.capacity, lay.head_dim), dtype=dtype)
         self.host = self.kv.view(-1).view(torch.uint8).numpy()  # what the DMA writes
         self.page = np.full((lay.batch, lay.kv_heads, slots), -1, np.int64)  # the page in each slot
+        self._pinned: Any = None  # the host buffer pinned for DMA once (a frame takes two reads)
 
     @staticmethod
     def tokens(lay: KVLayout, sink: int, slots: int, window: int) -> int:
@@ -76,11 +90,16 @@ class PageFrame:
         row_bytes = self.capacity * lay.head_dim * lay.itemsize
         k_at = rows * row_bytes + (self.sink + slots * lay.block_tokens) * lay.head_dim * lay.itemsize
         offsets = np.stack((k_at, k_at + lay.batch * h * row_bytes), axis=-1)
-        arrays = runs_at(chunks, offsets, lay.chunk_bytes)
+        # one extent a chunk: no two can merge (a page's K and V go to different halves, and the
+        # next page of a head is not the next chunk on the media: the other heads' are between)
+        arrays = (chunks.reshape(-1), offsets.reshape(-1), np.full(chunks.size, lay.chunk_bytes, np.int64))
         self.page.reshape(-1)[rows * self.slots + slots] = pages
         read_runs = getattr(store, "read_runs", None)
         if read_runs is not None:
-            return read_runs(*arrays, self.host, urgent=urgent)  # type: ignore[no-any-return]
+            if self._pinned is None:
+                self._pinned = pinned(self.host)
+            return read_runs(*arrays, self.host, urgent=urgent,  # type: ignore[no-any-return]
+                             pinned=self._pinned or None)
         return store.read(extents(arrays), self.host)
 
     def read_rows(self, store: BlockStore, ids: np.ndarray, pages: np.ndarray, urgent: bool = False) -> Transfer:
