@@ -83,11 +83,11 @@ class AccessFeed:
         if (span == 1).all():  # every access within one granule (a KV page's chunks): their DPAs
             pages = dpas.astype(np.uint64)
         else:
-            starts = np.repeat(first, span)
-            step = np.arange(starts.size) - np.repeat(np.cumsum(span) - span, span)
-            pages = ((starts + step) * FEED_GRANULE).astype(np.uint64)
+            at = np.cumsum(span) - span  # where each transfer's entries begin
+            granule = np.repeat(first, span) + np.arange(span.sum()) - np.repeat(at, span)
+            pages = (granule * FEED_GRANULE).astype(np.uint64)
             single = span == 1  # a small access keeps its exact DPA
-            pages[(np.cumsum(span) - span)[single]] = dpas[single].astype(np.uint64)
+            pages[at[single]] = dpas[single].astype(np.uint64)
         if is_write:
             pages |= WRITE_BIT
         if pages.size:

@@ -17,45 +17,15 @@ of its keys (their positions travel with them when a mask needs them).
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 from driver.kv._layout import KVLayout
-from driver.kv._store import BlockStore, Extent, Transfer
+from driver.kv._pages import extents
+from driver.kv._store import BlockStore, Transfer
+from emulator.dma import PinnedHosts
 
-__all__ = ["PageFrame", "runs_at"]
-
-
-def runs_at(chunks: np.ndarray, offsets: np.ndarray, chunk_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(first chunk, host offset, bytes) of the extents moving ``chunks`` to or from the host
-    ``offsets`` (flat, in order): one per run where both the chunk id and the offset advance by
-    one chunk (``coalesce``'s merge, in numpy: this is on every decode step's path)."""
-    flat = chunks.ravel().astype(np.int64)
-    at = offsets.ravel().astype(np.int64)
-    if not flat.size:
-        return flat, at, flat
-    breaks = (np.diff(flat, prepend=flat[:1] - 2) != 1) | (np.diff(at, prepend=at[:1] - 2 * chunk_bytes) != chunk_bytes)
-    starts = np.flatnonzero(breaks)
-    ends = np.append(starts[1:], flat.size)
-    return flat[starts], at[starts], (ends - starts) * chunk_bytes
-
-
-def pinned(host: np.ndarray) -> Any:
-    """``host`` pinned once for the DMA engine's descriptor arrays (``PinnedHosts``), or False
-    without the C data path (the store then pins it per read, or takes extents)."""
-    try:
-        from emulator.dma import PinnedHosts
-
-        return PinnedHosts([host])
-    except RuntimeError:
-        return False
-
-
-def extents(arrays: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[Extent]:
-    """:func:`runs_at` as a list of ``Extent``."""
-    return [Extent(c, n, off) for c, off, n in zip(*(a.tolist() for a in arrays), strict=True)]
+__all__ = ["PageFrame"]
 
 
 class PageFrame:
@@ -67,12 +37,7 @@ class PageFrame:
         self.kv = torch.empty((2, lay.batch, lay.kv_heads, self.capacity, lay.head_dim), dtype=dtype)
         self.host = self.kv.view(-1).view(torch.uint8).numpy()  # what the DMA writes
         self.page = np.full((lay.batch, lay.kv_heads, slots), -1, np.int64)  # the page in each slot
-        self._pinned: Any = None  # the host buffer pinned for DMA once (a frame takes two reads)
-
-    @staticmethod
-    def tokens(lay: KVLayout, sink: int, slots: int, window: int) -> int:
-        """A frame's capacity in tokens (the HBM budget check sizes frames by it)."""
-        return sink + slots * lay.block_tokens + window
+        self._pinned: PinnedHosts | None = None  # the buffer pinned for DMA once (a frame takes two reads)
 
     @property
     def nbytes(self) -> int:
@@ -96,17 +61,21 @@ class PageFrame:
         self.page.reshape(-1)[rows * self.slots + slots] = pages
         read_runs = getattr(store, "read_runs", None)
         if read_runs is not None:
-            if self._pinned is None:
-                self._pinned = pinned(self.host)
-            return read_runs(*arrays, self.host, urgent=urgent,  # type: ignore[no-any-return]
-                             pinned=self._pinned or None)
+            if self._pinned is None:  # a store that takes arrays issues them with the C data path
+                self._pinned = PinnedHosts([self.host])
+            return read_runs(*arrays, self.host, urgent=urgent, pinned=self._pinned)  # type: ignore[no-any-return]
         return store.read(extents(arrays), self.host)
+
+    @staticmethod
+    def in_order(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``pages`` ``(B, H, m)`` as :meth:`read`'s flat (rows, slots, pages): slots ``0 .. m``
+        of every row, in order."""
+        b, h, m = pages.shape
+        return np.repeat(np.arange(b * h), m), np.tile(np.arange(m), b * h), pages.reshape(-1)
 
     def read_rows(self, store: BlockStore, ids: np.ndarray, pages: np.ndarray, urgent: bool = False) -> Transfer:
         """Read ``pages`` ``(B, H, m)`` into slots ``0 .. m`` of every row, in order."""
-        b, h, m = pages.shape
-        rows = np.repeat(np.arange(b * h), m)
-        return self.read(store, ids, rows, np.tile(np.arange(m), b * h), pages.reshape(-1), urgent)
+        return self.read(store, ids, *self.in_order(pages), urgent=urgent)
 
     def arrange(self, pages: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Make slots ``0 .. k`` hold the chosen ``pages`` ``(B, H, k)``: those in a slot below

@@ -269,11 +269,12 @@ class HotEngine:
         k = pages.shape[-1]
         if pred is None:
             frame = self._frame(st, k)
-            b, h, _ = pages.shape
-            owed = (np.repeat(np.arange(b * h), k), np.tile(np.arange(k), b * h), pages.reshape(-1))
+            owed = PageFrame.in_order(pages)
         else:
             self._land(layer, pred)
-            frame = pred.frame if pred.frame.slots >= k else pred.frame.grown(k, st.tail.shape[3])  # type: ignore[union-attr]
+            frame = pred.frame
+            if frame.slots < k:  # more chosen than predicted (and spare slots)
+                frame = frame.grown(k, st.tail.shape[3])  # type: ignore[union-attr]
             have, owed = frame.arrange(pages)
             self.counters["pages_predicted_used"] += int(have.sum())
         if not owed[0].size:

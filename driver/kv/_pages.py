@@ -24,11 +24,10 @@ import numpy as np
 import torch
 
 from driver.kv._chunkio import ChunkTables, LayerChunks
-from driver.kv._frame import extents, runs_at
 from driver.kv._layout import KVLayout
-from driver.kv._store import BlockStore, Transfer
+from driver.kv._store import BlockStore, Extent, Transfer
 
-__all__ = ["LayerPages", "page_image", "runs"]
+__all__ = ["LayerPages", "extents", "page_image", "runs"]
 
 
 def page_image(kv: torch.Tensor, block_tokens: int) -> np.ndarray:
@@ -41,8 +40,19 @@ def page_image(kv: torch.Tensor, block_tokens: int) -> np.ndarray:
 
 def runs(chunks: np.ndarray, chunk_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first chunk, host offset, bytes) of the extents moving ``chunks`` (any shape, in C order)
-    to or from consecutive chunk-sized slots of an image (:func:`runs_at`)."""
-    return runs_at(chunks, np.arange(chunks.size, dtype=np.int64) * chunk_bytes, chunk_bytes)
+    to or from consecutive chunk-sized slots of an image: one per run of consecutive chunk ids
+    (``coalesce``'s merge, in numpy: this is on every decode step's path)."""
+    flat = chunks.ravel().astype(np.int64)
+    if not flat.size:
+        return flat, flat, flat
+    starts = np.flatnonzero(np.diff(flat, prepend=flat[:1] - 2) != 1)
+    ends = np.append(starts[1:], flat.size)
+    return flat[starts], starts * chunk_bytes, (ends - starts) * chunk_bytes
+
+
+def extents(arrays: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[Extent]:
+    """(first chunk, host offset, bytes) arrays (:func:`runs`) as a list of ``Extent``."""
+    return [Extent(c, n, off) for c, off, n in zip(*(a.tolist() for a in arrays), strict=True)]
 
 
 @dataclass

@@ -49,7 +49,8 @@ class Speculator:
         hidden, cos, sin = seen
         proj = module.q_proj
         # a plain Linear is F.linear exactly; the module call costs several times the product here
-        q = F.linear(hidden, proj.weight, proj.bias) if type(proj) is torch.nn.Linear else proj(hidden)  # (B, 1, Hq * D)
+        q = F.linear(hidden, proj.weight, proj.bias) if type(proj) is torch.nn.Linear else proj(hidden)
+        # q: (B, 1, Hq * D)
         head_dim = cos.shape[-1]
         q = q.view(*hidden.shape[:2], -1, head_dim).transpose(1, 2)  # (B, Hq, 1, D)
         half = head_dim // 2

@@ -83,27 +83,31 @@ def _quest_in_c(query: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, can
     """:meth:`QuestSelector.select` in one C call (``firmware_model.hot_pages.quest_topk``: the
     same bound and order, its sums in another order, so a bound within rounding of another may
     rank the other way) for CPU float32 metadata and a run of candidates; None otherwise."""
-    n = candidates.numel()
-    if (not n or query.device.type != "cpu" or kmin.device.type != "cpu" or hotness.device.type != "cpu"
-            or int(candidates[-1]) - int(candidates[0]) + 1 != n):
+    c0 = _run_start(candidates)
+    if c0 is None or query.device.type != "cpu" or kmin.device.type != "cpu" or hotness.device.type != "cpu":
         return None
     b, h, g, d = query.shape
     try:
         rows = [t.view(b * h, *t.shape[2:]).numpy() for t in (kmin, kmax, hotness)]
     except RuntimeError:  # rows not one stride apart, or a tensor numpy cannot view
         return None
-    c0 = int(candidates[0])
-    got = quest_topk(query.contiguous().view(b * h, g, d).numpy(), *rows, c0, c0 + n, k)
+    got = quest_topk(query.contiguous().view(b * h, g, d).numpy(), *rows, c0, c0 + candidates.numel(), k)
     return None if got is None else torch.from_numpy(got).view(b, h, k)
 
 
-def of_candidates(t: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-    """``t``'s last axis at ``candidates``: a view when they are a run of pages (the engine's
-    candidates always are: the pages between the sink and the window), else a gather."""
+def _run_start(candidates: torch.Tensor) -> int | None:
+    """The first page when ``candidates`` are a run of pages (the engine's always are: the pages
+    between the sink and the window), else None."""
     n = candidates.numel()
     if n and int(candidates[-1]) - int(candidates[0]) + 1 == n:
-        return t.narrow(-1, int(candidates[0]), n)
-    return t.index_select(-1, candidates)
+        return int(candidates[0])
+    return None
+
+
+def of_candidates(t: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """``t``'s last axis at ``candidates``: a view when they are a run of pages, else a gather."""
+    start = _run_start(candidates)
+    return t.index_select(-1, candidates) if start is None else t.narrow(-1, start, candidates.numel())
 
 
 def top_pages(score: torch.Tensor, hot: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:

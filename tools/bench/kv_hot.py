@@ -109,6 +109,7 @@ def _device(timing: Any, serve_args: tuple[str, ...] | None) -> Any:
     """The device the modes share: ``cxlemu serve`` in its own process with ``serve_args`` (its
     firmware off this interpreter, as a controller's is off the host), else served in-process."""
     import contextlib
+    import types
 
     from emulator.device import DeviceConfig, serve
     from tools.bench.mailbox import served_subprocess
@@ -120,7 +121,7 @@ def _device(timing: Any, serve_args: tuple[str, ...] | None) -> Any:
     @contextlib.contextmanager
     def subprocess_device() -> Any:
         with served_subprocess(name, 1 << 30, serve_args):
-            yield type("Served", (), {"name": name})()
+            yield types.SimpleNamespace(name=name)  # what the modes use of a served device
     return subprocess_device()
 
 

@@ -1,5 +1,5 @@
 """PageFrame: hot attention's per-layer buffer, pages read by DMA straight into their slots: exact
-slot placements on hand-made choices, the K and V halves, the runs a read merges."""
+slot placements on hand-made choices, the K and V halves; the runs a page write merges."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from driver.kv import KVLayout, MemoryBlockStore
-from driver.kv._frame import PageFrame, runs_at
+from driver.kv._frame import PageFrame
+from driver.kv._pages import runs
 
 # 1 sequence, 2 KV heads, head_dim 2, 2-token pages, fp32: a chunk (one head's K or V of a page) is 16 B
 LAY = KVLayout(batch=1, kv_heads=2, head_dim=2, itemsize=4, block_tokens=2)
@@ -97,8 +98,7 @@ def test_grown_keeps_the_pages_and_attention_kv_copies_sink_and_window_around_k_
     assert kv[0, 0, 1, 2:4].reshape(-1).tolist() == page_kv(1, 1)[0]
 
 
-def test_runs_merge_only_where_chunk_and_host_offset_both_advance() -> None:
-    chunks = np.array([4, 5, 6, 9, 10, 11])
-    offsets = np.array([0, 16, 32, 48, 100, 116])
-    first, at, nbytes = runs_at(chunks, offsets, 16)
-    assert first.tolist() == [4, 9, 10] and at.tolist() == [0, 48, 100] and nbytes.tolist() == [48, 16, 32]
+def test_runs_merge_consecutive_chunk_ids_into_one_extent() -> None:
+    """A page write's chunks to consecutive slots of its image: one extent per run of ids."""
+    first, at, nbytes = runs(np.array([4, 5, 6, 9, 10, 12]), 16)
+    assert first.tolist() == [4, 9, 12] and at.tolist() == [0, 48, 80] and nbytes.tolist() == [48, 32, 16]
